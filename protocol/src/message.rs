@@ -1,0 +1,316 @@
+//! The messages of protocol v1, as Rust values.
+//!
+//! These types are what the codec produces and consumes; they carry no I/O.
+//! Every message travels in one frame whose header holds an opcode and a
+//! request id (see `PROTOCOL.md`). Requests flow client -> server, responses
+//! server -> client, and a response carries the id of the request it answers,
+//! so a client may pipeline requests and match answers in any order.
+//!
+//! Keys are [`Bytes`] sliced out of the received frame (no copy); anything that
+//! stores a key beyond the life of the request must copy it.
+
+use bytes::Bytes;
+
+/// The protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// A request id chosen by the client; echoed in the response.
+pub type RequestId = u32;
+
+/// `retry_after_ms` value meaning "never": the cost can never be admitted
+/// under this limit (for example a cost larger than the burst).
+pub const RETRY_NEVER: u64 = u64::MAX;
+
+/// Limiting algorithm named by a [`Limit`]. Wire values are stable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Algorithm {
+    /// Token bucket (GCRA): `count` tokens per `period_ms` refill, up to `burst`.
+    TokenBucket = 1,
+    /// Sliding window counter: at most `count` per `period_ms` window,
+    /// previous window weighted by its overlap. `burst` must be 0.
+    SlidingWindow = 2,
+}
+
+impl Algorithm {
+    /// Decodes a wire value.
+    pub fn from_wire(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::TokenBucket),
+            2 => Some(Self::SlidingWindow),
+            _ => None,
+        }
+    }
+
+    /// The name used on the command line and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TokenBucket => "token-bucket",
+            Self::SlidingWindow => "sliding-window",
+        }
+    }
+}
+
+/// An inline limit, as carried by one (key, limit) pair.
+///
+/// The codec checks only its shape; whether the numbers make sense
+/// (non-zero rate, no overflow) is checked by the server, which answers a bad
+/// limit with a per-check [`ErrorCode::InvalidLimit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub algorithm: Algorithm,
+    /// Tokens (token bucket) or requests (window) per `period_ms`.
+    pub count: u64,
+    /// The refill period or window length, in milliseconds.
+    pub period_ms: u64,
+    /// Bucket capacity (token bucket); 0 for windowed algorithms.
+    pub burst: u64,
+}
+
+/// One (key, limit, cost) pair of a check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pair {
+    pub key: Bytes,
+    pub limit: Limit,
+    /// How many units this request takes (>= 1; validated by the server).
+    pub cost: u32,
+}
+
+/// A batch of independent checks, each an atomic group of one or more pairs.
+///
+/// Stored flat (all pairs in one vector, each check a range of it) so that a
+/// decoded frame costs two allocations whatever its size.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CheckBatch {
+    pairs: Vec<Pair>,
+    /// End index (exclusive) into `pairs` of each check, ascending.
+    ends: Vec<u32>,
+}
+
+impl CheckBatch {
+    /// An empty batch with room for `checks` checks of about one pair each.
+    pub fn with_capacity(checks: usize) -> Self {
+        Self {
+            pairs: Vec::with_capacity(checks),
+            ends: Vec::with_capacity(checks),
+        }
+    }
+
+    /// Appends one check made of `pairs` (an atomic group when more than one).
+    pub fn push_check<I: IntoIterator<Item = Pair>>(&mut self, pairs: I) {
+        self.pairs.extend(pairs);
+        self.ends.push(self.pairs.len() as u32);
+    }
+
+    /// Appends a single-pair check.
+    pub fn push(&mut self, pair: Pair) {
+        self.push_check(std::iter::once(pair));
+    }
+
+    /// Number of checks.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Total number of pairs over all checks.
+    pub fn pair_count(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// The checks in order, each as the slice of its pairs.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &[Pair]> + '_ {
+        let mut start = 0usize;
+        self.ends.iter().map(move |&end| {
+            let s = &self.pairs[start..end as usize];
+            start = end as usize;
+            s
+        })
+    }
+
+    /// Empties the batch, keeping its allocations.
+    pub fn clear(&mut self) {
+        self.pairs.clear();
+        self.ends.clear();
+    }
+}
+
+/// Client -> server messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// Must be the first frame of a connection.
+    Hello {
+        version: u16,
+        /// Free-form client name for logs (<= 255 bytes, UTF-8).
+        client_name: String,
+        /// Shared secret when the server requires one (<= 255 bytes).
+        auth_token: Option<Bytes>,
+    },
+    Ping,
+    /// Charge each check that passes.
+    Check(CheckBatch),
+    /// Answer as `Check` would, without charging anything.
+    Peek(CheckBatch),
+    /// Forget the state of these keys.
+    Reset(Vec<Bytes>),
+}
+
+/// Role of the answering node (replication fills in `Standby`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Role {
+    Primary = 1,
+    Standby = 2,
+}
+
+/// The server's limits, told to the client in the handshake so a client can
+/// size its batches without trial and error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerLimits {
+    pub max_frame: u32,
+    pub max_batch: u16,
+    pub max_group: u8,
+    pub max_key_len: u16,
+}
+
+/// The answer to one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckResult {
+    Decision(Decision),
+    /// This check was not evaluated; nothing was charged for it.
+    Error(ErrorCode),
+}
+
+/// A rate-limit decision, as the gateway needs it for its headers.
+///
+/// For a group this reports one pair: when allowed, the pair with the least
+/// remaining; when denied, the denying pair with the longest retry-after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// Index, within the check, of the pair this decision describes.
+    pub pair: u8,
+    /// The limit of that pair (burst for a token bucket, count for a window).
+    pub limit: u64,
+    /// Units still available after this request.
+    pub remaining: u64,
+    /// Milliseconds until the pair's state is back to full.
+    pub reset_after_ms: u64,
+    /// When denied, milliseconds until the same request could pass
+    /// ([`RETRY_NEVER`] when it never can); 0 when allowed.
+    pub retry_after_ms: u64,
+}
+
+/// Server -> client messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    HelloOk {
+        version: u16,
+        role: Role,
+        epoch: u64,
+        /// Replication offset of the node (0 when replication is off).
+        offset: u64,
+        limits: ServerLimits,
+    },
+    Pong,
+    /// One result per check, in the order of the request.
+    Checked(Vec<CheckResult>),
+    /// Number of keys that held state and were removed.
+    ResetDone(u32),
+    /// The whole request failed (or the connection is about to close).
+    Error { code: ErrorCode, message: String },
+}
+
+/// Typed error codes. Wire values are stable; unknown values decode as
+/// [`ErrorCode::Unknown`] so an old client can still read a newer server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The frame body does not follow the message layout.
+    Malformed,
+    UnknownOpcode,
+    /// The frame is larger than the server accepts; the connection closes.
+    FrameTooLarge,
+    /// More checks in one frame than `max_batch`, or more pairs in a group
+    /// than `max_group`.
+    BatchTooLarge,
+    KeyTooLong,
+    UnsupportedVersion,
+    AuthFailed,
+    /// A request arrived before `Hello`.
+    HandshakeRequired,
+    /// Per check: a zero, overflowing or otherwise impossible limit or cost.
+    InvalidLimit,
+    /// Per check: the pairs of a group do not share a hash slot.
+    CrossSlot,
+    /// The server is draining and takes no new requests.
+    ShuttingDown,
+    /// The node is not the primary (replication).
+    NotPrimary,
+    Internal,
+    Unknown(u16),
+}
+
+impl ErrorCode {
+    pub fn to_wire(self) -> u16 {
+        match self {
+            Self::Malformed => 1,
+            Self::UnknownOpcode => 2,
+            Self::FrameTooLarge => 3,
+            Self::BatchTooLarge => 4,
+            Self::KeyTooLong => 5,
+            Self::UnsupportedVersion => 6,
+            Self::AuthFailed => 7,
+            Self::HandshakeRequired => 8,
+            Self::InvalidLimit => 9,
+            Self::CrossSlot => 10,
+            Self::ShuttingDown => 11,
+            Self::NotPrimary => 12,
+            Self::Internal => 13,
+            Self::Unknown(v) => v,
+        }
+    }
+
+    pub fn from_wire(v: u16) -> Self {
+        match v {
+            1 => Self::Malformed,
+            2 => Self::UnknownOpcode,
+            3 => Self::FrameTooLarge,
+            4 => Self::BatchTooLarge,
+            5 => Self::KeyTooLong,
+            6 => Self::UnsupportedVersion,
+            7 => Self::AuthFailed,
+            8 => Self::HandshakeRequired,
+            9 => Self::InvalidLimit,
+            10 => Self::CrossSlot,
+            11 => Self::ShuttingDown,
+            12 => Self::NotPrimary,
+            13 => Self::Internal,
+            other => Self::Unknown(other),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            Self::Malformed => "malformed frame",
+            Self::UnknownOpcode => "unknown opcode",
+            Self::FrameTooLarge => "frame too large",
+            Self::BatchTooLarge => "batch too large",
+            Self::KeyTooLong => "key too long",
+            Self::UnsupportedVersion => "unsupported protocol version",
+            Self::AuthFailed => "authentication failed",
+            Self::HandshakeRequired => "handshake required",
+            Self::InvalidLimit => "invalid limit or cost",
+            Self::CrossSlot => "keys of a group are in different slots",
+            Self::ShuttingDown => "server shutting down",
+            Self::NotPrimary => "not primary",
+            Self::Internal => "internal error",
+            Self::Unknown(v) => return write!(f, "unknown error code {v}"),
+        };
+        f.write_str(s)
+    }
+}

@@ -1,0 +1,22 @@
+//! Tollgate: an in-memory rate-limit counter server.
+//!
+//! # Layout
+//!
+//! ```text
+//!  socket -> codec (tollgate-protocol) -> server::connection
+//!         -> store: Slot -> Stripe lock -> algorithm (pure) -> Decision
+//!         -> codec -> socket (responses coalesced into one write)
+//! ```
+//!
+//! - [`sync`]: the only source of locks and atomics (loom under `tollgate_loom`);
+//! - [`clock`]: server monotonic time, injected everywhere;
+//! - [`slot`]: hash tags and Redis Cluster slots;
+//! - [`algorithm`]: token bucket and sliding window, pure functions;
+//! - [`store`]: lock-striped per-key state, atomic groups, expiry;
+//! - `server`, `config`, `cli`: the network server and the binary's commands.
+
+pub mod algorithm;
+pub mod clock;
+pub mod slot;
+pub mod store;
+pub mod sync;

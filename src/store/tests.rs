@@ -1,0 +1,219 @@
+//! Store behaviour with exact numbers: groups, slots, peeks, expiry.
+
+use super::*;
+use bytes::Bytes;
+use tollgate_protocol::{Algorithm, CheckResult, Decision, ErrorCode, Limit, Pair};
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000 * MS;
+
+fn tb(key: &str, count: u64, period_ms: u64, burst: u64, cost: u32) -> Pair {
+    Pair {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        limit: Limit {
+            algorithm: Algorithm::TokenBucket,
+            count,
+            period_ms,
+            burst,
+        },
+        cost,
+    }
+}
+
+fn sw(key: &str, count: u64, period_ms: u64, cost: u32) -> Pair {
+    Pair {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        limit: Limit {
+            algorithm: Algorithm::SlidingWindow,
+            count,
+            period_ms,
+            burst: 0,
+        },
+        cost,
+    }
+}
+
+fn decided(r: CheckResult) -> Decision {
+    match r {
+        CheckResult::Decision(d) => d,
+        CheckResult::Error(e) => panic!("unexpected error {e}"),
+    }
+}
+
+fn store() -> Store {
+    Store::new(StoreConfig {
+        stripes: 16,
+        max_group: 16,
+    })
+}
+
+#[test]
+fn single_key_follows_the_token_bucket() {
+    let s = store();
+    let p = [tb("k", 5, 1000, 10, 1)];
+    let allowed = (0..12)
+        .filter(|_| decided(s.check(&p, S, Mode::Charge)).allowed)
+        .count();
+    assert_eq!(allowed, 10);
+    let d = decided(s.check(&p, S, Mode::Charge));
+    assert_eq!(d.retry_after_ms, 200);
+    assert_eq!(d.reset_after_ms, 2000);
+}
+
+#[test]
+fn group_is_all_or_nothing() {
+    let s = store();
+    let second = tb("rl:{k42}:second", 100, 1000, 200, 1);
+    let day = tb("rl:{k42}:day", 3, 86_400_000, 3, 1);
+    let group = [second.clone(), day.clone()];
+    for _ in 0..3 {
+        let d = decided(s.check(&group, S, Mode::Charge));
+        assert!(d.allowed);
+        // The day limit is the tighter one.
+        assert_eq!(d.pair, 1);
+    }
+    let before = s.get(b"rl:{k42}:second", S).unwrap();
+    let d = decided(s.check(&group, S, Mode::Charge));
+    assert!(!d.allowed);
+    assert_eq!(d.pair, 1);
+    assert_eq!(d.retry_after_ms, 86_400_000 / 3);
+    // The per-second pair passed on its own but was not charged.
+    assert_eq!(s.get(b"rl:{k42}:second", S).unwrap(), before);
+    let alone = decided(s.check(&[second], S, Mode::Charge));
+    assert_eq!(alone.remaining, 200 - 3 - 1);
+}
+
+#[test]
+fn denial_reports_the_longest_wait() {
+    let s = store();
+    // Exhaust both pairs, then the one with the longer refill wins.
+    let a = tb("{t}a", 1, 1000, 1, 1);
+    let b = tb("{t}b", 1, 5000, 1, 1);
+    assert!(decided(s.check(&[a.clone(), b.clone()], S, Mode::Charge)).allowed);
+    let d = decided(s.check(&[a, b], S, Mode::Charge));
+    assert!(!d.allowed);
+    assert_eq!((d.pair, d.retry_after_ms), (1, 5000));
+}
+
+#[test]
+fn cross_slot_group_is_refused_and_charges_nothing() {
+    let s = store();
+    let group = [tb("rl:{a}:x", 5, 1000, 10, 1), tb("rl:{b}:x", 5, 1000, 10, 1)];
+    assert_eq!(
+        s.check(&group, S, Mode::Charge),
+        CheckResult::Error(ErrorCode::CrossSlot)
+    );
+    assert!(s.is_empty());
+}
+
+#[test]
+fn duplicate_key_in_a_group_counts_twice() {
+    let s = store();
+    let p = tb("dup", 1, 1000, 3, 2);
+    // 2 + 2 > 3: the second sees the first's charge, so the group is denied.
+    let d = decided(s.check(&[p.clone(), p.clone()], S, Mode::Charge));
+    assert!(!d.allowed);
+    assert!(s.is_empty());
+    let q = tb("dup", 1, 1000, 3, 1);
+    assert!(decided(s.check(&[q.clone(), q.clone(), q.clone()], S, Mode::Charge)).allowed);
+    assert!(!decided(s.check(&[q], S, Mode::Charge)).allowed);
+}
+
+#[test]
+fn peek_answers_without_charging() {
+    let s = store();
+    let p = [tb("p", 1, 1000, 2, 1)];
+    for _ in 0..5 {
+        let d = decided(s.check(&p, S, Mode::Peek));
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 1);
+    }
+    assert!(s.is_empty());
+    decided(s.check(&p, S, Mode::Charge));
+    decided(s.check(&p, S, Mode::Charge));
+    assert!(!decided(s.check(&p, S, Mode::Peek)).allowed);
+}
+
+#[test]
+fn invalid_limits_are_typed_errors_that_charge_nothing() {
+    let s = store();
+    let bad = [
+        tb("x", 0, 1000, 1, 1),
+        tb("x", 1, 0, 1, 1),
+        tb("x", 1, 1000, 0, 1),
+        tb("x", 1, 1000, 1, 0),
+        tb("x", u64::MAX, 1000, 1, 1),
+        tb("x", 1, u64::MAX, 1, 1),
+        tb("x", 1, 1000, u64::MAX, 1),
+        sw("x", 0, 1000, 1),
+    ];
+    for p in bad {
+        assert_eq!(
+            s.check(&[p.clone()], S, Mode::Charge),
+            CheckResult::Error(ErrorCode::InvalidLimit),
+            "{p:?}"
+        );
+    }
+    // One bad pair poisons its whole group, and nothing is charged.
+    let group = [tb("{g}ok", 5, 1000, 10, 1), tb("{g}bad", 5, 1000, 0, 1)];
+    assert_eq!(
+        s.check(&group, S, Mode::Charge),
+        CheckResult::Error(ErrorCode::InvalidLimit)
+    );
+    assert!(s.is_empty());
+}
+
+#[test]
+fn switching_algorithm_on_a_key_starts_fresh() {
+    let s = store();
+    decided(s.check(&[tb("k", 1, 1000, 1, 1)], S, Mode::Charge));
+    let d = decided(s.check(&[sw("k", 3, 1000, 1)], S, Mode::Charge));
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 2);
+}
+
+#[test]
+fn idle_keys_expire_lazily_and_by_the_sweeper() {
+    let s = store();
+    for i in 0..100 {
+        decided(s.check(&[tb(&format!("k{i}"), 10, 1000, 10, 1)], S, Mode::Charge));
+    }
+    decided(s.check(&[sw("w", 10, 1000, 1)], S, Mode::Charge));
+    assert_eq!(s.len(), 101);
+    // Each bucket is full again 100 ms later.
+    let later = S + 100 * MS;
+    assert!(s.get(b"k0", later - 1).is_some());
+    assert!(s.get(b"k0", later).is_none());
+    // A sweep over a part of the stripes removes only from those.
+    let partial = s.sweep(4, later);
+    assert!(partial < 100, "swept {partial}");
+    let rest = s.sweep(s.stripe_count(), later);
+    assert_eq!(partial + rest, 100);
+    // The window key outlives them: charged in window 1, kept through window 2.
+    assert_eq!(s.len(), 1);
+    assert_eq!(s.sweep(s.stripe_count(), 3 * S - 1), 0);
+    assert_eq!(s.sweep(s.stripe_count(), 3 * S), 1);
+    assert!(s.is_empty());
+}
+
+#[test]
+fn remove_forgets_a_key() {
+    let s = store();
+    let p = [tb("r", 1, 1000, 1, 1)];
+    decided(s.check(&p, S, Mode::Charge));
+    assert!(!decided(s.check(&p, S, Mode::Charge)).allowed);
+    assert!(s.remove(b"r", S));
+    assert!(!s.remove(b"r", S));
+    assert!(decided(s.check(&p, S, Mode::Charge)).allowed);
+}
+
+#[test]
+fn stripe_count_is_a_power_of_two_within_slots() {
+    for (asked, got) in [(0, 1), (1, 1), (3, 4), (1000, 1024), (1 << 20, 16384)] {
+        let s = Store::new(StoreConfig {
+            stripes: asked,
+            max_group: 16,
+        });
+        assert_eq!(s.stripe_count(), got);
+    }
+}
