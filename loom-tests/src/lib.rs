@@ -1,1 +1,6 @@
-
+//! loom models of Tollgate's concurrent parts.
+//!
+//! Everything here is compiled only under `--cfg tollgate_loom`, where
+//! `tollgate::sync` hands out loom's mutexes and atomics, so the models drive
+//! the real `Store`, not a copy. Run them with `scripts/loom.sh` (release
+//! build, `LOOM_MAX_PREEMPTIONS=2`, its own target directory).

@@ -1,0 +1,87 @@
+//! Models of the store under concurrent checks.
+#![cfg(tollgate_loom)]
+
+use bytes::Bytes;
+use loom::sync::Arc;
+use loom::thread;
+use tollgate::store::{Mode, Store, StoreConfig};
+use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair};
+
+const NOW: u64 = 1_000_000_000;
+
+fn pair(key: &'static str, burst: u64) -> Pair {
+    Pair {
+        key: Bytes::from_static(key.as_bytes()),
+        limit: Limit {
+            algorithm: Algorithm::TokenBucket,
+            count: 1,
+            period_ms: 1000,
+            burst,
+        },
+        cost: 1,
+    }
+}
+
+fn allowed(r: CheckResult) -> bool {
+    matches!(r, CheckResult::Decision(d) if d.allowed)
+}
+
+fn store() -> Arc<Store> {
+    Arc::new(Store::new(StoreConfig {
+        stripes: 2,
+        max_group: 4,
+    }))
+}
+
+/// Two threads charging one key with one token: exactly one wins, whatever
+/// the interleaving, and the stored state is the winner's.
+#[test]
+fn one_token_two_threads_never_over_admits() {
+    loom::model(|| {
+        let s = store();
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let s = s.clone();
+                thread::spawn(move || allowed(s.check(&[pair("k", 1)], NOW, Mode::Charge)))
+            })
+            .collect();
+        let wins = handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .filter(|&w| w)
+            .count();
+        assert_eq!(wins, 1);
+        assert!(!allowed(s.check(&[pair("k", 1)], NOW, Mode::Charge)));
+    });
+}
+
+/// A group and a single check racing on a shared key: the group is
+/// all-or-nothing, so the second key is charged exactly when the group won.
+#[test]
+fn group_racing_a_single_check_is_all_or_nothing() {
+    loom::model(|| {
+        let s = store();
+        let s2 = s.clone();
+        let group = thread::spawn(move || {
+            allowed(s2.check(&[pair("{t}a", 1), pair("{t}b", 1)], NOW, Mode::Charge))
+        });
+        let single = allowed(s.check(&[pair("{t}a", 1)], NOW, Mode::Charge));
+        let group_won = group.join().unwrap();
+        assert!(group_won != single, "exactly one takes the token of a");
+        let b_charged = !allowed(s.check(&[pair("{t}b", 1)], NOW, Mode::Peek));
+        assert_eq!(b_charged, group_won);
+    });
+}
+
+/// The sweeper racing a check never removes live state.
+#[test]
+fn sweep_racing_a_check_keeps_live_state() {
+    loom::model(|| {
+        let s = store();
+        let s2 = s.clone();
+        let sweeper = thread::spawn(move || s2.sweep(2, NOW));
+        assert!(allowed(s.check(&[pair("k", 1)], NOW, Mode::Charge)));
+        sweeper.join().unwrap();
+        assert!(s.get(b"k", NOW).is_some());
+    });
+}

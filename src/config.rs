@@ -1,0 +1,253 @@
+//! Server settings: every limit has a named default and a flag.
+//!
+//! `tollgate serve` runs on these defaults with no config file; each field is
+//! a `--kebab-case` flag. `--print-config` prints the effective settings as
+//! JSON. [`ServerConfig::validate`] only checks and returns a typed error; an
+//! impossible combination stops the server at start with that message.
+
+use crate::units::{format_duration, parse_duration, UnitError};
+use clap::Args;
+use serde::{Serialize, Serializer};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tollgate_protocol::ServerLimits;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_MAX_FRAME: u32 = 1 << 20;
+pub const DEFAULT_MAX_BATCH: u16 = 1024;
+pub const DEFAULT_MAX_GROUP: u8 = 16;
+pub const DEFAULT_MAX_KEY_LEN: u16 = 256;
+pub const DEFAULT_IDLE_TIMEOUT: &str = "5m";
+pub const DEFAULT_FRAME_TIMEOUT: &str = "10s";
+pub const DEFAULT_HANDSHAKE_TIMEOUT: &str = "10s";
+pub const DEFAULT_WRITE_TIMEOUT: &str = "10s";
+pub const DEFAULT_SHUTDOWN_GRACE: &str = "10s";
+pub const DEFAULT_STRIPES: usize = 1024;
+pub const DEFAULT_SWEEP_INTERVAL: &str = "100ms";
+pub const DEFAULT_SWEEP_STRIPES: usize = 64;
+
+/// Hard ceilings no flag may pass, so a typo cannot make the server reserve
+/// absurd buffers.
+pub const MAX_FRAME_CEILING: u32 = 64 << 20;
+
+#[derive(Debug, Clone, Args, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ServerConfig {
+    /// Address to listen on for the binary protocol.
+    #[arg(long, default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+
+    /// Most client connections served at once; more wait in the accept queue.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// Largest frame accepted, in bytes (header excluded).
+    #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
+    pub max_frame: u32,
+
+    /// Most checks in one CHECK/PEEK frame (and keys in one RESET).
+    #[arg(long, default_value_t = DEFAULT_MAX_BATCH)]
+    pub max_batch: u16,
+
+    /// Most (key, limit) pairs in one atomic group.
+    #[arg(long, default_value_t = DEFAULT_MAX_GROUP)]
+    pub max_group: u8,
+
+    /// Longest key accepted, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_KEY_LEN)]
+    pub max_key_len: u16,
+
+    /// Close a connection that sends nothing for this long.
+    #[arg(long, default_value = DEFAULT_IDLE_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub idle_timeout: Duration,
+
+    /// Close a connection whose started frame does not complete within this.
+    #[arg(long, default_value = DEFAULT_FRAME_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub frame_timeout: Duration,
+
+    /// Close a connection that has not sent HELLO within this.
+    #[arg(long, default_value = DEFAULT_HANDSHAKE_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub handshake_timeout: Duration,
+
+    /// Close a connection that does not read its answers within this.
+    #[arg(long, default_value = DEFAULT_WRITE_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub write_timeout: Duration,
+
+    /// On SIGINT/SIGTERM, how long in-flight requests may take to drain.
+    #[arg(long, default_value = DEFAULT_SHUTDOWN_GRACE, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub shutdown_grace: Duration,
+
+    /// Lock stripes of the store (rounded up to a power of two, at most 16384).
+    #[arg(long, default_value_t = DEFAULT_STRIPES)]
+    pub stripes: usize,
+
+    /// How often the sweeper drops expired keys.
+    #[arg(long, default_value = DEFAULT_SWEEP_INTERVAL, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub sweep_interval: Duration,
+
+    /// Stripes the sweeper visits per tick (bounds the work of one tick).
+    #[arg(long, default_value_t = DEFAULT_SWEEP_STRIPES)]
+    pub sweep_stripes: usize,
+
+    /// Shared secret clients must present in HELLO (none: no auth).
+    #[arg(long, env = "TOLLGATE_AUTH_TOKEN", hide_env_values = true)]
+    #[serde(serialize_with = "redacted")]
+    pub auth_token: Option<String>,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A setting that cannot work, found before the server starts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name} must be at least {min}, got {value}")]
+    TooSmall {
+        name: &'static str,
+        value: u64,
+        min: u64,
+    },
+    #[error("{name} must be at most {max}, got {value}")]
+    TooLarge {
+        name: &'static str,
+        value: u64,
+        max: u64,
+    },
+    #[error("max-frame {max_frame} cannot hold one check of max-group {max_group} pairs with keys of max-key-len {max_key_len}: needs {needed}")]
+    FrameTooSmallForGroup {
+        max_frame: u32,
+        max_group: u8,
+        max_key_len: u16,
+        needed: u64,
+    },
+    #[error("{name} must be non-zero")]
+    ZeroDuration { name: &'static str },
+    #[error(transparent)]
+    Unit(#[from] UnitError),
+}
+
+impl ServerConfig {
+    /// The settings `tollgate serve` uses with no flags, listening on `listen`.
+    pub fn with_listen(listen: SocketAddr) -> Self {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            config: ServerConfig,
+        }
+        let mut config = <Wrapper as clap::Parser>::parse_from(["tollgate"]).config;
+        config.listen = listen;
+        config
+    }
+
+    pub fn limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_frame: self.max_frame,
+            max_batch: self.max_batch,
+            max_group: self.max_group,
+            max_key_len: self.max_key_len,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn at_least(name: &'static str, value: u64, min: u64) -> Result<(), ConfigError> {
+            if value < min {
+                return Err(ConfigError::TooSmall { name, value, min });
+            }
+            Ok(())
+        }
+        at_least("max-connections", self.max_connections as u64, 1)?;
+        at_least("max-batch", self.max_batch.into(), 1)?;
+        at_least("max-group", self.max_group.into(), 1)?;
+        at_least("max-key-len", self.max_key_len.into(), 1)?;
+        at_least("stripes", self.stripes as u64, 1)?;
+        at_least("sweep-stripes", self.sweep_stripes as u64, 1)?;
+        if self.max_frame > MAX_FRAME_CEILING {
+            return Err(ConfigError::TooLarge {
+                name: "max-frame",
+                value: self.max_frame.into(),
+                max: MAX_FRAME_CEILING.into(),
+            });
+        }
+        // header (5) + count (2) + group count (1) + pairs of the longest key.
+        let pair = 2 + u64::from(self.max_key_len) + 1 + 8 * 3 + 4;
+        let needed = 5 + 2 + 1 + u64::from(self.max_group) * pair;
+        if u64::from(self.max_frame) < needed {
+            return Err(ConfigError::FrameTooSmallForGroup {
+                max_frame: self.max_frame,
+                max_group: self.max_group,
+                max_key_len: self.max_key_len,
+                needed,
+            });
+        }
+        for (name, d) in [
+            ("idle-timeout", self.idle_timeout),
+            ("frame-timeout", self.frame_timeout),
+            ("handshake-timeout", self.handshake_timeout),
+            ("write-timeout", self.write_timeout),
+            ("sweep-interval", self.sweep_interval),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration { name });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn human<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_duration(*d))
+}
+
+fn redacted<S: Serializer>(t: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(_) => s.serialize_str("<redacted>"),
+        None => s.serialize_none(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_named() {
+        let c = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+        c.validate().unwrap();
+        assert_eq!(c.max_frame, DEFAULT_MAX_FRAME);
+        assert_eq!(c.max_batch, DEFAULT_MAX_BATCH);
+        assert_eq!(c.idle_timeout, Duration::from_secs(300));
+        assert_eq!(c.sweep_interval, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn impossible_settings_are_typed_errors() {
+        let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+        let mut c = base.clone();
+        c.max_batch = 0;
+        assert!(matches!(c.validate(), Err(ConfigError::TooSmall { name: "max-batch", .. })));
+        let mut c = base.clone();
+        c.max_frame = 100;
+        assert!(matches!(c.validate(), Err(ConfigError::FrameTooSmallForGroup { .. })));
+        let mut c = base.clone();
+        c.max_frame = u32::MAX;
+        assert!(matches!(c.validate(), Err(ConfigError::TooLarge { .. })));
+        let mut c = base;
+        c.frame_timeout = Duration::ZERO;
+        assert_eq!(c.validate(), Err(ConfigError::ZeroDuration { name: "frame-timeout" }));
+    }
+}

@@ -1,0 +1,320 @@
+//! One client connection: handshake, then pipelined requests.
+//!
+//! The loop reads whatever the socket has, answers every complete frame in
+//! the buffer, and writes all those answers with one `write_all`: responses
+//! are coalesced per read, never flushed one by one. The clock is read once
+//! per frame, so all checks of a batch see the same `now`.
+//!
+//! Errors are split the way the protocol requires: a frame that is bad but
+//! complete gets an ERROR frame with its request id and the connection goes
+//! on; a stream that can no longer be framed (oversized or undersized header),
+//! a failed handshake or a timeout ends this connection only. No path here
+//! touches the store before a request has decoded completely.
+
+use super::Shared;
+use crate::store::Mode;
+use bytes::BytesMut;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tollgate_protocol::{
+    decode_request, encode_checked, encode_response, ErrorCode, Request, RequestId, Response,
+    Role, PROTOCOL_VERSION,
+};
+
+/// Initial buffer sizes; both grow on demand (reads up to `max_frame`).
+const READ_BUFFER: usize = 16 * 1024;
+const WRITE_BUFFER: usize = 16 * 1024;
+/// Answers are written out once this much is pending, so a long pipelined
+/// burst does not grow the write buffer without bound.
+const FLUSH_AT: usize = 256 * 1024;
+/// On drain, a connection quiet this long has nothing more in flight.
+const DRAIN_QUIET: Duration = Duration::from_millis(50);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    Close,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("no HELLO within {0:?}")]
+    HandshakeTimeout(Duration),
+    #[error("idle for {0:?}")]
+    Idle(Duration),
+    #[error("frame not completed within {0:?}")]
+    FrameTimeout(Duration),
+    #[error("client did not read its answers within {0:?}")]
+    WriteTimeout(Duration),
+}
+
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    /// Set by a valid HELLO; before it only HELLO is accepted.
+    ready: bool,
+    client_name: String,
+    /// When the partial frame now in `rbuf` started arriving.
+    partial_since: Option<Instant>,
+}
+
+pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    // Answers must not wait for delayed ACKs (Nagle): gateways pipeline.
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "set_nodelay failed");
+    }
+    let mut conn = Connection {
+        stream,
+        peer,
+        shared,
+        rbuf: BytesMut::with_capacity(READ_BUFFER),
+        wbuf: BytesMut::with_capacity(WRITE_BUFFER),
+        ready: false,
+        client_name: String::new(),
+        partial_since: None,
+    };
+    tracing::debug!(%peer, "connection opened");
+    match conn.run().await {
+        Ok(()) => tracing::debug!(%peer, client = %conn.client_name, "connection closed"),
+        Err(e) => tracing::info!(%peer, client = %conn.client_name, error = %e, "connection ended"),
+    }
+}
+
+impl Connection {
+    async fn run(&mut self) -> Result<(), ConnError> {
+        let opened = Instant::now();
+        loop {
+            if self.answer_buffered().await? == Flow::Close {
+                return self.flush().await;
+            }
+            self.flush().await?;
+
+            let (deadline, on_timeout) = self.read_deadline(opened);
+            if self.rbuf.capacity() - self.rbuf.len() < 1024 {
+                self.rbuf.reserve(READ_BUFFER);
+            }
+            let shared = self.shared.clone();
+            tokio::select! {
+                biased;
+                _ = shared.abort.cancelled() => return Ok(()),
+                _ = shared.draining.cancelled() => return self.drain().await,
+                read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf)) => {
+                    match read {
+                        Ok(Ok(0)) => return Ok(()),
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Err(e.into()),
+                        Err(_) => return Err(on_timeout),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next read must complete by this instant; which timeout applies
+    /// depends on where the connection stands.
+    fn read_deadline(&mut self, opened: Instant) -> (Instant, ConnError) {
+        let c = &self.shared.config;
+        if !self.ready {
+            let t = c.handshake_timeout;
+            return (opened + t, ConnError::HandshakeTimeout(t));
+        }
+        if self.rbuf.is_empty() {
+            self.partial_since = None;
+            let t = c.idle_timeout;
+            return (Instant::now() + t, ConnError::Idle(t));
+        }
+        // A started frame must finish within frame_timeout from its first
+        // byte, however slowly it trickles in.
+        let since = *self.partial_since.get_or_insert_with(Instant::now);
+        let t = c.frame_timeout;
+        (since + t, ConnError::FrameTimeout(t))
+    }
+
+    /// Answers every complete frame in the read buffer.
+    async fn answer_buffered(&mut self) -> Result<Flow, ConnError> {
+        let limits = self.shared.config.limits();
+        loop {
+            let flow = match decode_request(&mut self.rbuf, &limits) {
+                Ok(None) => return Ok(Flow::Continue),
+                Ok(Some((id, request))) => {
+                    // A whole frame was consumed: a partial one starts afresh.
+                    self.partial_since = None;
+                    self.handle(id, request)
+                }
+                Err(e) => {
+                    self.partial_since = None;
+                    tracing::debug!(peer = %self.peer, error = %e, "bad frame");
+                    let id = e.request_id().unwrap_or(0);
+                    self.error(id, e.code(), &e.to_string());
+                    // Before a valid HELLO nothing about this peer is trusted
+                    // (wrong version, not our protocol at all): close.
+                    if e.is_fatal() || !self.ready {
+                        Flow::Close
+                    } else {
+                        Flow::Continue
+                    }
+                }
+            };
+            if flow == Flow::Close {
+                return Ok(Flow::Close);
+            }
+            if self.wbuf.len() >= FLUSH_AT {
+                self.flush().await?;
+            }
+        }
+    }
+
+    fn handle(&mut self, id: RequestId, request: Request) -> Flow {
+        if !self.ready {
+            return self.handshake(id, request);
+        }
+        let shared = &*self.shared;
+        let encoded = match request {
+            Request::Hello { .. } => {
+                self.error(id, ErrorCode::Malformed, "HELLO was already sent on this connection");
+                Ok(())
+            }
+            Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
+            Request::Check(batch) => {
+                let now = shared.clock.now();
+                let results = batch.iter().map(|g| shared.store.check(g, now, Mode::Charge));
+                encode_checked(id, results, &mut self.wbuf)
+            }
+            Request::Peek(batch) => {
+                let now = shared.clock.now();
+                let results = batch.iter().map(|g| shared.store.check(g, now, Mode::Peek));
+                encode_checked(id, results, &mut self.wbuf)
+            }
+            Request::Reset(keys) => {
+                let now = shared.clock.now();
+                let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
+                encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
+            }
+        };
+        // Unreachable with batches bounded by max_batch; answered, not panicked.
+        if let Err(e) = encoded {
+            tracing::error!(peer = %self.peer, error = %e, "cannot encode an answer");
+            self.error(id, ErrorCode::Internal, &e.to_string());
+        }
+        Flow::Continue
+    }
+
+    fn handshake(&mut self, id: RequestId, request: Request) -> Flow {
+        let Request::Hello {
+            version,
+            client_name,
+            auth_token,
+        } = request
+        else {
+            self.error(id, ErrorCode::HandshakeRequired, "the first request must be HELLO");
+            return Flow::Close;
+        };
+        if version != PROTOCOL_VERSION {
+            let msg = format!("server speaks protocol version {PROTOCOL_VERSION}, client asked for {version}");
+            self.error(id, ErrorCode::UnsupportedVersion, &msg);
+            return Flow::Close;
+        }
+        if let Some(expected) = &self.shared.config.auth_token {
+            let given = auth_token.as_deref().unwrap_or_default();
+            if !constant_time_eq(given, expected.as_bytes()) {
+                self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
+                return Flow::Close;
+            }
+        }
+        tracing::debug!(peer = %self.peer, client = %client_name, "handshake done");
+        self.ready = true;
+        self.client_name = client_name;
+        let hello = Response::HelloOk {
+            version: PROTOCOL_VERSION,
+            role: Role::Primary,
+            epoch: 0,
+            offset: 0,
+            limits: self.shared.config.limits(),
+        };
+        self.respond(id, &hello);
+        Flow::Continue
+    }
+
+    fn error(&mut self, id: RequestId, code: ErrorCode, message: &str) {
+        let response = Response::Error {
+            code,
+            message: message.to_owned(),
+        };
+        self.respond(id, &response);
+    }
+
+    /// Encodes a fixed-size answer; these cannot exceed their wire fields.
+    fn respond(&mut self, id: RequestId, response: &Response) {
+        if let Err(e) = encode_response(id, response, &mut self.wbuf) {
+            tracing::error!(peer = %self.peer, error = %e, "cannot encode an answer");
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), ConnError> {
+        if self.wbuf.is_empty() {
+            return Ok(());
+        }
+        let t = self.shared.config.write_timeout;
+        let shared = self.shared.clone();
+        tokio::select! {
+            biased;
+            _ = shared.abort.cancelled() => return Ok(()),
+            r = tokio::time::timeout(t, self.stream.write_all(&self.wbuf)) => match r {
+                Ok(r) => r?,
+                Err(_) => return Err(ConnError::WriteTimeout(t)),
+            },
+        }
+        self.wbuf.clear();
+        Ok(())
+    }
+
+    /// Shutdown: answer what the client already sent (including what is
+    /// still on the wire), tell it the server is going away, close. Reading
+    /// stops once the client has been quiet for [`DRAIN_QUIET`]; a client that
+    /// keeps sending is cut off when the grace period ends (`abort`).
+    async fn drain(&mut self) -> Result<(), ConnError> {
+        let shared = self.shared.clone();
+        loop {
+            if self.answer_buffered().await? == Flow::Close {
+                return self.flush().await;
+            }
+            self.flush().await?;
+            if self.rbuf.capacity() - self.rbuf.len() < 1024 {
+                self.rbuf.reserve(READ_BUFFER);
+            }
+            tokio::select! {
+                biased;
+                _ = shared.abort.cancelled() => return Ok(()),
+                read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf)) => {
+                    match read {
+                        Ok(Ok(0)) | Err(_) => break,
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Err(e.into()),
+                    }
+                }
+            }
+        }
+        self.error(0, ErrorCode::ShuttingDown, "server is shutting down");
+        self.flush().await?;
+        let _ = self.stream.shutdown().await;
+        Ok(())
+    }
+}
+
+/// Compares secrets without an early exit, so timing does not reveal how
+/// much of a guessed token was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}

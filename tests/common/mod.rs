@@ -1,0 +1,174 @@
+//! Test harness: real servers on port 0 and raw protocol connections.
+#![allow(dead_code)]
+
+use bytes::{Bytes, BytesMut};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tollgate::clock::ManualClock;
+use tollgate::config::ServerConfig;
+use tollgate::server::Server;
+use tollgate::store::Store;
+use tollgate_protocol::{
+    decode_response, encode_request, Algorithm, CheckBatch, Limit, Pair, Request, RequestId,
+    Response, PROTOCOL_VERSION,
+};
+
+/// Generous bound so a broken test fails instead of hanging.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+pub const S: u64 = 1_000_000_000;
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    pub store: Arc<Store>,
+    pub clock: Arc<ManualClock>,
+    pub shutdown: CancellationToken,
+    pub join: JoinHandle<std::io::Result<()>>,
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    /// A server on 127.0.0.1:0 with a manual clock at t = 1000 s.
+    pub async fn start_with(tune: impl FnOnce(&mut ServerConfig)) -> Self {
+        let mut config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+        tune(&mut config);
+        config.validate().expect("test config is valid");
+        let listener = TcpListener::bind(config.listen).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let clock = Arc::new(ManualClock::new(1000 * S));
+        let server = Server::with_clock(config, clock.clone());
+        let store = server.store();
+        let shutdown = CancellationToken::new();
+        let join = tokio::spawn(server.run(listener, shutdown.clone()));
+        TestServer {
+            addr,
+            store,
+            clock,
+            shutdown,
+            join,
+        }
+    }
+
+    /// Cancels and waits for the server to finish draining.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(PATIENCE, self.join)
+            .await
+            .expect("server stops")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+pub fn tb(key: &str, count: u64, period_ms: u64, burst: u64, cost: u32) -> Pair {
+    Pair {
+        key: Bytes::copy_from_slice(key.as_bytes()),
+        limit: Limit {
+            algorithm: Algorithm::TokenBucket,
+            count,
+            period_ms,
+            burst,
+        },
+        cost,
+    }
+}
+
+pub fn batch_of(checks: Vec<Vec<Pair>>) -> CheckBatch {
+    let mut b = CheckBatch::default();
+    for c in checks {
+        b.push_check(c);
+    }
+    b
+}
+
+/// A protocol connection driven by hand, frame by frame.
+pub struct RawConn {
+    pub stream: TcpStream,
+    rbuf: BytesMut,
+}
+
+impl RawConn {
+    pub async fn connect(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        RawConn {
+            stream,
+            rbuf: BytesMut::new(),
+        }
+    }
+
+    /// Connects and completes the handshake.
+    pub async fn ready(addr: SocketAddr) -> Self {
+        let mut c = Self::connect(addr).await;
+        c.send(
+            0,
+            &Request::Hello {
+                version: PROTOCOL_VERSION,
+                client_name: "test".into(),
+                auth_token: None,
+            },
+        )
+        .await;
+        match c.recv().await {
+            (0, Response::HelloOk { .. }) => c,
+            other => panic!("handshake failed: {other:?}"),
+        }
+    }
+
+    pub async fn send(&mut self, id: RequestId, req: &Request) {
+        let mut buf = BytesMut::new();
+        encode_request(id, req, &mut buf).unwrap();
+        self.send_raw(&buf).await;
+    }
+
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.unwrap();
+    }
+
+    /// The next response, or None when the server closed the connection.
+    pub async fn try_recv(&mut self) -> Option<(RequestId, Response)> {
+        tokio::time::timeout(PATIENCE, async {
+            loop {
+                if let Some(r) = decode_response(&mut self.rbuf, 64 << 20).unwrap() {
+                    return Some(r);
+                }
+                match self.stream.read_buf(&mut self.rbuf).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await
+        .expect("server answers in time")
+    }
+
+    pub async fn recv(&mut self) -> (RequestId, Response) {
+        self.try_recv().await.expect("connection open")
+    }
+
+    /// Asserts the server closes the connection without further answers.
+    pub async fn expect_closed(&mut self) {
+        if let Some(r) = self.try_recv().await {
+            panic!("expected close, got {r:?}");
+        }
+    }
+
+    pub async fn check(&mut self, id: RequestId, batch: CheckBatch) -> Vec<tollgate_protocol::CheckResult> {
+        self.send(id, &Request::Check(batch)).await;
+        match self.recv().await {
+            (rid, Response::Checked(results)) if rid == id => results,
+            other => panic!("expected CHECKED {id}, got {other:?}"),
+        }
+    }
+}
+
+pub fn allowed(r: &tollgate_protocol::CheckResult) -> bool {
+    matches!(r, tollgate_protocol::CheckResult::Decision(d) if d.allowed)
+}
