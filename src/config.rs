@@ -239,15 +239,29 @@ mod tests {
         let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
         let mut c = base.clone();
         c.max_batch = 0;
-        assert!(matches!(c.validate(), Err(ConfigError::TooSmall { name: "max-batch", .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::TooSmall {
+                name: "max-batch",
+                ..
+            })
+        ));
         let mut c = base.clone();
         c.max_frame = 100;
-        assert!(matches!(c.validate(), Err(ConfigError::FrameTooSmallForGroup { .. })));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::FrameTooSmallForGroup { .. })
+        ));
         let mut c = base.clone();
         c.max_frame = u32::MAX;
         assert!(matches!(c.validate(), Err(ConfigError::TooLarge { .. })));
         let mut c = base;
         c.frame_timeout = Duration::ZERO;
-        assert_eq!(c.validate(), Err(ConfigError::ZeroDuration { name: "frame-timeout" }));
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::ZeroDuration {
+                name: "frame-timeout"
+            })
+        );
     }
 }

@@ -16,11 +16,11 @@
 //! - `server`, `config`, `cli`: the network server and the binary's commands.
 
 pub mod algorithm;
-//TMP pub mod cli;
+pub mod cli;
 pub mod clock;
 pub mod config;
-pub mod slot;
 pub mod server;
+pub mod slot;
 pub mod store;
 pub mod sync;
 pub mod units;

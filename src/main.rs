@@ -1,1 +1,5 @@
-fn main(){}
+//! The `tollgate` binary: see [`tollgate::cli`].
+
+fn main() -> std::process::ExitCode {
+    tollgate::cli::main()
+}

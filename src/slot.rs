@@ -69,10 +69,7 @@ mod tests {
         assert_eq!(hash_tag(b"foo{bar}{zap}"), b"bar");
         // No closing brace: whole key.
         assert_eq!(hash_tag(b"foo{bar"), b"foo{bar");
-        assert_eq!(
-            Slot::of(b"rl:{key42}:second"),
-            Slot::of(b"rl:{key42}:day")
-        );
+        assert_eq!(Slot::of(b"rl:{key42}:second"), Slot::of(b"rl:{key42}:day"));
         assert_eq!(Slot::of(b"rl:{key42}:second"), Slot::of(b"key42"));
     }
 }

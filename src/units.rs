@@ -97,22 +97,76 @@ mod tests {
 
     #[test]
     fn rates() {
-        assert_eq!(rate("5/s"), Rate { count: 5, period_ms: 1000 });
-        assert_eq!(rate("100/min"), Rate { count: 100, period_ms: 60_000 });
-        assert_eq!(rate("10000/day"), Rate { count: 10_000, period_ms: 86_400_000 });
-        assert_eq!(rate("50/10s"), Rate { count: 50, period_ms: 10_000 });
-        assert_eq!(rate("3/250ms"), Rate { count: 3, period_ms: 250 });
-        assert_eq!(rate(" 7 / h "), Rate { count: 7, period_ms: 3_600_000 });
+        assert_eq!(
+            rate("5/s"),
+            Rate {
+                count: 5,
+                period_ms: 1000
+            }
+        );
+        assert_eq!(
+            rate("100/min"),
+            Rate {
+                count: 100,
+                period_ms: 60_000
+            }
+        );
+        assert_eq!(
+            rate("10000/day"),
+            Rate {
+                count: 10_000,
+                period_ms: 86_400_000
+            }
+        );
+        assert_eq!(
+            rate("50/10s"),
+            Rate {
+                count: 50,
+                period_ms: 10_000
+            }
+        );
+        assert_eq!(
+            rate("3/250ms"),
+            Rate {
+                count: 3,
+                period_ms: 250
+            }
+        );
+        assert_eq!(
+            rate(" 7 / h "),
+            Rate {
+                count: 7,
+                period_ms: 3_600_000
+            }
+        );
     }
 
     #[test]
     fn bad_rates_say_why() {
-        for bad in ["0/s", "-5/s", "NaN/s", "inf/s", "5.5/s", "/s", "5", "5/", "5/0s", "5/fortnight", "99999999999999999999999/s"] {
+        for bad in [
+            "0/s",
+            "-5/s",
+            "NaN/s",
+            "inf/s",
+            "5.5/s",
+            "/s",
+            "5",
+            "5/",
+            "5/0s",
+            "5/fortnight",
+            "99999999999999999999999/s",
+        ] {
             let err = bad.parse::<Rate>().unwrap_err();
             assert!(!err.to_string().is_empty(), "{bad}");
         }
-        assert!(matches!("0/s".parse::<Rate>(), Err(UnitError::RateCount(_))));
-        assert!(matches!("5/0s".parse::<Rate>(), Err(UnitError::DurationRange(_))));
+        assert!(matches!(
+            "0/s".parse::<Rate>(),
+            Err(UnitError::RateCount(_))
+        ));
+        assert!(matches!(
+            "5/0s".parse::<Rate>(),
+            Err(UnitError::DurationRange(_))
+        ));
     }
 
     #[test]

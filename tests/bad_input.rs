@@ -10,14 +10,20 @@ use tollgate_protocol::{CheckResult, ErrorCode, Request, Response, PROTOCOL_VERS
 /// A bystander connection holding state that must survive everything.
 async fn bystander(server: &TestServer) -> RawConn {
     let mut c = RawConn::ready(server.addr).await;
-    let r = c.check(1, batch_of(vec![vec![tb("bystander", 1, 60_000, 5, 2)]])).await;
+    let r = c
+        .check(1, batch_of(vec![vec![tb("bystander", 1, 60_000, 5, 2)]]))
+        .await;
     assert!(allowed(&r[0]));
     c
 }
 
 /// The bystander still works and its counter moved only by its own checks.
 async fn assert_unharmed(server: &TestServer, c: &mut RawConn) {
-    c.send(77, &Request::Peek(batch_of(vec![vec![tb("bystander", 1, 60_000, 5, 1)]]))).await;
+    c.send(
+        77,
+        &Request::Peek(batch_of(vec![vec![tb("bystander", 1, 60_000, 5, 1)]])),
+    )
+    .await;
     match c.recv().await {
         (77, Response::Checked(r)) => match r[0] {
             CheckResult::Decision(d) => assert_eq!(d.remaining, 2, "bystander's counter unchanged"),
@@ -80,7 +86,10 @@ async fn oversized_frame_is_refused_before_reading_it_and_closes() {
     let mut c = RawConn::ready(server.addr).await;
     c.send_raw(&[0, 0, 0, 2, 0x02, 0]).await;
     let r = c.recv().await;
-    assert!(matches!(error_code(&r), ErrorCode::Malformed | ErrorCode::FrameTooLarge));
+    assert!(matches!(
+        error_code(&r),
+        ErrorCode::Malformed | ErrorCode::FrameTooLarge
+    ));
     c.expect_closed().await;
     assert_unharmed(&server, &mut by).await;
     server.stop().await;
@@ -100,7 +109,12 @@ async fn broken_frames_get_an_error_and_the_connection_goes_on() {
     // A CHECK frame whose body stops in the middle of a pair (truncated
     // inside a well-delimited frame).
     let mut good = bytes::BytesMut::new();
-    tollgate_protocol::encode_request(8, &Request::Check(batch_of(vec![vec![tb("t", 1, 1000, 1, 1)]])), &mut good).unwrap();
+    tollgate_protocol::encode_request(
+        8,
+        &Request::Check(batch_of(vec![vec![tb("t", 1, 1000, 1, 1)]])),
+        &mut good,
+    )
+    .unwrap();
     let cut = good.len() - 6;
     let mut truncated = good[..cut].to_vec();
     truncated[..4].copy_from_slice(&((cut - 4) as u32).to_be_bytes());
@@ -115,18 +129,32 @@ async fn broken_frames_get_an_error_and_the_connection_goes_on() {
 
     // Over-long key (default max 256).
     let long = "k".repeat(300);
-    c.send(10, &Request::Check(batch_of(vec![vec![tb(&long, 1, 1000, 1, 1)]]))).await;
+    c.send(
+        10,
+        &Request::Check(batch_of(vec![vec![tb(&long, 1, 1000, 1, 1)]])),
+    )
+    .await;
     let r = c.recv().await;
     assert_eq!((r.0, error_code(&r)), (10, ErrorCode::KeyTooLong));
 
     // Too many checks in one frame.
-    let checks = (0..1025).map(|i| vec![tb(&format!("b{i}"), 1, 1000, 1, 1)]).collect();
+    let checks = (0..1025)
+        .map(|i| vec![tb(&format!("b{i}"), 1, 1000, 1, 1)])
+        .collect();
     c.send(11, &Request::Check(batch_of(checks))).await;
     let r = c.recv().await;
     assert_eq!((r.0, error_code(&r)), (11, ErrorCode::BatchTooLarge));
 
     // HELLO twice.
-    c.send(12, &Request::Hello { version: PROTOCOL_VERSION, client_name: "again".into(), auth_token: None }).await;
+    c.send(
+        12,
+        &Request::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: "again".into(),
+            auth_token: None,
+        },
+    )
+    .await;
     let r = c.recv().await;
     assert_eq!(r.0, 12);
     error_code(&r);
@@ -155,9 +183,14 @@ async fn impossible_limits_and_costs_are_per_check_errors() {
     ];
     let n = bad.len();
     let results = c.check(1, batch_of(bad)).await;
-    assert_eq!(results, vec![CheckResult::Error(ErrorCode::InvalidLimit); n]);
+    assert_eq!(
+        results,
+        vec![CheckResult::Error(ErrorCode::InvalidLimit); n]
+    );
     // A cost above the burst is not an error but a denial that never clears.
-    let r = c.check(2, batch_of(vec![vec![tb("z", 1, 1000, 5, u32::MAX)]])).await;
+    let r = c
+        .check(2, batch_of(vec![vec![tb("z", 1, 1000, 5, u32::MAX)]]))
+        .await;
     match r[0] {
         CheckResult::Decision(d) => {
             assert!(!d.allowed);
@@ -180,7 +213,8 @@ async fn handshake_failures_close_the_connection() {
     };
     // Wrong version.
     let mut c = RawConn::connect(server.addr).await;
-    c.send(1, &hello(PROTOCOL_VERSION + 1, Some("s3cret"))).await;
+    c.send(1, &hello(PROTOCOL_VERSION + 1, Some("s3cret")))
+        .await;
     assert_eq!(error_code(&c.recv().await), ErrorCode::UnsupportedVersion);
     c.expect_closed().await;
     // Missing and wrong token.
@@ -192,7 +226,11 @@ async fn handshake_failures_close_the_connection() {
     }
     // A check before HELLO.
     let mut c = RawConn::connect(server.addr).await;
-    c.send(1, &Request::Check(batch_of(vec![vec![tb("h", 1, 1000, 1, 1)]]))).await;
+    c.send(
+        1,
+        &Request::Check(batch_of(vec![vec![tb("h", 1, 1000, 1, 1)]])),
+    )
+    .await;
     assert_eq!(error_code(&c.recv().await), ErrorCode::HandshakeRequired);
     c.expect_closed().await;
     assert!(server.store.is_empty());
@@ -220,7 +258,10 @@ async fn slow_and_silent_clients_are_timed_out() {
     let trickle = tokio::spawn(async move {
         for _ in 0..20 {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            if tokio::io::AsyncWriteExt::write_all(&mut slow.stream, &[0]).await.is_err() {
+            if tokio::io::AsyncWriteExt::write_all(&mut slow.stream, &[0])
+                .await
+                .is_err()
+            {
                 break;
             }
         }

@@ -47,8 +47,15 @@ async fn concurrent_clients_never_over_admit() {
                 let mut conn = RawConn::ready(addr).await;
                 let mut ok = 0;
                 for id in 0..10u32 {
-                    let checks = (0..10).map(|_| vec![tb("shared", 1, 1000, 500, 1)]).collect();
-                    ok += conn.check(id, batch_of(checks)).await.iter().filter(|r| allowed(r)).count();
+                    let checks = (0..10)
+                        .map(|_| vec![tb("shared", 1, 1000, 500, 1)])
+                        .collect();
+                    ok += conn
+                        .check(id, batch_of(checks))
+                        .await
+                        .iter()
+                        .filter(|r| allowed(r))
+                        .count();
                 }
                 ok
             })
@@ -66,7 +73,9 @@ async fn concurrent_clients_never_over_admit() {
 async fn one_frame_checks_many_independent_keys() {
     let server = TestServer::start().await;
     let mut conn = RawConn::ready(server.addr).await;
-    let checks = (0..1000).map(|i| vec![tb(&format!("user:{i}"), 5, 1000, 3, 1)]).collect();
+    let checks = (0..1000)
+        .map(|i| vec![tb(&format!("user:{i}"), 5, 1000, 3, 1)])
+        .collect();
     let results = conn.check(1, batch_of(checks)).await;
     assert_eq!(results.len(), 1000);
     for r in &results {
@@ -89,7 +98,10 @@ async fn atomic_group_denial_charges_nothing() {
         let r = conn.check(id, batch_of(vec![vec![second(), day()]])).await;
         assert!(allowed(&r[0]));
     }
-    let before = server.store.get(b"rl:{key42}:second", server.clock_now()).unwrap();
+    let before = server
+        .store
+        .get(b"rl:{key42}:second", server.clock_now())
+        .unwrap();
     let r = conn.check(9, batch_of(vec![vec![second(), day()]])).await;
     match r[0] {
         CheckResult::Decision(d) => {
@@ -99,7 +111,10 @@ async fn atomic_group_denial_charges_nothing() {
         }
         e => panic!("{e:?}"),
     }
-    let after = server.store.get(b"rl:{key42}:second", server.clock_now()).unwrap();
+    let after = server
+        .store
+        .get(b"rl:{key42}:second", server.clock_now())
+        .unwrap();
     assert_eq!(before, after, "the passing pair was not charged");
     server.stop().await;
 }
@@ -113,8 +128,14 @@ async fn cross_slot_group_is_refused_while_the_rest_proceed() {
             1,
             batch_of(vec![
                 vec![tb("solo", 5, 1000, 10, 1)],
-                vec![tb("rl:{a}:x", 5, 1000, 10, 1), tb("rl:{b}:x", 5, 1000, 10, 1)],
-                vec![tb("rl:{c}:x", 5, 1000, 10, 1), tb("rl:{c}:y", 5, 1000, 10, 1)],
+                vec![
+                    tb("rl:{a}:x", 5, 1000, 10, 1),
+                    tb("rl:{b}:x", 5, 1000, 10, 1),
+                ],
+                vec![
+                    tb("rl:{c}:x", 5, 1000, 10, 1),
+                    tb("rl:{c}:y", 5, 1000, 10, 1),
+                ],
             ]),
         )
         .await;
@@ -138,7 +159,8 @@ async fn peek_and_reset_over_the_wire() {
     assert!(server.store.is_empty(), "peek charged nothing");
     assert!(allowed(&conn.check(2, one()).await[0]));
     assert!(!allowed(&conn.check(3, one()).await[0]));
-    conn.send(4, &Request::Reset(vec!["pk".into(), "never-seen".into()])).await;
+    conn.send(4, &Request::Reset(vec!["pk".into(), "never-seen".into()]))
+        .await;
     assert_eq!(conn.recv().await, (4, Response::ResetDone(1)));
     assert!(allowed(&conn.check(5, one()).await[0]));
     server.stop().await;
@@ -153,18 +175,27 @@ async fn idle_keys_expire_through_the_sweeper() {
     })
     .await;
     let mut conn = RawConn::ready(server.addr).await;
-    let checks = (0..300).map(|i| vec![tb(&format!("idle:{i}"), 10, 1000, 10, 1)]).collect();
+    let checks = (0..300)
+        .map(|i| vec![tb(&format!("idle:{i}"), 10, 1000, 10, 1)])
+        .collect();
     conn.check(1, batch_of(checks)).await;
     assert_eq!(server.store.len(), 300);
     // Full again 100 ms (server time) after one token was taken.
     server.clock.advance(Duration::from_millis(100));
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while !server.store.is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "sweeper did not expire keys");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sweeper did not expire keys"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // The connection and the store keep working.
-    assert!(allowed(&conn.check(2, batch_of(vec![vec![tb("idle:0", 10, 1000, 10, 1)]])).await[0]));
+    assert!(allowed(
+        &conn
+            .check(2, batch_of(vec![vec![tb("idle:0", 10, 1000, 10, 1)]]))
+            .await[0]
+    ));
     server.stop().await;
 }
 
@@ -194,13 +225,25 @@ async fn shutdown_answers_requests_in_flight_then_closes() {
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!(answered, 500, "every request sent before shutdown is answered");
+    assert_eq!(
+        answered, 500,
+        "every request sent before shutdown is answered"
+    );
     conn.expect_closed().await;
-    tokio::time::timeout(PATIENCE, server.join).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(PATIENCE, server.join)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     // The counters reflect exactly the answered checks.
     let e = server.store.get(b"drain", 1000 * S).unwrap();
-    assert!(matches!(e.state, tollgate::algorithm::State::TokenBucket { tat } if tat == 1000 * S + 500 * S));
-    assert!(tokio::net::TcpStream::connect(server.addr).await.is_err(), "listener closed");
+    assert!(
+        matches!(e.state, tollgate::algorithm::State::TokenBucket { tat } if tat == 1000 * S + 500 * S)
+    );
+    assert!(
+        tokio::net::TcpStream::connect(server.addr).await.is_err(),
+        "listener closed"
+    );
 }
 
 #[tokio::test]
@@ -220,9 +263,15 @@ async fn max_connections_holds_the_rest_in_the_queue() {
     let addr = server.addr;
     let second = tokio::spawn(async move { RawConn::ready(addr).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!second.is_finished(), "second connection served while the first holds the permit");
+    assert!(
+        !second.is_finished(),
+        "second connection served while the first holds the permit"
+    );
     drop(first);
-    let mut second = tokio::time::timeout(PATIENCE, second).await.unwrap().unwrap();
+    let mut second = tokio::time::timeout(PATIENCE, second)
+        .await
+        .unwrap()
+        .unwrap();
     second.send(1, &Request::Ping).await;
     assert_eq!(second.recv().await, (1, Response::Pong));
     server.stop().await;

@@ -166,14 +166,49 @@ pub enum Role {
     Standby = 2,
 }
 
+impl Role {
+    /// Decodes a wire value.
+    pub fn from_wire(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Primary),
+            2 => Some(Self::Standby),
+            _ => None,
+        }
+    }
+}
+
+/// Default largest frame body a server accepts: 1 MiB.
+pub const DEFAULT_MAX_FRAME: u32 = 1024 * 1024;
+/// Default most checks in one CHECK/PEEK, or keys in one RESET.
+pub const DEFAULT_MAX_BATCH: u16 = 1024;
+/// Default most pairs in one atomic group.
+pub const DEFAULT_MAX_GROUP: u8 = 16;
+/// Default longest key, in bytes.
+pub const DEFAULT_MAX_KEY_LEN: u16 = 256;
+
 /// The server's limits, told to the client in the handshake so a client can
 /// size its batches without trial and error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServerLimits {
+    /// Largest frame body (opcode + request id + payload), in bytes.
     pub max_frame: u32,
+    /// Most checks in one CHECK/PEEK, or keys in one RESET.
     pub max_batch: u16,
+    /// Most pairs in one check (atomic group).
     pub max_group: u8,
+    /// Longest key, in bytes.
     pub max_key_len: u16,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            max_frame: DEFAULT_MAX_FRAME,
+            max_batch: DEFAULT_MAX_BATCH,
+            max_group: DEFAULT_MAX_GROUP,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+        }
+    }
 }
 
 /// The answer to one check.
@@ -221,7 +256,10 @@ pub enum Response {
     /// Number of keys that held state and were removed.
     ResetDone(u32),
     /// The whole request failed (or the connection is about to close).
-    Error { code: ErrorCode, message: String },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 /// Typed error codes. Wire values are stable; unknown values decode as

@@ -80,7 +80,9 @@ impl Decision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum State {
     /// GCRA's theoretical arrival time.
-    TokenBucket { tat: Nanos },
+    TokenBucket {
+        tat: Nanos,
+    },
     SlidingWindow(WindowState),
 }
 

@@ -96,12 +96,10 @@ impl SlidingWindow {
         let w = u128::from(self.window);
         // Smallest offset `o` within a window where `p * (W - o) <= budget`.
         let first_fit = |p: u64, budget: u128| -> u128 {
-            let p = u128::from(p);
-            if p == 0 {
-                0
-            } else {
-                w - (budget / p).min(w)
-            }
+            // No weight left to decay (p == 0): fits from the window's start.
+            budget
+                .checked_div(u128::from(p))
+                .map_or(0, |room| w - room.min(w))
         };
         if cur + cost <= self.limit {
             // Waiting inside this window: the previous window's weight decays.

@@ -135,7 +135,9 @@ mod tests {
             assert_eq!(d.limit, 10);
         }
         let later = t + S;
-        let ok = (0..10).filter(|_| run(&tb, &mut tat, later, 1).allowed).count();
+        let ok = (0..10)
+            .filter(|_| run(&tb, &mut tat, later, 1).allowed)
+            .count();
         assert_eq!(ok, 5);
     }
 

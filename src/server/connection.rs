@@ -21,8 +21,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tollgate_protocol::{
-    decode_request, encode_checked, encode_response, ErrorCode, Request, RequestId, Response,
-    Role, PROTOCOL_VERSION,
+    decode_request, encode_checked, encode_response, ErrorCode, Request, RequestId, Response, Role,
+    PROTOCOL_VERSION,
 };
 
 /// Initial buffer sizes; both grow on demand (reads up to `max_frame`).
@@ -180,13 +180,19 @@ impl Connection {
         let shared = &*self.shared;
         let encoded = match request {
             Request::Hello { .. } => {
-                self.error(id, ErrorCode::Malformed, "HELLO was already sent on this connection");
+                self.error(
+                    id,
+                    ErrorCode::Malformed,
+                    "HELLO was already sent on this connection",
+                );
                 Ok(())
             }
             Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
             Request::Check(batch) => {
                 let now = shared.clock.now();
-                let results = batch.iter().map(|g| shared.store.check(g, now, Mode::Charge));
+                let results = batch
+                    .iter()
+                    .map(|g| shared.store.check(g, now, Mode::Charge));
                 encode_checked(id, results, &mut self.wbuf)
             }
             Request::Peek(batch) => {
@@ -215,11 +221,17 @@ impl Connection {
             auth_token,
         } = request
         else {
-            self.error(id, ErrorCode::HandshakeRequired, "the first request must be HELLO");
+            self.error(
+                id,
+                ErrorCode::HandshakeRequired,
+                "the first request must be HELLO",
+            );
             return Flow::Close;
         };
         if version != PROTOCOL_VERSION {
-            let msg = format!("server speaks protocol version {PROTOCOL_VERSION}, client asked for {version}");
+            let msg = format!(
+                "server speaks protocol version {PROTOCOL_VERSION}, client asked for {version}"
+            );
             self.error(id, ErrorCode::UnsupportedVersion, &msg);
             return Flow::Close;
         }

@@ -98,7 +98,10 @@ fn denial_reports_the_longest_wait() {
 #[test]
 fn cross_slot_group_is_refused_and_charges_nothing() {
     let s = store();
-    let group = [tb("rl:{a}:x", 5, 1000, 10, 1), tb("rl:{b}:x", 5, 1000, 10, 1)];
+    let group = [
+        tb("rl:{a}:x", 5, 1000, 10, 1),
+        tb("rl:{b}:x", 5, 1000, 10, 1),
+    ];
     assert_eq!(
         s.check(&group, S, Mode::Charge),
         CheckResult::Error(ErrorCode::CrossSlot)
@@ -149,7 +152,7 @@ fn invalid_limits_are_typed_errors_that_charge_nothing() {
     ];
     for p in bad {
         assert_eq!(
-            s.check(&[p.clone()], S, Mode::Charge),
+            s.check(std::slice::from_ref(&p), S, Mode::Charge),
             CheckResult::Error(ErrorCode::InvalidLimit),
             "{p:?}"
         );

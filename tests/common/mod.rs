@@ -160,7 +160,11 @@ impl RawConn {
         }
     }
 
-    pub async fn check(&mut self, id: RequestId, batch: CheckBatch) -> Vec<tollgate_protocol::CheckResult> {
+    pub async fn check(
+        &mut self,
+        id: RequestId,
+        batch: CheckBatch,
+    ) -> Vec<tollgate_protocol::CheckResult> {
         self.send(id, &Request::Check(batch)).await;
         match self.recv().await {
             (rid, Response::Checked(results)) if rid == id => results,

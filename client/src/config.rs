@@ -1,0 +1,252 @@
+//! Client settings: every limit and timeout the client applies, each with a
+//! named default.
+//!
+//! Invariants: the defaults are tuned for a gateway on the request path (a
+//! call never waits more than [`DEFAULT_DEADLINE`], undecided calls pass);
+//! [`ClientConfig::validate`] only checks and never changes a value. A client
+//! built from an invalid config does not panic: each of its connection
+//! attempts fails with [`Error::Config`](crate::Error::Config).
+
+use std::fmt;
+use std::time::Duration;
+
+use tollgate_protocol::DEFAULT_CLIENT_MAX_FRAME;
+
+/// Default time budget of one call, connecting included. The limiter sits on
+/// every API request, so it may add a few milliseconds at most.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_millis(5);
+/// Default bound on one connection attempt: TCP connect plus handshake.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default name sent in HELLO, shown in the server's logs.
+pub const DEFAULT_CLIENT_NAME: &str = "tollgate-client";
+/// Default wait after the first failed connection attempt.
+pub const DEFAULT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// Default ceiling of the exponential backoff between attempts.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Default cap on a response frame body: the largest response a v1 server
+/// can send (a CHECKED of 65535 results), so a conforming server is never
+/// refused while a broken one cannot make us buffer more than ~2 MiB.
+pub const DEFAULT_MAX_FRAME: u32 = DEFAULT_CLIENT_MAX_FRAME;
+/// Default number of requests that may wait for the connection's writer.
+pub const DEFAULT_MAX_QUEUED: usize = 4096;
+
+/// Longest client name and auth token: their HELLO length fields are one byte.
+pub const MAX_HELLO_FIELD_LEN: usize = u8::MAX as usize;
+/// Smallest usable `max_frame`: the body of a HELLO_OK (opcode, request id,
+/// version, role, epoch, offset and the four server limits).
+pub const MIN_MAX_FRAME: u32 = 1 + 4 + 2 + 1 + 8 + 8 + 4 + 2 + 1 + 2;
+
+/// What an undecided call means for the request being limited.
+///
+/// The default is [`FailMode::Open`]: the limiter must never be the reason
+/// the API is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum FailMode {
+    /// Let the request through when no decision could be had.
+    #[default]
+    Open,
+    /// Refuse the request when no decision could be had.
+    Closed,
+}
+
+/// Settings of a [`Client`](crate::Client). Build with struct update syntax
+/// over [`ClientConfig::default()`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Time budget of one call, from the call to its answer, including any
+    /// wait for a connection. Override per call with
+    /// [`Client::with_deadline`](crate::Client::with_deadline).
+    pub deadline: Duration,
+    /// Bound on one connection attempt (TCP connect and handshake). Attempts
+    /// run in the background, so a call never waits longer than its deadline
+    /// for one.
+    pub connect_timeout: Duration,
+    /// Name sent in HELLO (at most 255 bytes).
+    pub client_name: String,
+    /// Shared secret sent in HELLO when the server requires one (at most 255
+    /// bytes).
+    pub auth_token: Option<Vec<u8>>,
+    /// What [`Client::allows`](crate::Client::allows) makes of an undecided
+    /// outcome.
+    pub fail_mode: FailMode,
+    /// Wait after the first failed connection attempt; doubles with each
+    /// further failure up to `backoff_max`. Jittered (between half and all of
+    /// it) so a fleet of gateways does not reconnect in lockstep.
+    pub backoff_min: Duration,
+    /// Ceiling of the backoff.
+    pub backoff_max: Duration,
+    /// Largest response frame body accepted, in bytes; a larger one closes
+    /// the connection.
+    pub max_frame: u32,
+    /// Requests that may wait for the connection's writer; a call finding the
+    /// queue full waits for room within its deadline.
+    pub max_queued: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            deadline: DEFAULT_DEADLINE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            client_name: DEFAULT_CLIENT_NAME.to_owned(),
+            auth_token: None,
+            fail_mode: FailMode::default(),
+            backoff_min: DEFAULT_BACKOFF_MIN,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            max_frame: DEFAULT_MAX_FRAME,
+            max_queued: DEFAULT_MAX_QUEUED,
+        }
+    }
+}
+
+// Hand-written so that the auth token never reaches a log line.
+impl fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("deadline", &self.deadline)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("client_name", &self.client_name)
+            .field(
+                "auth_token",
+                &self.auth_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("fail_mode", &self.fail_mode)
+            .field("backoff_min", &self.backoff_min)
+            .field("backoff_max", &self.backoff_max)
+            .field("max_frame", &self.max_frame)
+            .field("max_queued", &self.max_queued)
+            .finish()
+    }
+}
+
+impl ClientConfig {
+    /// Checks every setting; changes nothing.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.deadline.is_zero() {
+            return Err(ConfigError::ZeroDuration { field: "deadline" });
+        }
+        if self.connect_timeout.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                field: "connect_timeout",
+            });
+        }
+        if self.backoff_min.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                field: "backoff_min",
+            });
+        }
+        if self.backoff_min > self.backoff_max {
+            return Err(ConfigError::BackoffInverted {
+                min: self.backoff_min,
+                max: self.backoff_max,
+            });
+        }
+        if self.client_name.len() > MAX_HELLO_FIELD_LEN {
+            return Err(ConfigError::TooLong {
+                field: "client_name",
+                len: self.client_name.len(),
+                max: MAX_HELLO_FIELD_LEN,
+            });
+        }
+        if let Some(token) = &self.auth_token {
+            if token.len() > MAX_HELLO_FIELD_LEN {
+                return Err(ConfigError::TooLong {
+                    field: "auth_token",
+                    len: token.len(),
+                    max: MAX_HELLO_FIELD_LEN,
+                });
+            }
+        }
+        if self.max_frame < MIN_MAX_FRAME {
+            return Err(ConfigError::MaxFrameTooSmall {
+                max_frame: self.max_frame,
+                min: MIN_MAX_FRAME,
+            });
+        }
+        if self.max_queued == 0 {
+            return Err(ConfigError::ZeroQueue);
+        }
+        Ok(())
+    }
+}
+
+/// Why a [`ClientConfig`] is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{field} must be greater than zero")]
+    ZeroDuration { field: &'static str },
+    #[error("backoff_min ({min:?}) exceeds backoff_max ({max:?})")]
+    BackoffInverted { min: Duration, max: Duration },
+    #[error("{field} of {len} bytes exceeds the limit of {max}")]
+    TooLong {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("max_frame of {max_frame} bytes cannot hold a handshake answer ({min} bytes)")]
+    MaxFrameTooSmall { max_frame: u32, min: u32 },
+    #[error("max_queued must be at least 1")]
+    ZeroQueue,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_fail_open() {
+        let config = ClientConfig::default();
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.fail_mode, FailMode::Open);
+        assert_eq!(config.deadline, Duration::from_millis(5));
+    }
+
+    #[test]
+    fn validate_reports_the_numbers() {
+        let config = ClientConfig {
+            backoff_min: Duration::from_secs(3),
+            ..ClientConfig::default()
+        };
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::BackoffInverted {
+                min: Duration::from_secs(3),
+                max: DEFAULT_BACKOFF_MAX,
+            })
+        );
+        let config = ClientConfig {
+            client_name: "x".repeat(256),
+            ..ClientConfig::default()
+        };
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::TooLong {
+                field: "client_name",
+                len: 256,
+                max: 255,
+            })
+        );
+        let config = ClientConfig {
+            max_frame: 10,
+            ..ClientConfig::default()
+        };
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::MaxFrameTooSmall {
+                max_frame: 10,
+                min: 33,
+            })
+        );
+    }
+
+    #[test]
+    fn debug_hides_the_token() {
+        let config = ClientConfig {
+            auth_token: Some(b"s3cret".to_vec()),
+            ..ClientConfig::default()
+        };
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+}

@@ -1,0 +1,140 @@
+//! The client's error type.
+//!
+//! Every variant carries the numbers that explain it, so a log line says
+//! what went wrong without a debugger. `Error` is `Clone` (sources are kept
+//! behind `Arc`) because one failed connection attempt is reported to every
+//! call that waited for it, and is kept as the cause of the backoff that
+//! follows.
+//!
+//! The calls that answer a rate-limit question ([`Client::check`] and
+//! friends) do not return `Error`: they fold it into an
+//! [`Undecided`](crate::Undecided) reason, see [`Undecided::from_error`].
+//!
+//! [`Client::check`]: crate::Client::check
+//! [`Undecided::from_error`]: crate::Undecided::from_error
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_protocol::{DecodeError, EncodeError, ErrorCode};
+
+use crate::config::ConfigError;
+
+/// Why a call or a connection attempt failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error("invalid client configuration: {0}")]
+    Config(#[from] ConfigError),
+
+    /// Resolving or connecting to the server failed.
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: Arc<io::Error>,
+    },
+
+    /// The connection attempt (TCP connect and handshake) took longer than
+    /// the configured connect timeout.
+    #[error("connecting to {addr} took longer than {after:?}")]
+    ConnectTimeout { addr: String, after: Duration },
+
+    /// Reading or writing an established connection failed.
+    #[error("i/o error: {0}")]
+    Io(#[source] Arc<io::Error>),
+
+    /// The call got no answer within its deadline. The request may still
+    /// have reached the server (and been charged).
+    #[error("no answer within the deadline of {after:?}")]
+    Timeout { after: Duration },
+
+    /// The server refused the handshake (or spoke another version).
+    #[error("handshake refused: {code}: {message}")]
+    Handshake { code: ErrorCode, message: String },
+
+    /// The server answered the whole request with an ERROR frame.
+    #[error("server error: {code}: {message}")]
+    Server { code: ErrorCode, message: String },
+
+    /// A response frame could not be decoded.
+    #[error("undecodable response: {0}")]
+    Protocol(#[source] Arc<DecodeError>),
+
+    /// A request does not fit the wire format.
+    #[error("cannot encode the request: {0}")]
+    Encode(#[source] Arc<EncodeError>),
+
+    /// The server answered with a message that does not answer the request.
+    #[error("unexpected {got} in answer to {request}")]
+    UnexpectedResponse {
+        request: &'static str,
+        got: &'static str,
+    },
+
+    /// A CHECKED answer with a different number of results than checks sent.
+    #[error("{got} results in answer to {expected} checks")]
+    ResultCount { expected: usize, got: usize },
+
+    /// More checks (or reset keys) in one request than the server accepts
+    /// (checked locally, from the limits the server announced).
+    #[error("batch of {checks} exceeds the server's limit of {max}")]
+    BatchTooLarge { checks: usize, max: u16 },
+
+    /// More pairs in one atomic group than the server accepts.
+    #[error("check {check} has {pairs} pairs, the server's limit is {max}")]
+    GroupTooLarge { check: usize, pairs: usize, max: u8 },
+
+    /// A check with no pairs.
+    #[error("check {check} has no pairs")]
+    EmptyGroup { check: usize },
+
+    #[error("key of {len} bytes exceeds the server's limit of {max}")]
+    KeyTooLong { len: usize, max: u16 },
+
+    #[error("empty key")]
+    EmptyKey,
+
+    /// The encoded request is larger than the server's frame limit. Refused
+    /// locally: the server would close the connection, failing every other
+    /// call on it.
+    #[error("request frame of {len} bytes exceeds the server's limit of {max}")]
+    FrameTooLarge { len: usize, max: u32 },
+
+    /// The server cannot be reached right now: the last connection attempt
+    /// failed (`cause`) and the next one is due in `retry_in`. Returned at
+    /// once, without touching the network.
+    #[error("server unavailable (next attempt in {retry_in:?}): {cause}")]
+    Unavailable {
+        retry_in: Duration,
+        #[source]
+        cause: Arc<Error>,
+    },
+
+    /// The connection closed while the call was waiting for its answer.
+    #[error("connection lost before the answer arrived")]
+    ConnectionLost,
+
+    /// [`Client::close`](crate::Client::close) was called.
+    #[error("client closed")]
+    Closed,
+}
+
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Self {
+        Self::Protocol(Arc::new(e))
+    }
+}
+
+impl From<EncodeError> for Error {
+    fn from(e: EncodeError) -> Self {
+        Self::Encode(Arc::new(e))
+    }
+}
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Self {
+        Self::Io(Arc::new(e))
+    }
+}

@@ -1,0 +1,197 @@
+//! tokio-util `Decoder`/`Encoder` wrappers over the pure codec functions.
+//!
+//! They hold only the settings the functions need and add no logic, so the
+//! tests of the functions cover them.
+//!
+//! Beware of tokio-util's error handling when using [`ServerCodec`] with
+//! `FramedRead`: after a decoder error the stream yields `None` once and then
+//! reads the socket again before decoding, so frames already buffered behind
+//! a bad one stall until more bytes arrive. [`ResilientServerCodec`] returns
+//! per-frame errors as items instead, and fails the stream only on fatal
+//! errors, so a bad request is answered and the stream goes on.
+
+use bytes::BytesMut;
+use tokio_util::codec::{Decoder, Encoder};
+
+use super::{
+    decode_request, decode_response, encode_request, encode_response, DecodeError, EncodeError,
+    DEFAULT_CLIENT_MAX_FRAME,
+};
+use crate::message::{Request, RequestId, Response, ServerLimits};
+
+/// The server side: decodes requests within `limits`, encodes responses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServerCodec {
+    pub limits: ServerLimits,
+}
+
+impl ServerCodec {
+    pub fn new(limits: ServerLimits) -> Self {
+        Self { limits }
+    }
+}
+
+/// Same as [`Decoder::decode`], but the peer closing the stream inside a
+/// frame is an error rather than a silent drop of the partial frame.
+fn eof_inside_frame<T>(decoded: Option<T>, buf: &BytesMut) -> Result<Option<T>, DecodeError> {
+    match decoded {
+        None if !buf.is_empty() => Err(DecodeError::UnexpectedEof {
+            buffered: buf.len(),
+        }),
+        decoded => Ok(decoded),
+    }
+}
+
+impl Decoder for ServerCodec {
+    type Item = (RequestId, Request);
+    type Error = DecodeError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
+        decode_request(src, &self.limits)
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
+        let decoded = self.decode(buf)?;
+        eof_inside_frame(decoded, buf)
+    }
+}
+
+impl Encoder<(RequestId, Response)> for ServerCodec {
+    type Error = EncodeError;
+
+    fn encode(
+        &mut self,
+        (id, response): (RequestId, Response),
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        encode_response(id, &response, dst)
+    }
+}
+
+impl Encoder<(RequestId, &Response)> for ServerCodec {
+    type Error = EncodeError;
+
+    fn encode(
+        &mut self,
+        (id, response): (RequestId, &Response),
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        encode_response(id, response, dst)
+    }
+}
+
+/// The server side for `FramedRead`: like [`ServerCodec`], but a bad frame
+/// that was consumed whole is an item (`Err` inside `Some`), so the stream
+/// keeps going; only fatal errors end it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResilientServerCodec {
+    pub limits: ServerLimits,
+}
+
+impl ResilientServerCodec {
+    pub fn new(limits: ServerLimits) -> Self {
+        Self { limits }
+    }
+}
+
+impl Decoder for ResilientServerCodec {
+    type Item = Result<(RequestId, Request), DecodeError>;
+    type Error = DecodeError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
+        match decode_request(src, &self.limits) {
+            Ok(decoded) => Ok(decoded.map(Ok)),
+            Err(e) if e.is_fatal() => Err(e),
+            Err(e) => Ok(Some(Err(e))),
+        }
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
+        let decoded = self.decode(buf)?;
+        eof_inside_frame(decoded, buf)
+    }
+}
+
+impl Encoder<(RequestId, Response)> for ResilientServerCodec {
+    type Error = EncodeError;
+
+    fn encode(
+        &mut self,
+        (id, response): (RequestId, Response),
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        encode_response(id, &response, dst)
+    }
+}
+
+impl Encoder<(RequestId, &Response)> for ResilientServerCodec {
+    type Error = EncodeError;
+
+    fn encode(
+        &mut self,
+        (id, response): (RequestId, &Response),
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        encode_response(id, response, dst)
+    }
+}
+
+/// The client side: encodes requests, decodes responses whose body is at
+/// most `max_frame` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientCodec {
+    pub max_frame: u32,
+}
+
+impl ClientCodec {
+    pub fn new(max_frame: u32) -> Self {
+        Self { max_frame }
+    }
+}
+
+impl Default for ClientCodec {
+    /// Accepts any response a v1 server can send ([`DEFAULT_CLIENT_MAX_FRAME`]).
+    fn default() -> Self {
+        Self {
+            max_frame: DEFAULT_CLIENT_MAX_FRAME,
+        }
+    }
+}
+
+impl Decoder for ClientCodec {
+    type Item = (RequestId, Response);
+    type Error = DecodeError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
+        decode_response(src, self.max_frame)
+    }
+
+    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
+        let decoded = self.decode(buf)?;
+        eof_inside_frame(decoded, buf)
+    }
+}
+
+impl Encoder<(RequestId, Request)> for ClientCodec {
+    type Error = EncodeError;
+
+    fn encode(
+        &mut self,
+        (id, request): (RequestId, Request),
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        encode_request(id, &request, dst)
+    }
+}
+
+impl Encoder<(RequestId, &Request)> for ClientCodec {
+    type Error = EncodeError;
+
+    fn encode(
+        &mut self,
+        (id, request): (RequestId, &Request),
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        encode_request(id, request, dst)
+    }
+}

@@ -1,0 +1,67 @@
+//! The v1 codec: pure functions between frames in a `BytesMut` and
+//! [`message`](crate::message) values, plus thin tokio-util wrappers.
+//!
+//! Invariants every decoder keeps (see `PROTOCOL.md` for the byte layout):
+//! - the 4-byte length header is checked against `max_frame` (and the 5-byte
+//!   minimum) before any memory is reserved, so a hostile peer cannot make us
+//!   allocate more than `max_frame` per connection;
+//! - "need more bytes" is `Ok(None)`: nothing is consumed and exactly the
+//!   missing bytes are reserved;
+//! - a complete frame is taken with one `split_to(..).freeze()` and parsed
+//!   from that `Bytes`, so keys are slices of the frame, never copies;
+//! - a [`DecodeError`] that is not [fatal](DecodeError::is_fatal) has consumed
+//!   exactly the bad frame, so the next call goes on with the next frame;
+//! - no input can make a decoder panic: every read is length-checked first
+//!   and every count is bounded by [`ServerLimits`](crate::ServerLimits)
+//!   before it sizes an allocation.
+//!
+//! Encoders write the frame length by reserving the 4 header bytes and
+//! patching them once the body is written (one pass). A request or response
+//! that does not fit the wire fields is an [`EncodeError`], and leaves the
+//! destination buffer as it was.
+//!
+//! The encoding is canonical: re-encoding a decoded request gives back the
+//! exact bytes of its frame (the fuzz targets check this).
+
+mod error;
+mod frame;
+mod framed;
+mod request;
+mod response;
+
+pub use error::{DecodeError, EncodeError};
+pub use framed::{ClientCodec, ResilientServerCodec, ServerCodec};
+pub use request::{decode_request, encode_request};
+pub use response::{decode_response, encode_checked, encode_response};
+
+/// Bytes of the length prefix in front of every frame body.
+pub const FRAME_HEADER_LEN: usize = 4;
+
+/// Smallest valid frame body: opcode (1) + request id (4).
+pub const MIN_FRAME_BODY: u32 = 5;
+
+/// Longest ERROR message the encoder sends, in bytes; longer messages are cut
+/// on a char boundary. Keeps error frames small whatever the server puts in.
+pub const MAX_ERROR_MESSAGE_LEN: usize = 1024;
+
+/// Largest body a v1 server can send: a CHECKED with 65535 results of 34 bytes
+/// each (every other response is smaller). The default response frame cap of
+/// [`ClientCodec`], so a conforming server's answer is never refused however
+/// the server's own limits are set.
+pub const DEFAULT_CLIENT_MAX_FRAME: u32 = 5 + 2 + 34 * u16::MAX as u32;
+
+/// Frame opcodes. Requests have the high bit clear, responses set.
+pub mod opcode {
+    pub const HELLO: u8 = 0x01;
+    pub const PING: u8 = 0x02;
+    pub const CHECK: u8 = 0x03;
+    pub const PEEK: u8 = 0x04;
+    pub const RESET: u8 = 0x05;
+
+    pub const HELLO_OK: u8 = 0x81;
+    pub const PONG: u8 = 0x82;
+    /// Answers both CHECK and PEEK.
+    pub const CHECKED: u8 = 0x83;
+    pub const RESET_DONE: u8 = 0x85;
+    pub const ERROR: u8 = 0xFF;
+}

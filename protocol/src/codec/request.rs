@@ -1,0 +1,270 @@
+//! Request payloads (client -> server): HELLO, PING, CHECK, PEEK, RESET.
+//!
+//! The decoder enforces the server's [`ServerLimits`] while it reads: every
+//! count is checked against its limit before it sizes an allocation, and
+//! every key length before the key is sliced. It does not judge limit values
+//! (zero rates, overflow): that is the server's per-check `InvalidLimit`.
+//!
+//! HELLO is read only as far as its version when the version is not
+//! [`PROTOCOL_VERSION`]: the rest of the payload belongs to that version's
+//! layout, and the client must get `UnsupportedVersion`, not `Malformed`.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::frame::{encode_frame, take_frame, wire_len, PayloadReader};
+use super::{opcode, DecodeError, EncodeError};
+use crate::message::{
+    Algorithm, CheckBatch, Limit, Pair, Request, RequestId, ServerLimits, PROTOCOL_VERSION,
+};
+
+/// Smallest encoded check: n_pairs, then one pair with a 1-byte key.
+const MIN_CHECK_LEN: usize = 1 + MIN_PAIR_LEN;
+/// Smallest encoded pair: key_len, 1-byte key, algorithm, count, period,
+/// burst, cost.
+const MIN_PAIR_LEN: usize = 2 + 1 + 1 + 8 + 8 + 8 + 4;
+/// Smallest encoded RESET key: key_len and a 1-byte key.
+const MIN_KEY_LEN: usize = 2 + 1;
+
+/// Decodes the next request from `src`.
+///
+/// `Ok(None)`: `src` does not hold a whole frame yet (nothing consumed).
+/// `Err(e)` with `!e.is_fatal()`: the bad frame was consumed; answer it with
+/// an ERROR frame (`e.request_id()`, `e.code()`) and call again.
+pub fn decode_request(
+    src: &mut BytesMut,
+    limits: &ServerLimits,
+) -> Result<Option<(RequestId, Request)>, DecodeError> {
+    let Some(frame) = take_frame(src, limits.max_frame)? else {
+        return Ok(None);
+    };
+    let mut r = PayloadReader::new(frame);
+    let request = match r.opcode {
+        opcode::HELLO => decode_hello(&mut r)?,
+        opcode::PING => Request::Ping,
+        opcode::CHECK => Request::Check(decode_batch(&mut r, limits)?),
+        opcode::PEEK => Request::Peek(decode_batch(&mut r, limits)?),
+        opcode::RESET => Request::Reset(decode_reset(&mut r, limits)?),
+        other => {
+            return Err(DecodeError::UnknownOpcode {
+                request_id: r.request_id,
+                opcode: other,
+            })
+        }
+    };
+    let request_id = r.request_id;
+    r.finish()?;
+    Ok(Some((request_id, request)))
+}
+
+fn decode_hello(r: &mut PayloadReader) -> Result<Request, DecodeError> {
+    let version = r.u16()?;
+    if version != PROTOCOL_VERSION {
+        return Err(DecodeError::UnsupportedVersion {
+            request_id: r.request_id,
+            version,
+        });
+    }
+    let name_len = r.u8()?;
+    let client_name = r.string(name_len.into(), "client name")?;
+    let token_len = r.u8()?;
+    let token = r.bytes(token_len.into())?;
+    Ok(Request::Hello {
+        version,
+        client_name,
+        auth_token: (!token.is_empty()).then_some(token),
+    })
+}
+
+/// Reads the batch count shared by CHECK, PEEK and RESET: 1..=max_batch.
+fn batch_count(r: &mut PayloadReader, limits: &ServerLimits) -> Result<u16, DecodeError> {
+    let count = r.u16()?;
+    if count == 0 {
+        return Err(DecodeError::EmptyBatch {
+            request_id: r.request_id,
+            opcode: r.opcode,
+        });
+    }
+    if count > limits.max_batch {
+        return Err(DecodeError::BatchTooLarge {
+            request_id: r.request_id,
+            count,
+            max: limits.max_batch,
+        });
+    }
+    Ok(count)
+}
+
+/// Capacity for `count` items of at least `min_len` bytes each: never more
+/// than the payload could hold, so a frame announcing a big batch and
+/// carrying nothing does not make us allocate for the announcement.
+fn capacity_for(r: &PayloadReader, count: u16, min_len: usize) -> usize {
+    usize::from(count).min(r.remaining() / min_len)
+}
+
+fn decode_batch(r: &mut PayloadReader, limits: &ServerLimits) -> Result<CheckBatch, DecodeError> {
+    let n_checks = batch_count(r, limits)?;
+    let mut batch = CheckBatch::with_capacity(capacity_for(r, n_checks, MIN_CHECK_LEN));
+    for check in 0..n_checks {
+        let n_pairs = r.u8()?;
+        if n_pairs == 0 {
+            return Err(DecodeError::EmptyGroup {
+                request_id: r.request_id,
+                check,
+            });
+        }
+        if n_pairs > limits.max_group {
+            return Err(DecodeError::GroupTooLarge {
+                request_id: r.request_id,
+                check,
+                count: n_pairs,
+                max: limits.max_group,
+            });
+        }
+        // `push_check` takes an iterator of pairs; stop it at the first
+        // decode error and report that error. The half-pushed check does not
+        // matter: the whole batch is dropped with the error.
+        let mut failed = None;
+        batch.push_check((0..n_pairs).map_while(|_| match decode_pair(r, limits) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                failed = Some(e);
+                None
+            }
+        }));
+        if let Some(e) = failed {
+            return Err(e);
+        }
+    }
+    Ok(batch)
+}
+
+fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, DecodeError> {
+    let key = decode_key(r, limits)?;
+    let algorithm = r.u8()?;
+    let Some(algorithm) = Algorithm::from_wire(algorithm) else {
+        return Err(DecodeError::UnknownAlgorithm {
+            request_id: r.request_id,
+            algorithm,
+        });
+    };
+    let count = r.u64()?;
+    let period_ms = r.u64()?;
+    let burst = r.u64()?;
+    let cost = r.u32()?;
+    Ok(Pair {
+        key,
+        limit: Limit {
+            algorithm,
+            count,
+            period_ms,
+            burst,
+        },
+        cost,
+    })
+}
+
+/// A key_len-prefixed key, its length checked before it is sliced.
+fn decode_key(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Bytes, DecodeError> {
+    let len = r.u16()?;
+    if len == 0 {
+        return Err(DecodeError::EmptyKey {
+            request_id: r.request_id,
+        });
+    }
+    if len > limits.max_key_len {
+        return Err(DecodeError::KeyTooLong {
+            request_id: r.request_id,
+            len,
+            max: limits.max_key_len,
+        });
+    }
+    r.bytes(len.into())
+}
+
+fn decode_reset(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Vec<Bytes>, DecodeError> {
+    let n_keys = batch_count(r, limits)?;
+    let mut keys = Vec::with_capacity(capacity_for(r, n_keys, MIN_KEY_LEN));
+    for _ in 0..n_keys {
+        keys.push(decode_key(r, limits)?);
+    }
+    Ok(keys)
+}
+
+/// Appends `request` as one frame to `dst`.
+///
+/// Fails only when a value does not fit its wire field (a client name or
+/// token over 255 bytes, a key over 65535 bytes, more than 65535 checks or
+/// keys, more than 255 pairs in a check); `dst` is then unchanged. Values the
+/// server would refuse but the wire can carry (empty batches, keys over the
+/// server's `max_key_len`) are encoded as given: the server answers them.
+/// `auth_token: Some(empty)` is sent as "no token", the same bytes as `None`.
+pub fn encode_request(
+    request_id: RequestId,
+    request: &Request,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    match request {
+        Request::Hello {
+            version,
+            client_name,
+            auth_token,
+        } => {
+            let token: &[u8] = auth_token.as_deref().unwrap_or_default();
+            let hint = 2 + 1 + client_name.len() + 1 + token.len();
+            encode_frame(dst, opcode::HELLO, request_id, hint, |dst| {
+                let name_len = wire_len(client_name.len(), "client name", u8::MAX)?;
+                let token_len = wire_len(token.len(), "auth token", u8::MAX)?;
+                dst.put_u16(*version);
+                dst.put_u8(name_len);
+                dst.put_slice(client_name.as_bytes());
+                dst.put_u8(token_len);
+                dst.put_slice(token);
+                Ok(())
+            })
+        }
+        Request::Ping => encode_frame(dst, opcode::PING, request_id, 0, |_| Ok(())),
+        Request::Check(batch) => encode_batch(opcode::CHECK, request_id, batch, dst),
+        Request::Peek(batch) => encode_batch(opcode::PEEK, request_id, batch, dst),
+        Request::Reset(keys) => {
+            let hint = 2 + keys.len() * MIN_KEY_LEN;
+            encode_frame(dst, opcode::RESET, request_id, hint, |dst| {
+                dst.put_u16(wire_len(keys.len(), "keys in a reset", u16::MAX)?);
+                for key in keys {
+                    encode_key(key, dst)?;
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+fn encode_batch(
+    opcode: u8,
+    request_id: RequestId,
+    batch: &CheckBatch,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    // Lower bound (keys of one byte); the buffer grows if keys are longer.
+    let hint = 2 + batch.len() + batch.pair_count() * MIN_PAIR_LEN;
+    encode_frame(dst, opcode, request_id, hint, |dst| {
+        dst.put_u16(wire_len(batch.len(), "checks in a batch", u16::MAX)?);
+        for check in batch.iter() {
+            dst.put_u8(wire_len(check.len(), "pairs in a check", u8::MAX)?);
+            for pair in check {
+                encode_key(&pair.key, dst)?;
+                dst.put_u8(pair.limit.algorithm as u8);
+                dst.put_u64(pair.limit.count);
+                dst.put_u64(pair.limit.period_ms);
+                dst.put_u64(pair.limit.burst);
+                dst.put_u32(pair.cost);
+            }
+        }
+        Ok(())
+    })
+}
+
+fn encode_key(key: &[u8], dst: &mut BytesMut) -> Result<(), EncodeError> {
+    dst.put_u16(wire_len(key.len(), "key", u16::MAX)?);
+    dst.put_slice(key);
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! Response payloads (server -> client): HELLO_OK, PONG, CHECKED,
+//! RESET_DONE, ERROR.
+//!
+//! The server encodes CHECKED results as it produces them through
+//! [`encode_checked`], without collecting a `Vec` first. The client decodes
+//! with only a frame-size cap: it has no batch limits of its own, and a
+//! response can only be as big as what the server chose to answer.
+//!
+//! Decoding is lenient where leniency costs nothing: unknown error codes
+//! decode as [`ErrorCode::Unknown`] and ERROR messages longer than the
+//! encoder's 1024-byte cap are accepted, so an older client can still read
+//! a newer server's errors.
+
+use bytes::{BufMut, BytesMut};
+
+use super::frame::{encode_frame, take_frame, wire_len, PayloadReader};
+use super::{opcode, DecodeError, EncodeError, MAX_ERROR_MESSAGE_LEN};
+use crate::message::{CheckResult, Decision, ErrorCode, RequestId, Response, Role, ServerLimits};
+
+/// Result statuses in a CHECKED payload.
+const STATUS_ALLOWED: u8 = 0;
+const STATUS_DENIED: u8 = 1;
+const STATUS_ERROR: u8 = 2;
+
+/// Encoded size of a decision result: status, pair, four u64 fields.
+const DECISION_LEN: usize = 1 + 1 + 4 * 8;
+/// Encoded size of an error result: status and code.
+const ERROR_RESULT_LEN: usize = 1 + 2;
+
+/// Decodes the next response from `src`, refusing frames whose body exceeds
+/// `max_frame`. Same contract as [`decode_request`](super::decode_request).
+pub fn decode_response(
+    src: &mut BytesMut,
+    max_frame: u32,
+) -> Result<Option<(RequestId, Response)>, DecodeError> {
+    let Some(frame) = take_frame(src, max_frame)? else {
+        return Ok(None);
+    };
+    let mut r = PayloadReader::new(frame);
+    let response = match r.opcode {
+        opcode::HELLO_OK => decode_hello_ok(&mut r)?,
+        opcode::PONG => Response::Pong,
+        opcode::CHECKED => Response::Checked(decode_results(&mut r)?),
+        opcode::RESET_DONE => Response::ResetDone(r.u32()?),
+        opcode::ERROR => {
+            let code = ErrorCode::from_wire(r.u16()?);
+            let len = r.u16()?;
+            let message = r.string(len.into(), "error message")?;
+            Response::Error { code, message }
+        }
+        other => {
+            return Err(DecodeError::UnknownOpcode {
+                request_id: r.request_id,
+                opcode: other,
+            })
+        }
+    };
+    let request_id = r.request_id;
+    r.finish()?;
+    Ok(Some((request_id, response)))
+}
+
+fn decode_hello_ok(r: &mut PayloadReader) -> Result<Response, DecodeError> {
+    let version = r.u16()?;
+    let role = r.u8()?;
+    let Some(role) = Role::from_wire(role) else {
+        return Err(DecodeError::UnknownRole {
+            request_id: r.request_id,
+            role,
+        });
+    };
+    Ok(Response::HelloOk {
+        version,
+        role,
+        epoch: r.u64()?,
+        offset: r.u64()?,
+        limits: ServerLimits {
+            max_frame: r.u32()?,
+            max_batch: r.u16()?,
+            max_group: r.u8()?,
+            max_key_len: r.u16()?,
+        },
+    })
+}
+
+fn decode_results(r: &mut PayloadReader) -> Result<Vec<CheckResult>, DecodeError> {
+    let n = r.u16()?;
+    // Bounded by what the payload can hold, not by the announced count.
+    let mut results = Vec::with_capacity(usize::from(n).min(r.remaining() / ERROR_RESULT_LEN));
+    for _ in 0..n {
+        let status = r.u8()?;
+        let result = match status {
+            STATUS_ALLOWED | STATUS_DENIED => CheckResult::Decision(Decision {
+                allowed: status == STATUS_ALLOWED,
+                pair: r.u8()?,
+                limit: r.u64()?,
+                remaining: r.u64()?,
+                reset_after_ms: r.u64()?,
+                retry_after_ms: r.u64()?,
+            }),
+            STATUS_ERROR => CheckResult::Error(ErrorCode::from_wire(r.u16()?)),
+            _ => {
+                return Err(DecodeError::UnknownStatus {
+                    request_id: r.request_id,
+                    status,
+                })
+            }
+        };
+        results.push(result);
+    }
+    Ok(results)
+}
+
+/// Appends `response` as one frame to `dst`.
+///
+/// An ERROR message is cut to [`MAX_ERROR_MESSAGE_LEN`] bytes on a char
+/// boundary. Fails only for a CHECKED with more than 65535 results (`dst` is
+/// then unchanged), which a server bounded by `max_batch` never builds.
+pub fn encode_response(
+    request_id: RequestId,
+    response: &Response,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    match response {
+        Response::HelloOk {
+            version,
+            role,
+            epoch,
+            offset,
+            limits,
+        } => encode_frame(
+            dst,
+            opcode::HELLO_OK,
+            request_id,
+            2 + 1 + 8 + 8 + 4 + 2 + 1 + 2,
+            |dst| {
+                dst.put_u16(*version);
+                dst.put_u8(*role as u8);
+                dst.put_u64(*epoch);
+                dst.put_u64(*offset);
+                dst.put_u32(limits.max_frame);
+                dst.put_u16(limits.max_batch);
+                dst.put_u8(limits.max_group);
+                dst.put_u16(limits.max_key_len);
+                Ok(())
+            },
+        ),
+        Response::Pong => encode_frame(dst, opcode::PONG, request_id, 0, |_| Ok(())),
+        Response::Checked(results) => encode_checked(request_id, results.iter().copied(), dst),
+        Response::ResetDone(removed) => {
+            encode_frame(dst, opcode::RESET_DONE, request_id, 4, |dst| {
+                dst.put_u32(*removed);
+                Ok(())
+            })
+        }
+        Response::Error { code, message } => {
+            let message = truncate_on_char_boundary(message, MAX_ERROR_MESSAGE_LEN);
+            encode_frame(
+                dst,
+                opcode::ERROR,
+                request_id,
+                2 + 2 + message.len(),
+                |dst| {
+                    dst.put_u16(code.to_wire());
+                    // At most MAX_ERROR_MESSAGE_LEN, so this cannot fail.
+                    dst.put_u16(wire_len(message.len(), "error message", u16::MAX)?);
+                    dst.put_slice(message.as_bytes());
+                    Ok(())
+                },
+            )
+        }
+    }
+}
+
+/// Appends a CHECKED frame answering `request_id`, one result per check in
+/// request order, streamed from `results` (no intermediate `Vec`).
+///
+/// The result count is written from the results actually yielded, so an
+/// iterator whose `len()` is wrong still produces a well-formed frame;
+/// `len()` only sizes the up-front reservation. Fails (leaving `dst`
+/// unchanged) when there are more than 65535 results.
+pub fn encode_checked<I>(
+    request_id: RequestId,
+    results: I,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError>
+where
+    I: ExactSizeIterator<Item = CheckResult>,
+{
+    let hint = 2usize.saturating_add(results.len().saturating_mul(DECISION_LEN));
+    encode_frame(dst, opcode::CHECKED, request_id, hint, |dst| {
+        let count_at = dst.len();
+        dst.put_u16(0); // patched once the results are counted
+        let mut count = 0usize;
+        for result in results {
+            count += 1;
+            match result {
+                CheckResult::Decision(d) => {
+                    dst.put_u8(if d.allowed {
+                        STATUS_ALLOWED
+                    } else {
+                        STATUS_DENIED
+                    });
+                    dst.put_u8(d.pair);
+                    dst.put_u64(d.limit);
+                    dst.put_u64(d.remaining);
+                    dst.put_u64(d.reset_after_ms);
+                    dst.put_u64(d.retry_after_ms);
+                }
+                CheckResult::Error(code) => {
+                    dst.put_u8(STATUS_ERROR);
+                    dst.put_u16(code.to_wire());
+                }
+            }
+        }
+        let count = wire_len(count, "results in a CHECKED", u16::MAX)?;
+        dst[count_at..count_at + 2].copy_from_slice(&count.to_be_bytes());
+        Ok(())
+    })
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a char
+/// boundary.
+fn truncate_on_char_boundary(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    // A char is at most 4 bytes, so this steps back at most 3 times; index 0
+    // is always a boundary.
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_keeps_whole_chars() {
+        assert_eq!(truncate_on_char_boundary("short", 1024), "short");
+        // "é" is 2 bytes: cutting at 3 would split the second one.
+        assert_eq!(truncate_on_char_boundary("éé", 3), "é");
+        assert_eq!(truncate_on_char_boundary("€", 2), "");
+        let long = "x".repeat(1023) + "€";
+        assert_eq!(truncate_on_char_boundary(&long, 1024).len(), 1023);
+    }
+
+    #[test]
+    fn too_many_results_leave_the_buffer_unchanged() {
+        let mut dst = BytesMut::from(&b"kept"[..]);
+        let results = std::iter::repeat_n(CheckResult::Error(ErrorCode::Internal), 65536);
+        let err = encode_checked(1, results, &mut dst).expect_err("too many");
+        assert!(matches!(
+            err,
+            EncodeError::TooLong {
+                len: 65536,
+                max: 65535,
+                ..
+            }
+        ));
+        assert_eq!(&dst[..], b"kept");
+    }
+}

@@ -1,0 +1,440 @@
+//! The `tollgate` binary's commands: `serve`, `check`, `ping`.
+//!
+//! `serve` runs the server on built-in defaults (every setting a flag);
+//! `check` and `ping` are small clients over `tollgate-client`, handy for
+//! smoke tests and for seeing what a limit does before putting it in a
+//! gateway. Exit codes: 0 success, 1 the server refused the request,
+//! 2 usage or connection errors.
+
+use crate::config::{LogFormat, ServerConfig};
+use crate::server::Server;
+use crate::units::{parse_duration, parse_millis, Rate};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tollgate_client::{Client, ClientConfig};
+use tollgate_protocol::{Algorithm, CheckBatch, CheckResult, Decision, Limit, Pair, RETRY_NEVER};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "In-memory rate-limit counter server"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server (defaults need no config file).
+    Serve(ServeArgs),
+    /// Check (and charge) one key against an inline limit.
+    Check(CheckArgs),
+    /// Round-trip a PING to a server.
+    Ping(PingArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ServerConfig,
+    /// Print the effective settings as JSON and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AlgorithmArg {
+    TokenBucket,
+    SlidingWindow,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Server address.
+    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
+    pub server: String,
+    /// The key to check, e.g. `rl:{apikey}:search`.
+    #[arg(long)]
+    pub key: String,
+    /// Sustained rate: `5/s`, `100/min`, `10000/day`.
+    #[arg(long)]
+    pub rate: Rate,
+    /// Bucket capacity (token bucket only; default: the rate's count).
+    #[arg(long)]
+    pub burst: Option<u64>,
+    #[arg(long, value_enum, default_value_t = AlgorithmArg::TokenBucket)]
+    pub algorithm: AlgorithmArg,
+    /// Window length (sliding window only; default: the rate's period).
+    #[arg(long, value_parser = parse_millis)]
+    pub window: Option<u64>,
+    /// Units this request takes.
+    #[arg(long, default_value_t = 1)]
+    pub cost: u32,
+    /// Send this many identical checks in one batch ("at once").
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u16,
+    /// Answer without charging (PEEK).
+    #[arg(long)]
+    pub peek: bool,
+    /// Print one JSON object per decision.
+    #[arg(long)]
+    pub json: bool,
+    /// Give up after this long.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct PingArgs {
+    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
+    pub server: String,
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+/// A command-line mistake, found before anything is sent.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum UsageError {
+    #[error("--burst applies to token-bucket only")]
+    BurstWithWindow,
+    #[error("--window applies to sliding-window only")]
+    WindowWithBucket,
+    #[error("rate {rate} over a {window_ms} ms window is not a whole count of at least 1")]
+    UnevenWindow { rate: Rate, window_ms: u64 },
+    #[error("--repeat must be at least 1")]
+    ZeroRepeat,
+}
+
+impl CheckArgs {
+    /// The wire limit these flags describe.
+    pub fn limit(&self) -> Result<Limit, UsageError> {
+        let rate = self.rate;
+        match self.algorithm {
+            AlgorithmArg::TokenBucket => {
+                if self.window.is_some() {
+                    return Err(UsageError::WindowWithBucket);
+                }
+                Ok(Limit {
+                    algorithm: Algorithm::TokenBucket,
+                    count: rate.count,
+                    period_ms: rate.period_ms,
+                    burst: self.burst.unwrap_or(rate.count),
+                })
+            }
+            AlgorithmArg::SlidingWindow => {
+                if self.burst.is_some() {
+                    return Err(UsageError::BurstWithWindow);
+                }
+                let window_ms = self.window.unwrap_or(rate.period_ms);
+                let scaled = u128::from(rate.count) * u128::from(window_ms);
+                let period = u128::from(rate.period_ms);
+                let uneven = UsageError::UnevenWindow { rate, window_ms };
+                if scaled % period != 0 || scaled < period {
+                    return Err(uneven);
+                }
+                let count = u64::try_from(scaled / period).map_err(|_| uneven)?;
+                Ok(Limit {
+                    algorithm: Algorithm::SlidingWindow,
+                    count,
+                    period_ms: window_ms,
+                    burst: 0,
+                })
+            }
+        }
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Check(args) => runtime.block_on(check(args)),
+        Command::Ping(args) => runtime.block_on(ping(args)),
+    }
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    let config = args.config;
+    if let Err(e) = config.validate() {
+        eprintln!("error: invalid settings: {e}");
+        return ExitCode::from(2);
+    }
+    if args.print_config {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&config).expect("settings serialize")
+        );
+        return ExitCode::SUCCESS;
+    }
+    init_logging(config.log_format);
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(listen = %config.listen, error = %e, "cannot listen");
+            return ExitCode::from(2);
+        }
+    };
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    tracing::info!(listen = %addr, version = env!("CARGO_PKG_VERSION"), "tollgate serving");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    match Server::new(config).run(listener, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "server failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn cancel_on_signal(token: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot install signal handlers");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    token.cancel();
+}
+
+fn client_config(timeout: Duration) -> ClientConfig {
+    ClientConfig {
+        deadline: timeout,
+        connect_timeout: timeout,
+        client_name: "tollgate-cli".into(),
+        ..ClientConfig::default()
+    }
+}
+
+async fn check(args: CheckArgs) -> ExitCode {
+    let limit = match args.limit() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.repeat == 0 {
+        eprintln!("error: {}", UsageError::ZeroRepeat);
+        return ExitCode::from(2);
+    }
+    let client = match Client::connect(args.server.clone(), client_config(args.timeout)).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot reach {}: {e}", args.server);
+            return ExitCode::from(2);
+        }
+    };
+    let mut batch = CheckBatch::with_capacity(args.repeat.into());
+    for _ in 0..args.repeat {
+        batch.push(Pair {
+            key: args.key.clone().into(),
+            limit,
+            cost: args.cost,
+        });
+    }
+    let results = if args.peek {
+        client.peek_batch(batch).await
+    } else {
+        client.check_batch(batch).await
+    };
+    let results = match results {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut code = ExitCode::SUCCESS;
+    for result in results {
+        match result {
+            CheckResult::Decision(d) => println!("{}", render(&d, args.json)),
+            CheckResult::Error(e) => {
+                eprintln!("error: server refused the check: {e}");
+                code = ExitCode::from(1);
+            }
+        }
+    }
+    code
+}
+
+/// One decision as a line of text or a JSON object.
+pub fn render(d: &Decision, json: bool) -> String {
+    let retry = (d.retry_after_ms != RETRY_NEVER).then_some(d.retry_after_ms);
+    if json {
+        serde_json::json!({
+            "allowed": d.allowed,
+            "limit": d.limit,
+            "remaining": d.remaining,
+            "reset_after_ms": d.reset_after_ms,
+            "retry_after_ms": retry,
+        })
+        .to_string()
+    } else {
+        let verdict = if d.allowed { "allowed" } else { "denied " };
+        let retry = retry.map_or("never".to_owned(), |ms| format!("{ms}ms"));
+        format!(
+            "{verdict} limit={} remaining={} reset_after={}ms retry_after={retry}",
+            d.limit, d.remaining, d.reset_after_ms
+        )
+    }
+}
+
+async fn ping(args: PingArgs) -> ExitCode {
+    let client = match Client::connect(args.server.clone(), client_config(args.timeout)).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot reach {}: {e}", args.server);
+            return ExitCode::from(2);
+        }
+    };
+    match client.ping().await {
+        Ok(rtt) => {
+            println!("PONG from {} in {:?}", args.server, rtt);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Result<CheckArgs, clap::Error> {
+        let mut argv = vec!["tollgate", "check", "--key", "k"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Check(a) => Ok(a),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn token_bucket_flags() {
+        let l = args(&["--rate", "5/s", "--burst", "10"])
+            .unwrap()
+            .limit()
+            .unwrap();
+        assert_eq!((l.count, l.period_ms, l.burst), (5, 1000, 10));
+        let l = args(&["--rate", "100/min"]).unwrap().limit().unwrap();
+        assert_eq!((l.count, l.period_ms, l.burst), (100, 60_000, 100));
+    }
+
+    #[test]
+    fn sliding_window_flags() {
+        let a = args(&[
+            "--rate",
+            "100/min",
+            "--algorithm",
+            "sliding-window",
+            "--window",
+            "30s",
+        ]);
+        let l = a.unwrap().limit().unwrap();
+        assert_eq!(
+            (l.algorithm, l.count, l.period_ms, l.burst),
+            (Algorithm::SlidingWindow, 50, 30_000, 0)
+        );
+        let a = args(&[
+            "--rate",
+            "5/s",
+            "--algorithm",
+            "sliding-window",
+            "--window",
+            "1500ms",
+        ]);
+        assert!(matches!(
+            a.unwrap().limit(),
+            Err(UsageError::UnevenWindow { .. })
+        ));
+        let a = args(&[
+            "--rate",
+            "5/s",
+            "--algorithm",
+            "sliding-window",
+            "--burst",
+            "3",
+        ]);
+        assert_eq!(a.unwrap().limit(), Err(UsageError::BurstWithWindow));
+        let a = args(&["--rate", "5/s", "--window", "3s"]);
+        assert_eq!(a.unwrap().limit(), Err(UsageError::WindowWithBucket));
+    }
+
+    #[test]
+    fn bad_numbers_are_usage_errors() {
+        for bad in [
+            vec!["--rate", "0/s"],
+            vec!["--rate", "-1/s"],
+            vec!["--rate", "NaN/s"],
+            vec!["--rate", "5/s", "--cost", "-1"],
+            vec!["--rate", "5/s", "--cost", "99999999999"],
+            vec!["--rate", "5/s", "--burst", "-3"],
+            vec!["--rate", "5/s", "--window", "0s"],
+        ] {
+            assert!(args(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn json_rendering() {
+        let d = Decision {
+            allowed: false,
+            pair: 0,
+            limit: 10,
+            remaining: 0,
+            reset_after_ms: 2000,
+            retry_after_ms: RETRY_NEVER,
+        };
+        let v: serde_json::Value = serde_json::from_str(&render(&d, true)).unwrap();
+        assert_eq!(v["allowed"], false);
+        assert_eq!(v["retry_after_ms"], serde_json::Value::Null);
+        assert_eq!(v["reset_after_ms"], 2000);
+        assert!(render(&d, false).contains("retry_after=never"));
+    }
+}

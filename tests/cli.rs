@@ -1,0 +1,223 @@
+//! The real `tollgate` binary: `serve` on defaults, `check`, `ping`,
+//! `--print-config`, and a graceful exit on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+/// A `tollgate serve` child on 127.0.0.1:0; the port is read from its log.
+struct ServeProcess {
+    child: Child,
+    addr: String,
+}
+
+impl ServeProcess {
+    fn start(extra: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tollgate serve");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let addr = loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("server logs its address");
+            let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
+            if v["fields"]["message"] == "tollgate serving" {
+                break v["fields"]["listen"].as_str().unwrap().to_owned();
+            }
+        };
+        ServeProcess { child, addr }
+    }
+
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "server did not exit on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tollgate(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn decisions(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON object per line"))
+        .collect()
+}
+
+#[test]
+fn check_gives_the_seed_token_bucket_numbers() {
+    let server = ServeProcess::start(&[]);
+    let key = "rl:{acme}:search";
+    let base = [
+        "check",
+        "--server",
+        &server.addr,
+        "--key",
+        key,
+        "--rate",
+        "5/s",
+        "--burst",
+        "10",
+        "--json",
+    ];
+
+    // 12 at once: 10 allowed, 2 denied with retry-after 0.2 s.
+    let first = Instant::now();
+    let (code, out, err) = tollgate(&[&base[..], &["--repeat", "12"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let d = decisions(&out);
+    assert_eq!(d.len(), 12);
+    assert!(d[..10].iter().all(|d| d["allowed"] == true));
+    assert_eq!(d[9]["remaining"], 0);
+    for denied in &d[10..] {
+        assert_eq!(denied["allowed"], false);
+        assert_eq!(denied["limit"], 10);
+        assert_eq!(denied["retry_after_ms"], 200);
+    }
+
+    // About a second later: about 5 more (one per 200 ms elapsed).
+    std::thread::sleep(Duration::from_secs(1));
+    let (code, out, _) = tollgate(&[&base[..], &["--repeat", "10"]].concat());
+    let elapsed = first.elapsed();
+    assert_eq!(code, 0);
+    let allowed = decisions(&out)
+        .iter()
+        .filter(|d| d["allowed"] == true)
+        .count();
+    let refilled = (elapsed.as_millis() / 200).min(10) as usize;
+    assert!(
+        (5..=refilled.max(5)).contains(&allowed),
+        "{allowed} allowed after {elapsed:?}"
+    );
+
+    // Human output and PEEK.
+    let (code, out, _) = tollgate(&[
+        "check",
+        "--server",
+        &server.addr,
+        "--key",
+        "other",
+        "--rate",
+        "5/s",
+        "--peek",
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("allowed limit=5 remaining=4"), "{out}");
+    assert_eq!(server.terminate().code(), Some(0));
+}
+
+#[test]
+fn sliding_window_and_cost_from_the_cli() {
+    let server = ServeProcess::start(&[]);
+    let args = |cost: &str| {
+        vec![
+            "check".to_owned(),
+            "--server".into(),
+            server.addr.clone(),
+            "--key".into(),
+            "sw".into(),
+            "--algorithm".into(),
+            "sliding-window".into(),
+            "--rate".into(),
+            "100/min".into(),
+            "--cost".into(),
+            cost.into(),
+            "--json".into(),
+        ]
+    };
+    let run = |cost: &str| {
+        let a = args(cost);
+        tollgate(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (code, out, _) = run("60");
+    assert_eq!(code, 0);
+    assert_eq!(decisions(&out)[0]["remaining"], 40);
+    let (_, out, _) = run("41");
+    let d = &decisions(&out)[0];
+    assert_eq!(d["allowed"], false);
+    // Over the limit entirely: never.
+    let (_, out, _) = run("101");
+    assert_eq!(
+        decisions(&out)[0]["retry_after_ms"],
+        serde_json::Value::Null
+    );
+    drop(server);
+}
+
+#[test]
+fn ping_and_connection_errors() {
+    let server = ServeProcess::start(&[]);
+    let (code, out, _) = tollgate(&["ping", "--server", &server.addr]);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("PONG"), "{out}");
+    drop(server);
+    // Nothing listening there any more: a clear error and exit code 2.
+    let (code, _, err) = tollgate(&["ping", "--server", "127.0.0.1:1", "--timeout", "500ms"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot reach"), "{err}");
+}
+
+#[test]
+fn bad_flags_are_refused_with_a_message() {
+    for args in [
+        &["check", "--key", "k", "--rate", "0/s"][..],
+        &["check", "--key", "k", "--rate", "NaN/s"],
+        &["check", "--key", "k", "--rate", "-5/s"],
+        &["check", "--key", "k", "--rate", "5/s", "--cost", "-1"],
+        &["check", "--key", "k", "--rate", "5/s", "--window", "10s"],
+        &["serve", "--max-batch", "0"],
+        &["serve", "--max-frame", "10"],
+        &["serve", "--idle-timeout", "soon"],
+    ] {
+        let (code, _, err) = tollgate(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains("error"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn print_config_shows_the_defaults() {
+    let (code, out, _) = tollgate(&["serve", "--print-config", "--max-batch", "64"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["listen"], "127.0.0.1:7700");
+    assert_eq!(v["max-batch"], 64);
+    assert_eq!(v["max-frame"], 1_048_576);
+    assert_eq!(v["idle-timeout"], "5m");
+    assert_eq!(v["auth-token"], serde_json::Value::Null);
+}

@@ -1,0 +1,133 @@
+//! tollgate-client against the real server: multiplexing, groups, and
+//! fail-open while the server is gone, then reconnection.
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use tollgate_client::{Client, ClientConfig, FailMode, Outcome, Undecided};
+
+fn config() -> ClientConfig {
+    ClientConfig {
+        deadline: Duration::from_secs(2),
+        backoff_min: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(100),
+        ..ClientConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_multiplexes_concurrent_calls_exactly() {
+    let server = TestServer::start().await;
+    let client = Client::connect(server.addr.to_string(), config())
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..1000)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let p = tb("hot", 1, 1000, 500, 1);
+                client.check(p.key, p.limit, p.cost).await
+            })
+        })
+        .collect();
+    let mut allowed = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Outcome::Decided(d) => allowed += usize::from(d.allowed),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(allowed, 500);
+    let info = client.server_info().unwrap();
+    assert_eq!(info.limits.max_batch, 1024);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn groups_through_the_client_are_atomic() {
+    let server = TestServer::start().await;
+    let client = Client::connect(server.addr.to_string(), config())
+        .await
+        .unwrap();
+    let group = || {
+        vec![
+            tb("{c}:s", 10, 1000, 10, 1),
+            tb("{c}:d", 1, 86_400_000, 1, 1),
+        ]
+    };
+    assert!(
+        client
+            .check_group(group())
+            .await
+            .decision()
+            .unwrap()
+            .allowed
+    );
+    let d = *client.check_group(group()).await.decision().unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.pair, 1);
+    // The per-second key took only the first, successful check.
+    let p = tb("{c}:s", 10, 1000, 10, 1);
+    assert_eq!(
+        client
+            .peek(p.key, p.limit, 1)
+            .await
+            .decision()
+            .unwrap()
+            .remaining,
+        8
+    );
+    // A cross-slot group is the caller's bug, not an outage.
+    let bad = client
+        .check_group(vec![tb("{x}a", 1, 1000, 1, 1), tb("{y}b", 1, 1000, 1, 1)])
+        .await;
+    assert!(matches!(bad, Outcome::Undecided(u) if u.is_caller_error()));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn server_outage_fails_open_then_the_client_reconnects() {
+    let server = TestServer::start().await;
+    let addr = server.addr;
+    let client = Client::connect(addr.to_string(), config()).await.unwrap();
+    let p = tb("k", 5, 1000, 10, 1);
+    assert!(client
+        .check(p.key.clone(), p.limit, 1)
+        .await
+        .decision()
+        .is_some());
+    server.stop().await;
+
+    // Down: an undecided answer, well within the deadline, never an error.
+    let outcome = client.check(p.key.clone(), p.limit, 1).await;
+    let Outcome::Undecided(why) = outcome else {
+        panic!("decided without a server: {outcome:?}")
+    };
+    assert!(
+        matches!(why, Undecided::ConnectionLost | Undecided::Unavailable),
+        "{why:?}"
+    );
+    assert!(outcome.allowed(FailMode::Open));
+    assert!(!outcome.allowed(FailMode::Closed));
+
+    // Back on the same port: the client finds it again by itself.
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let server = tollgate::server::Server::new(tollgate::config::ServerConfig::with_listen(addr));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let join = tokio::spawn(server.run(listener, shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Outcome::Decided(d) = client.check(p.key.clone(), p.limit, 1).await {
+            assert!(d.allowed);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "client never reconnected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    join.await.unwrap().unwrap();
+}
