@@ -17,7 +17,7 @@
 //! #[tokio::main]
 //! async fn main() -> Result<(), tollgate_client::Error> {
 //!     // Connect eagerly to get a clear error now (`Client::new` is lazy).
-//!     let client = Client::connect("127.0.0.1:7420", ClientConfig::default()).await?;
+//!     let client = Client::connect("127.0.0.1:7700", ClientConfig::default()).await?;
 //!
 //!     // A token bucket: 5 per second, bursts of up to 10.
 //!     let limit = Limit {

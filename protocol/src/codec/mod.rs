@@ -11,9 +11,11 @@
 //!   from that `Bytes`, so keys are slices of the frame, never copies;
 //! - a [`DecodeError`] that is not [fatal](DecodeError::is_fatal) has consumed
 //!   exactly the bad frame, so the next call goes on with the next frame;
-//! - no input can make a decoder panic: every read is length-checked first
-//!   and every count is bounded by [`ServerLimits`](crate::ServerLimits)
-//!   before it sizes an allocation.
+//! - no input can make a decoder panic: every read is length-checked first,
+//!   and lengths are never computed with unchecked arithmetic;
+//! - announced counts never size an allocation beyond what the payload can
+//!   actually hold (and request counts are checked against
+//!   [`ServerLimits`](crate::ServerLimits) first).
 //!
 //! Encoders write the frame length by reserving the 4 header bytes and
 //! patching them once the body is written (one pass). A request or response

@@ -1,0 +1,338 @@
+//! RESP targets through the `redis` crate: Redis running the seeds'
+//! token-bucket Lua script, and throttlecrab-server's `THROTTLE`.
+//!
+//! One multiplexed connection per `--connections`. A request is a
+//! pipeline of `batch` commands, encoded and written at once and answered
+//! in order; this is the RESP equivalent of one Tollgate CHECK frame of
+//! `batch` checks. `--pipeline` such pipelines are in flight at once per
+//! connection, so `--pipeline P --batch B` puts `P * B` commands in flight
+//! per connection on both sides (`redis-benchmark -P N` is `--pipeline 1
+//! --batch N`, or `--pipeline N --batch 1` up to when answers are read).
+//!
+//! Redis (`token_bucket.lua`, a copy of `shared/bench/token_bucket.lua`):
+//! `EVALSHA sha 1 KEY burst rate_per_s now_ms cost`, the script loaded with
+//! SCRIPT LOAD when the first connection opens. The script takes the
+//! client's clock: each request passes the generator's wall clock in ms.
+//!
+//! throttlecrab: `THROTTLE KEY burst count period_s cost`; its periods are
+//! whole seconds, so a rule like `50/250ms` is refused at connect.
+
+use std::borrow::Cow;
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Pipeline, RedisError, RedisResult, Value};
+use tokio::sync::OnceCell;
+
+use super::{Answer, Connection, RequestShape, Target, TargetError, TargetKind};
+use crate::workload::KeyPicker;
+
+/// The seeds' token-bucket script (HMGET tokens/ts, lazy refill, take, HSET,
+/// PEXPIRE), byte for byte; a test keeps it equal to the shared copy.
+pub const TOKEN_BUCKET_LUA: &str = include_str!("../token_bucket.lua");
+
+/// What to send for each check.
+#[derive(Debug, Clone)]
+enum Command {
+    /// `EVALSHA sha 1 key capacity rate now cost`.
+    Lua {
+        sha: String,
+        capacity: String,
+        rate_per_s: String,
+        cost: String,
+    },
+    /// `THROTTLE key max_burst count_per_period period_s quantity`.
+    Throttle {
+        burst: String,
+        count: String,
+        period_s: String,
+        cost: String,
+    },
+}
+
+pub struct RespTarget {
+    kind: TargetKind,
+    addr: String,
+    shape: RequestShape,
+    client: redis::Client,
+    /// Set up once, by the first connection (SCRIPT LOAD for Redis).
+    command: OnceCell<Command>,
+    info: Mutex<Option<String>>,
+}
+
+impl RespTarget {
+    /// A target of `kind` (Redis or throttlecrab) at `addr`.
+    pub fn new(kind: TargetKind, addr: String, shape: RequestShape) -> Result<Self, TargetError> {
+        debug_assert!(matches!(kind, TargetKind::Redis | TargetKind::Throttlecrab));
+        let client =
+            redis::Client::open(format!("redis://{addr}/")).map_err(|e| TargetError::Connect {
+                target: kind.name(),
+                addr: addr.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(Self {
+            kind,
+            addr,
+            shape,
+            client,
+            command: OnceCell::new(),
+            info: Mutex::new(None),
+        })
+    }
+
+    fn setup_error(&self, reason: impl ToString) -> TargetError {
+        TargetError::Setup {
+            target: self.kind.name(),
+            addr: self.addr.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// Loads the script (Redis) or checks the rule fits (throttlecrab).
+    async fn prepare(&self, conn: &mut MultiplexedConnection) -> Result<Command, TargetError> {
+        let rule = self.shape.rule;
+        match self.kind {
+            TargetKind::Redis => {
+                let sha: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(TOKEN_BUCKET_LUA)
+                    .query_async(conn)
+                    .await
+                    .map_err(|e| self.setup_error(format!("SCRIPT LOAD: {e}")))?;
+                let version = server_version(conn).await.unwrap_or_default();
+                self.set_info(format!("redis {version}, token_bucket.lua sha {sha}"));
+                Ok(Command::Lua {
+                    sha,
+                    capacity: rule.burst.to_string(),
+                    // Rust prints the shortest string that reads back to the
+                    // same f64, which Lua's tonumber parses exactly.
+                    rate_per_s: rule.rate.per_second().to_string(),
+                    cost: rule.cost.to_string(),
+                })
+            }
+            TargetKind::Throttlecrab => {
+                if rule.rate.period_ms % 1000 != 0 {
+                    return Err(self.setup_error(format!(
+                        "THROTTLE takes whole-second periods; {} is not",
+                        rule.rate
+                    )));
+                }
+                self.set_info("throttlecrab THROTTLE (GCRA)".to_owned());
+                Ok(Command::Throttle {
+                    burst: rule.burst.to_string(),
+                    count: rule.rate.count.to_string(),
+                    period_s: (rule.rate.period_ms / 1000).to_string(),
+                    cost: rule.cost.to_string(),
+                })
+            }
+            TargetKind::Tollgate => unreachable!("Tollgate has its own target"),
+        }
+    }
+
+    fn set_info(&self, info: String) {
+        *self.info.lock().expect("not poisoned") = Some(info);
+    }
+}
+
+/// `redis_version` from INFO server, when the server answers INFO.
+async fn server_version(conn: &mut MultiplexedConnection) -> Option<String> {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(conn)
+        .await
+        .ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .map(|v| v.trim().to_owned())
+}
+
+impl Target for RespTarget {
+    type Conn = RespConn;
+
+    async fn connect(&self) -> Result<RespConn, TargetError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
+            .set_response_timeout(Some(self.shape.deadline));
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|e| TargetError::Connect {
+                target: self.kind.name(),
+                addr: self.addr.clone(),
+                reason: e.to_string(),
+            })?;
+        let command = self
+            .command
+            .get_or_try_init(|| {
+                let mut setup = conn.clone();
+                async move { self.prepare(&mut setup).await }
+            })
+            .await?
+            .clone();
+        Ok(RespConn {
+            conn,
+            command,
+            shape: self.shape,
+        })
+    }
+
+    fn server_info(&self) -> String {
+        self.info
+            .lock()
+            .expect("not poisoned")
+            .clone()
+            .unwrap_or_default()
+    }
+}
+
+pub struct RespConn {
+    /// Cloned per request (an `Arc` and a few words): the crate's
+    /// multiplexed connection takes `&mut self` per query.
+    conn: MultiplexedConnection,
+    command: Command,
+    shape: RequestShape,
+}
+
+impl Connection for RespConn {
+    type Request = Pipeline;
+
+    fn build(&self, picker: &mut KeyPicker) -> Pipeline {
+        let mut pipe = redis::pipe();
+        // Per-command errors come back as values, so one bad answer does not
+        // hide the others.
+        pipe.ignore_errors();
+        match &self.command {
+            Command::Lua {
+                sha,
+                capacity,
+                rate_per_s,
+                cost,
+            } => {
+                let now_ms = wall_clock_ms();
+                for _ in 0..self.shape.batch {
+                    let key = self.shape.keys.key(picker.next_index());
+                    pipe.cmd("EVALSHA")
+                        .arg(sha)
+                        .arg(1)
+                        .arg(key)
+                        .arg(capacity)
+                        .arg(rate_per_s)
+                        .arg(now_ms)
+                        .arg(cost);
+                }
+            }
+            Command::Throttle {
+                burst,
+                count,
+                period_s,
+                cost,
+            } => {
+                for _ in 0..self.shape.batch {
+                    let key = self.shape.keys.key(picker.next_index());
+                    pipe.cmd("THROTTLE")
+                        .arg(key)
+                        .arg(burst)
+                        .arg(count)
+                        .arg(period_s)
+                        .arg(cost);
+                }
+            }
+        }
+        pipe
+    }
+
+    async fn send(&self, request: Pipeline) -> Answer {
+        let checks = request.len() as u32;
+        let mut conn = self.conn.clone();
+        match request
+            .query_async::<Vec<RedisResult<Value>>>(&mut conn)
+            .await
+        {
+            Ok(replies) => fold(checks, replies),
+            Err(e) => Answer::failed(checks, transport_reason(&e)),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch: the clock the Lua script expects.
+fn wall_clock_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Why a whole pipeline failed, in the words the Tollgate target uses for
+/// the same situations.
+fn transport_reason(e: &RedisError) -> Cow<'static, str> {
+    if e.is_timeout() {
+        "deadline exceeded".into()
+    } else if e.is_connection_dropped() || e.is_io_error() {
+        "connection lost".into()
+    } else {
+        format!("redis: {e}").into()
+    }
+}
+
+/// Counts the answers of one pipeline. A check is allowed when its reply is
+/// an array whose first element is the integer 1 (both the Lua script and
+/// THROTTLE answer that way), denied when it is 0.
+fn fold(checks: u32, replies: Vec<RedisResult<Value>>) -> Answer {
+    let mut answer = Answer::default();
+    let got = replies.len() as u32;
+    for reply in replies {
+        match reply {
+            Ok(Value::Array(items)) => match items.first() {
+                Some(Value::Int(1)) => answer.allowed += 1,
+                Some(Value::Int(0)) => answer.denied += 1,
+                _ => answer.add_error("unexpected reply shape"),
+            },
+            Ok(Value::ServerError(e)) => answer.add_error(format!("redis error: {}", e.code())),
+            Ok(_) => answer.add_error("unexpected reply shape"),
+            Err(e) => answer.add_error(match e.code() {
+                Some(code) => Cow::Owned(format!("redis error: {code}")),
+                None => transport_reason(&e),
+            }),
+        }
+    }
+    for _ in got..checks {
+        answer.add_error("missing reply");
+    }
+    answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_script_is_the_shared_one() {
+        let shared = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/bench/token_bucket.lua"
+        );
+        match std::fs::read_to_string(shared) {
+            Ok(text) => assert_eq!(text, TOKEN_BUCKET_LUA, "re-copy {shared}"),
+            Err(e) => eprintln!("note: {shared} not readable ({e}); comparison skipped"),
+        }
+        for needle in ["HMGET", "HSET", "PEXPIRE", "ARGV[3]"] {
+            assert!(TOKEN_BUCKET_LUA.contains(needle), "{needle}");
+        }
+    }
+
+    #[test]
+    fn replies_are_counted_one_by_one() {
+        let lua = |allowed| {
+            Ok(Value::Array(vec![
+                Value::Int(allowed),
+                Value::BulkString(b"99".to_vec()),
+            ]))
+        };
+        let a = fold(4, vec![lua(1), lua(0), lua(1), Ok(Value::Okay)]);
+        assert_eq!((a.allowed, a.denied, a.errors), (2, 1, 1));
+        assert_eq!(a.error.as_deref(), Some("unexpected reply shape"));
+        let short = fold(3, vec![lua(1)]);
+        assert_eq!((short.allowed, short.errors), (1, 2));
+    }
+}
