@@ -192,7 +192,7 @@ impl Args {
                 ));
             }
         }
-        if self.distribution == Dist::Zipf && !(self.zipf_skew >= 0.0) {
+        if self.distribution == Dist::Zipf && (self.zipf_skew.is_nan() || self.zipf_skew < 0.0) {
             return Err(format!("--zipf-skew {} must be >= 0", self.zipf_skew));
         }
         if self.threads == Some(0) {

@@ -1,0 +1,307 @@
+//! Smoke tests: the built `tollgate-bench` binary runs for about a second
+//! against a real Tollgate server started in-process on 127.0.0.1:0 (and
+//! against a redis-server on a free loopback port when one is installed),
+//! and prints a JSON line with decided checks and no errors.
+//!
+//! No timing is asserted: only that checks were decided and none failed.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener as StdListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tollgate::config::ServerConfig;
+use tollgate::server::Server;
+
+/// Generous bound so a broken generator fails the test instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Runs the generator with `args`, returns its stdout lines parsed as JSON.
+fn bench(args: &[&str]) -> Vec<serde_json::Value> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start tollgate-bench");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for tollgate-bench") {
+            break status;
+        }
+        if started.elapsed() > PATIENCE {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("tollgate-bench did not finish within {PATIENCE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(
+        status.success(),
+        "tollgate-bench {args:?} failed ({status}):\n{stderr}"
+    );
+    stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect()
+}
+
+/// The checks every successful line must pass.
+fn assert_decided_without_errors(line: &serde_json::Value, target: &str) {
+    assert_eq!(line["target"], target, "{line}");
+    assert!(line["ops_per_sec"].as_f64().unwrap() > 0.0, "{line}");
+    assert!(line["checks"].as_u64().unwrap() > 0, "{line}");
+    assert_eq!(line["errors"], 0, "{line}");
+    for field in ["p50_us", "p99_us", "p999_us", "max_us"] {
+        assert!(line[field].as_f64().is_some(), "{field} in {line}");
+    }
+}
+
+/// A Tollgate server on 127.0.0.1:0, stopped when dropped.
+struct TollgateServer {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+}
+
+impl TollgateServer {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let shutdown = CancellationToken::new();
+        let server = Server::new(ServerConfig::with_listen(addr));
+        tokio::spawn(server.run(listener, shutdown.clone()));
+        Self { addr, shutdown }
+    }
+}
+
+impl Drop for TollgateServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_loop_against_tollgate_prints_a_json_line() {
+    let server = TollgateServer::start().await;
+    let target = format!("tollgate={}", server.addr);
+    let lines = tokio::task::spawn_blocking(move || {
+        bench(&[
+            "--target",
+            &target,
+            "--connections",
+            "2",
+            "--pipeline",
+            "4",
+            "--batch",
+            "8",
+            "--keys",
+            "1000",
+            "--duration",
+            "1s",
+            "--warmup",
+            "200ms",
+            "--threads",
+            "1",
+            "--json",
+            "--quiet",
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert_decided_without_errors(line, "tollgate");
+    assert_eq!(line["mode"], "closed");
+    assert_eq!(line["batch"], 8);
+    assert_eq!(line["pipeline"], 4);
+    assert_eq!(line["connections"], 2);
+    assert_eq!(line["distribution"], "uniform");
+    assert!(line["rate"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_zipf_against_tollgate_prints_a_json_line() {
+    let server = TollgateServer::start().await;
+    let target = format!("tollgate={}", server.addr);
+    let lines = tokio::task::spawn_blocking(move || {
+        bench(&[
+            "--target",
+            &target,
+            "--connections",
+            "3",
+            "--pipeline",
+            "8",
+            "--keys",
+            "500",
+            "--distribution",
+            "zipf",
+            "--zipf-skew",
+            "1.1",
+            "--rate",
+            "2000",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--threads",
+            "1",
+            "--json",
+            "--quiet",
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let line = &lines[0];
+    assert_decided_without_errors(line, "tollgate");
+    assert_eq!(line["mode"], "open");
+    assert_eq!(line["rate"], 2000.0);
+    assert_eq!(line["distribution"], "zipf");
+    assert_eq!(line["zipf_skew"], 1.1);
+}
+
+#[test]
+fn nothing_decided_fails_the_run() {
+    // A port with nothing listening: connecting fails, the run must not
+    // pass as if it had measured something.
+    let port = free_port();
+    let status = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
+        .args([
+            "--target",
+            &format!("tollgate=127.0.0.1:{port}"),
+            "--duration",
+            "100ms",
+            "--warmup",
+            "0s",
+            "--json",
+            "--quiet",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run tollgate-bench");
+    assert!(!status.success());
+}
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    let listener = StdListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// A redis-server on a free loopback port, nothing kept on disk; killed
+/// when dropped.
+struct RedisServer {
+    child: Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl RedisServer {
+    /// `None` when redis-server is not installed.
+    fn start() -> Option<Self> {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("tollgate-bench-smoke-{port}"));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let Ok(child) = child else {
+            let _ = std::fs::remove_dir_all(&dir);
+            return None;
+        };
+        let server = Self { child, port, dir };
+        let started = Instant::now();
+        while !server.answers_ping() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server did not come up on port {port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(server)
+    }
+
+    fn answers_ping(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut reply = [0u8; 7];
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read_exact(&mut reply).is_ok()
+            && &reply == b"+PONG\r\n"
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_against_redis_when_installed() {
+    let Some(redis) = RedisServer::start() else {
+        eprintln!("note: redis-server not on PATH; the Redis smoke test is skipped");
+        return;
+    };
+    let server = TollgateServer::start().await;
+    let compare = format!("tollgate={},redis=127.0.0.1:{}", server.addr, redis.port);
+    let lines = tokio::task::spawn_blocking(move || {
+        bench(&[
+            "--compare",
+            &compare,
+            "--connections",
+            "2",
+            "--pipeline",
+            "2",
+            "--batch",
+            "4",
+            "--keys",
+            "1000",
+            "--duration",
+            "1s",
+            "--warmup",
+            "100ms",
+            "--threads",
+            "1",
+            "--json",
+            "--quiet",
+        ])
+    })
+    .await
+    .unwrap();
+    drop(redis);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_decided_without_errors(&lines[0], "tollgate");
+    assert_decided_without_errors(&lines[1], "redis");
+    assert!(
+        lines[1]["server"].as_str().unwrap().contains("sha"),
+        "{}",
+        lines[1]
+    );
+}
