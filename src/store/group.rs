@@ -7,6 +7,7 @@
 //! groups up to four pairs, so the common check allocates nothing but a new
 //! key's copy.
 
+use super::tables::Table;
 use super::{Entry, Store};
 use crate::algorithm::{Policy, Verdict};
 use crate::clock::Nanos;
@@ -56,15 +57,19 @@ impl Store {
             })
             .collect::<Result<SmallVec<[Policy; 4]>, _>>()?;
 
-        let mut map = self.stripe(slot).map.lock();
+        let hashes: SmallVec<[u64; 4]> = pairs.iter().map(|p| self.hash(&p.key)).collect();
+        let mut tables = self.stripe(slot).tables.lock();
         let mut verdicts: SmallVec<[Verdict; 4]> = SmallVec::new();
         // The entry each pair leaves behind, seen by a later pair on the same key.
         let mut after: SmallVec<[Option<Entry>; 4]> = SmallVec::new();
         for (i, (pair, policy)) in pairs.iter().zip(&policies).enumerate() {
-            let earlier = pairs[..i].iter().rposition(|p| p.key == pair.key);
+            let table = table_for(policy);
+            let earlier = (0..i)
+                .rev()
+                .find(|&j| pairs[j].key == pair.key && table_for(&policies[j]) == table);
             let current = match earlier {
                 Some(j) => after[j],
-                None => live_entry(&mut map, &pair.key, now),
+                None => tables.live(table, hashes[i], &pair.key, now),
             };
             let verdict = policy.evaluate(current.as_ref().map(|e| &e.state), now, pair.cost);
             after.push(if verdict.decision.allowed {
@@ -80,30 +85,22 @@ impl Store {
 
         let all_allowed = verdicts.iter().all(|v| v.decision.allowed);
         if all_allowed && mode == Mode::Charge {
-            for (pair, entry) in pairs.iter().zip(&after) {
-                let Some(entry) = *entry else { continue };
-                match map.get_mut(&pair.key[..]) {
-                    Some(slot) => *slot = entry,
-                    None => {
-                        map.insert(pair.key.to_vec().into_boxed_slice(), entry);
-                    }
+            for ((pair, entry), &hash) in pairs.iter().zip(&after).zip(&hashes) {
+                if let Some(entry) = *entry {
+                    tables.put(&self.hasher, hash, &pair.key, entry);
                 }
             }
         }
-        drop(map);
+        drop(tables);
         Ok(summarize(&verdicts, all_allowed))
     }
 }
 
-/// The key's entry if it is still live; an expired one is dropped on the spot.
-fn live_entry(map: &mut super::Map, key: &[u8], now: Nanos) -> Option<Entry> {
-    match map.get(key) {
-        Some(e) if e.expires_at > now => Some(*e),
-        Some(_) => {
-            map.remove(key);
-            None
-        }
-        None => None,
+/// The table holding the state this policy works on.
+fn table_for(policy: &Policy) -> Table {
+    match policy {
+        Policy::TokenBucket(_) => Table::Buckets,
+        _ => Table::Others,
     }
 }
 

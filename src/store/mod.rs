@@ -16,16 +16,17 @@
 //! The store never reads a clock: callers pass `now`, so tests control time.
 
 mod group;
+mod key;
+mod tables;
 
 use crate::algorithm::State;
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::{AtomicUsize, Mutex, Ordering};
-use std::collections::HashMap;
 
 pub use group::Mode;
-
-type Map = HashMap<Box<[u8]>, Entry, ahash::RandomState>;
+pub use key::StoredKey;
+use tables::Tables;
 
 /// One key's state and the moment it may be forgotten.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +38,7 @@ pub struct Entry {
 /// One lock and the keys of the slots mapped to it.
 #[derive(Debug)]
 struct Stripe {
-    map: Mutex<Map>,
+    tables: Mutex<Tables>,
 }
 
 /// Store-wide settings.
@@ -63,6 +64,8 @@ pub struct Store {
     stripes: Box<[Stripe]>,
     /// `stripes.len() - 1`; stripe of a slot is `slot & mask`.
     mask: usize,
+    /// One hasher for every table, so a key hashes the same in all of them.
+    hasher: ahash::RandomState,
     /// Next stripe the sweeper visits; only the sweeper advances it, the
     /// atomic makes `sweep` callable through `&self`.
     sweep_cursor: AtomicUsize,
@@ -76,12 +79,13 @@ impl Store {
             .next_power_of_two();
         let stripes = (0..n)
             .map(|_| Stripe {
-                map: Mutex::new(Map::default()),
+                tables: Mutex::new(Tables::default()),
             })
             .collect();
         Self {
             stripes,
             mask: n - 1,
+            hasher: ahash::RandomState::new(),
             sweep_cursor: AtomicUsize::new(0),
         }
     }
@@ -94,25 +98,40 @@ impl Store {
         &self.stripes[usize::from(slot.get()) & self.mask]
     }
 
-    /// The live state of one key, if any (for inspection and tests).
-    pub fn get(&self, key: &[u8], now: Nanos) -> Option<Entry> {
-        let map = self.stripe(Slot::of(key)).map.lock();
-        map.get(key).copied().filter(|e| e.expires_at > now)
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
     }
 
-    /// Forgets `key`. Returns whether it held live state.
+    /// The live state of one key, if any (for inspection and tests).
+    pub fn get(&self, key: &[u8], now: Nanos) -> Option<Entry> {
+        let tables = self.stripe(Slot::of(key)).tables.lock();
+        tables
+            .find_any(self.hash(key), key)
+            .filter(|e| e.expires_at > now)
+    }
+
+    /// Forgets every state `key` holds. Returns whether any of it was live.
     pub fn remove(&self, key: &[u8], now: Nanos) -> bool {
-        let mut map = self.stripe(Slot::of(key)).map.lock();
-        map.remove(key).is_some_and(|e| e.expires_at > now)
+        let mut tables = self.stripe(Slot::of(key)).tables.lock();
+        tables.remove_all(self.hash(key), key, now)
     }
 
     /// Number of entries held, expired-but-unswept ones included.
     pub fn len(&self) -> usize {
-        self.stripes.iter().map(|s| s.map.lock().len()).sum()
+        self.stripes.iter().map(|s| s.tables.lock().len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Bytes the tables have reserved (entries, control bytes, heap keys).
+    /// Walks every stripe: for metrics and reports, not the hot path.
+    pub fn memory_bytes(&self) -> usize {
+        self.stripes
+            .iter()
+            .map(|s| s.tables.lock().memory_bytes())
+            .sum()
     }
 
     /// Drops expired entries from the next `stripes` stripes (round robin).
@@ -123,10 +142,7 @@ impl Store {
             // Relaxed: the cursor only spreads work; any interleaving of two
             // sweepers still visits valid stripes.
             let i = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) & self.mask;
-            let mut map = self.stripes[i].map.lock();
-            let before = map.len();
-            map.retain(|_, e| e.expires_at > now);
-            removed += before - map.len();
+            removed += self.stripes[i].tables.lock().retain_live(now);
         }
         removed
     }
