@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the in-process store: one check per iteration on a
-//! hot key and over 1M keys, per algorithm.
+//! hot key and over 1M keys, per algorithm, on one thread and on two
+//! threads sharing the store (the throughput per element is for both).
 //!
 //! `cargo bench --bench store`. Figures go to docs/BENCHMARKS.md with the
 //! machine they came from; nothing here is asserted.
@@ -71,5 +72,45 @@ fn check(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, check);
+/// Two threads checking at once: the hot key contends on one stripe, the
+/// 1M keys spread over all of them.
+fn check_two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("store_check_2_threads");
+    group.throughput(Throughput::Elements(1));
+    let algorithm = Algorithm::TokenBucket;
+    let hot = pairs(algorithm, 1);
+    let many = pairs(algorithm, KEYS);
+    let store = Store::new(StoreConfig::default());
+    for p in &many {
+        store.check(std::slice::from_ref(p), 1, Mode::Charge);
+    }
+    for (name, keys) in [("hot_key", &hot), ("1M_keys", &many)] {
+        group.bench_function(BenchmarkId::new(name, algorithm.name()), |b| {
+            b.iter_custom(|iters| {
+                let start = std::time::Instant::now();
+                std::thread::scope(|s| {
+                    for t in 0..2u64 {
+                        let (store, keys) = (&store, &keys);
+                        s.spawn(move || {
+                            let mut i = t as usize * 4_999;
+                            for n in 0..iters / 2 {
+                                i = (i + 7_919) % keys.len();
+                                let now = 2_000_000_000 + n * 1_000;
+                                black_box(store.check(
+                                    std::slice::from_ref(&keys[i]),
+                                    now,
+                                    Mode::Charge,
+                                ));
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, check, check_two_threads);
 criterion_main!(benches);
