@@ -26,6 +26,7 @@ fn limit(algorithm: Algorithm) -> Limit {
             period_ms: 1000,
             burst: 0,
         },
+        other => unimplemented!("{} is not served yet", other.name()),
     }
 }
 

@@ -432,6 +432,7 @@ mod tests {
             remaining: 0,
             reset_after_ms: 2000,
             retry_after_ms: RETRY_NEVER,
+            lease: None,
         };
         let v: serde_json::Value = serde_json::from_str(&render(&d, true)).unwrap();
         assert_eq!(v["allowed"], false);

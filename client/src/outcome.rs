@@ -182,6 +182,7 @@ mod tests {
             remaining: if allowed { 9 } else { 0 },
             reset_after_ms: 100,
             retry_after_ms: if allowed { 0 } else { 100 },
+            lease: None,
         }
     }
 

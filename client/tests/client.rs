@@ -91,6 +91,7 @@ fn decision_for(key: &[u8]) -> CheckResult {
         remaining: tag,
         reset_after_ms: 200,
         retry_after_ms: 0,
+        lease: None,
     })
 }
 
@@ -112,6 +113,7 @@ fn answer(request: &Request) -> Response {
                 .collect(),
         ),
         Request::Reset(keys) => Response::ResetDone(keys.len() as u32),
+        Request::Refund(_) | Request::Release(_) => panic!("not sent by these tests"),
         Request::Hello { .. } => panic!("second HELLO"),
     }
 }
@@ -723,6 +725,8 @@ async fn server_limits_errors_and_admin_calls() {
                 Request::Check(_) => "check",
                 Request::Peek(_) => "peek",
                 Request::Reset(_) => "reset",
+                Request::Refund(_) => "refund",
+                Request::Release(_) => "release",
                 Request::Ping => "ping",
                 Request::Hello { .. } => "hello",
             })

@@ -43,6 +43,8 @@ pub enum InvalidLimit {
     BurstSpanTooLong { burst: u64 },
     #[error("cost must be at least 1")]
     ZeroCost,
+    #[error("algorithm {0} is not served yet")]
+    Unsupported(&'static str),
 }
 
 /// A rate-limit decision in server units (nanoseconds).
@@ -72,6 +74,7 @@ impl Decision {
                 Some(ns) => ns.div_ceil(NANOS_PER_MS),
                 None => tollgate_protocol::RETRY_NEVER,
             },
+            lease: None,
         }
     }
 }
@@ -127,6 +130,7 @@ impl Policy {
                     period,
                 )))
             }
+            other => Err(InvalidLimit::Unsupported(other.name())),
         }
     }
 
