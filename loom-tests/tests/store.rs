@@ -30,6 +30,7 @@ fn store() -> Arc<Store> {
     Arc::new(Store::new(StoreConfig {
         stripes: 2,
         max_group: 4,
+        ..StoreConfig::default()
     }))
 }
 

@@ -21,8 +21,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tollgate_protocol::{
-    decode_request, encode_checked, encode_response, CheckResult, ErrorCode, Request, RequestId,
-    Response, Role, PROTOCOL_VERSION,
+    decode_request, encode_checked, encode_response, ErrorCode, Request, RequestId, Response, Role,
+    PROTOCOL_VERSION,
 };
 
 /// Initial buffer sizes; both grow on demand (reads up to `max_frame`).
@@ -205,14 +205,20 @@ impl Connection {
                 let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
                 encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
             }
-            // Not served yet: every refund is refused, there are no leases.
             Request::Refund(batch) => {
-                let results = batch
-                    .iter()
-                    .map(|_| CheckResult::Error(ErrorCode::InvalidLimit));
+                let now = shared.clock.now();
+                let results = batch.iter().map(|g| shared.store.refund(g, now));
                 encode_checked(id, results, &mut self.wbuf)
             }
-            Request::Release(_) => encode_response(id, &Response::Released(0), &mut self.wbuf),
+            Request::Release(leases) => {
+                let now = shared.clock.now();
+                let released = leases
+                    .iter()
+                    .filter(|l| shared.store.release(&l.key, l.lease, now))
+                    .count();
+                // At most max_batch (a u16), so this fits.
+                encode_response(id, &Response::Released(released as u32), &mut self.wbuf)
+            }
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
         if let Err(e) = encoded {

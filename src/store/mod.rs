@@ -28,7 +28,7 @@ pub use group::Mode;
 type Map = HashMap<Box<[u8]>, Entry, ahash::RandomState>;
 
 /// One key's state and the moment it may be forgotten.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub state: State,
     pub expires_at: Nanos,
@@ -47,6 +47,9 @@ pub struct StoreConfig {
     pub stripes: usize,
     /// Most pairs in one atomic group (sizes the stack buffers of a check).
     pub max_group: usize,
+    /// Most timestamps one key may hold: the largest `count` of a sliding
+    /// log or a concurrency limit.
+    pub max_log_entries: u64,
 }
 
 impl Default for StoreConfig {
@@ -54,6 +57,7 @@ impl Default for StoreConfig {
         Self {
             stripes: 1024,
             max_group: 16,
+            max_log_entries: crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
         }
     }
 }
@@ -66,6 +70,8 @@ pub struct Store {
     /// Next stripe the sweeper visits; only the sweeper advances it, the
     /// atomic makes `sweep` callable through `&self`.
     sweep_cursor: AtomicUsize,
+    /// Cap on a sliding log's or a concurrency limit's `count`.
+    max_log_entries: u64,
 }
 
 impl Store {
@@ -83,6 +89,7 @@ impl Store {
             stripes,
             mask: n - 1,
             sweep_cursor: AtomicUsize::new(0),
+            max_log_entries: config.max_log_entries,
         }
     }
 
@@ -97,7 +104,7 @@ impl Store {
     /// The live state of one key, if any (for inspection and tests).
     pub fn get(&self, key: &[u8], now: Nanos) -> Option<Entry> {
         let map = self.stripe(Slot::of(key)).map.lock();
-        map.get(key).copied().filter(|e| e.expires_at > now)
+        map.get(key).filter(|e| e.expires_at > now).cloned()
     }
 
     /// Forgets `key`. Returns whether it held live state.
