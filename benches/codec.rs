@@ -58,6 +58,7 @@ fn codec(c: &mut Criterion) {
         remaining: 150,
         reset_after_ms: 500,
         retry_after_ms: 0,
+        lease: None,
     });
     let mut answer = BytesMut::new();
     encode_checked(7, std::iter::repeat_n(decision, BATCH), &mut answer).unwrap();

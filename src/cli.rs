@@ -1,10 +1,11 @@
-//! The `tollgate` binary's commands: `serve`, `check`, `ping`.
+//! The `tollgate` binary's commands: `serve`, `check`, `release`, `ping`.
 //!
 //! `serve` runs the server on built-in defaults (every setting a flag);
-//! `check` and `ping` are small clients over `tollgate-client`, handy for
-//! smoke tests and for seeing what a limit does before putting it in a
-//! gateway. Exit codes: 0 success, 1 the server refused the request,
-//! 2 usage or connection errors.
+//! `check`, `release` and `ping` are small clients over `tollgate-client`,
+//! handy for smoke tests and for seeing what a limit does before putting it
+//! in a gateway. Exit codes: 0 success, 1 the server refused the request
+//! (or, for `release`, the lease was no longer held), 2 usage or connection
+//! errors.
 
 use crate::config::{LogFormat, ServerConfig};
 use crate::server::Server;
@@ -15,6 +16,30 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::{Client, ClientConfig};
 use tollgate_protocol::{Algorithm, CheckBatch, CheckResult, Decision, Limit, Pair, RETRY_NEVER};
+
+/// How `check`'s flags map to each algorithm's limit (shown by `--help`).
+const ALGORITHM_HELP: &str = "\
+Algorithms (--algorithm) and the flags each takes:
+  token-bucket (default)  --rate R [--burst B]
+      refills R continuously, holds at most B (default: R's count)
+  sliding-window          --rate R [--window W]
+      at most R per window W (default: R's period), the previous window
+      weighted by its overlap
+  fixed-window            --rate R [--window W]
+      at most R per window W aligned on the server clock; up to 2x the
+      limit can pass across a window boundary
+  sliding-log             --rate R [--window W]
+      exactly at most R in any span W; for small limits (the count per
+      window is capped by the server's --max-log-entries, default 1000)
+  leaky-bucket            --rate R [--burst B]
+      one request every R's period/count, smoothly; B early arrivals
+      tolerated (default 1: strict spacing)
+  concurrency             --max-in-flight N [--lease-ttl D]   (or --rate N/D)
+      at most N in flight; an allowed check prints a lease id, held for D
+      (default 30s) unless freed first with `tollgate release`
+
+With --window, R is scaled to the window and must come out whole: 100/min
+over --window 30s is 50 per 30 s.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,7 +57,10 @@ pub enum Command {
     /// Run the server (defaults need no config file).
     Serve(ServeArgs),
     /// Check (and charge) one key against an inline limit.
+    #[command(after_help = ALGORITHM_HELP)]
     Check(CheckArgs),
+    /// Release a concurrency lease acquired by a check.
+    Release(ReleaseArgs),
     /// Round-trip a PING to a server.
     Ping(PingArgs),
 }
@@ -50,7 +78,27 @@ pub struct ServeArgs {
 pub enum AlgorithmArg {
     TokenBucket,
     SlidingWindow,
+    FixedWindow,
+    SlidingLog,
+    LeakyBucket,
+    Concurrency,
 }
+
+impl AlgorithmArg {
+    pub fn algorithm(self) -> Algorithm {
+        match self {
+            Self::TokenBucket => Algorithm::TokenBucket,
+            Self::SlidingWindow => Algorithm::SlidingWindow,
+            Self::FixedWindow => Algorithm::FixedWindow,
+            Self::SlidingLog => Algorithm::SlidingLog,
+            Self::LeakyBucket => Algorithm::LeakyBucket,
+            Self::Concurrency => Algorithm::Concurrency,
+        }
+    }
+}
+
+/// Lease time to live of `--algorithm concurrency` without `--lease-ttl`.
+pub const DEFAULT_LEASE_TTL_MS: u64 = 30_000;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
@@ -60,17 +108,26 @@ pub struct CheckArgs {
     /// The key to check, e.g. `rl:{apikey}:search`.
     #[arg(long)]
     pub key: String,
-    /// Sustained rate: `5/s`, `100/min`, `10000/day`.
-    #[arg(long)]
-    pub rate: Rate,
-    /// Bucket capacity (token bucket only; default: the rate's count).
-    #[arg(long)]
-    pub burst: Option<u64>,
+    /// The limiting algorithm (see below for the flags each takes).
     #[arg(long, value_enum, default_value_t = AlgorithmArg::TokenBucket)]
     pub algorithm: AlgorithmArg,
-    /// Window length (sliding window only; default: the rate's period).
+    /// Rate: `5/s`, `100/min`, `10000/day` (concurrency: N/lease-ttl).
+    #[arg(long)]
+    pub rate: Option<Rate>,
+    /// Bucket capacity (token-bucket; default: the rate's count) or
+    /// tolerance (leaky-bucket; default 1).
+    #[arg(long)]
+    pub burst: Option<u64>,
+    /// Window length (sliding-window, fixed-window, sliding-log; default:
+    /// the rate's period).
     #[arg(long, value_parser = parse_millis)]
     pub window: Option<u64>,
+    /// Most units in flight (concurrency).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_in_flight: Option<u64>,
+    /// How long a lease lives unless released (concurrency; default 30s).
+    #[arg(long, value_parser = parse_millis)]
+    pub lease_ttl: Option<u64>,
     /// Units this request takes.
     #[arg(long, default_value_t = 1)]
     pub cost: u32,
@@ -78,11 +135,30 @@ pub struct CheckArgs {
     #[arg(long, default_value_t = 1)]
     pub repeat: u16,
     /// Answer without charging (PEEK).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "refund")]
     pub peek: bool,
+    /// Give `--cost` units back instead of taking them (REFUND).
+    #[arg(long)]
+    pub refund: bool,
     /// Print one JSON object per decision.
     #[arg(long)]
     pub json: bool,
+    /// Give up after this long.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    /// Server address.
+    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
+    pub server: String,
+    /// The key the lease was acquired on.
+    #[arg(long)]
+    pub key: String,
+    /// The lease id printed by the check that acquired it.
+    #[arg(long)]
+    pub lease: u64,
     /// Give up after this long.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -99,10 +175,19 @@ pub struct PingArgs {
 /// A command-line mistake, found before anything is sent.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum UsageError {
-    #[error("--burst applies to token-bucket only")]
-    BurstWithWindow,
-    #[error("--window applies to sliding-window only")]
-    WindowWithBucket,
+    #[error("{flag} does not apply to {algorithm} (see `tollgate check --help`)")]
+    FlagNotFor {
+        flag: &'static str,
+        algorithm: &'static str,
+    },
+    #[error("{algorithm} needs --rate")]
+    MissingRate { algorithm: &'static str },
+    #[error("concurrency needs --max-in-flight N (and optionally --lease-ttl D), or --rate N/D")]
+    MissingMaxInFlight,
+    #[error(
+        "concurrency takes either --rate N/D or --max-in-flight N and --lease-ttl D, not both"
+    )]
+    RateAndMaxInFlight,
     #[error("rate {rate} over a {window_ms} ms window is not a whole count of at least 1")]
     UnevenWindow { rate: Rate, window_ms: u64 },
     #[error("--repeat must be at least 1")]
@@ -112,23 +197,49 @@ pub enum UsageError {
 impl CheckArgs {
     /// The wire limit these flags describe.
     pub fn limit(&self) -> Result<Limit, UsageError> {
-        let rate = self.rate;
-        match self.algorithm {
-            AlgorithmArg::TokenBucket => {
-                if self.window.is_some() {
-                    return Err(UsageError::WindowWithBucket);
-                }
-                Ok(Limit {
-                    algorithm: Algorithm::TokenBucket,
-                    count: rate.count,
-                    period_ms: rate.period_ms,
-                    burst: self.burst.unwrap_or(rate.count),
+        let algorithm = self.algorithm.algorithm();
+        let name = algorithm.name();
+        let refuse = |flag: &'static str, given: bool| {
+            if given {
+                Err(UsageError::FlagNotFor {
+                    flag,
+                    algorithm: name,
                 })
+            } else {
+                Ok(())
             }
-            AlgorithmArg::SlidingWindow => {
-                if self.burst.is_some() {
-                    return Err(UsageError::BurstWithWindow);
-                }
+        };
+        let rate = || self.rate.ok_or(UsageError::MissingRate { algorithm: name });
+        if algorithm != Algorithm::Concurrency {
+            refuse("--max-in-flight", self.max_in_flight.is_some())?;
+            refuse("--lease-ttl", self.lease_ttl.is_some())?;
+        }
+        let limit = |count, period_ms, burst| Limit {
+            algorithm,
+            count,
+            period_ms,
+            burst,
+        };
+        match algorithm {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                refuse("--window", self.window.is_some())?;
+                let rate = rate()?;
+                // A token bucket grants its rate's count at once by default;
+                // a leaky bucket spaces requests strictly by default.
+                let default_burst = if algorithm == Algorithm::TokenBucket {
+                    rate.count
+                } else {
+                    1
+                };
+                Ok(limit(
+                    rate.count,
+                    rate.period_ms,
+                    self.burst.unwrap_or(default_burst),
+                ))
+            }
+            Algorithm::SlidingWindow | Algorithm::FixedWindow | Algorithm::SlidingLog => {
+                refuse("--burst", self.burst.is_some())?;
+                let rate = rate()?;
                 let window_ms = self.window.unwrap_or(rate.period_ms);
                 let scaled = u128::from(rate.count) * u128::from(window_ms);
                 let period = u128::from(rate.period_ms);
@@ -137,12 +248,21 @@ impl CheckArgs {
                     return Err(uneven);
                 }
                 let count = u64::try_from(scaled / period).map_err(|_| uneven)?;
-                Ok(Limit {
-                    algorithm: Algorithm::SlidingWindow,
-                    count,
-                    period_ms: window_ms,
-                    burst: 0,
-                })
+                Ok(limit(count, window_ms, 0))
+            }
+            Algorithm::Concurrency => {
+                refuse("--burst", self.burst.is_some())?;
+                refuse("--window", self.window.is_some())?;
+                let (count, ttl_ms) = match (self.rate, self.max_in_flight) {
+                    (Some(_), Some(_)) => return Err(UsageError::RateAndMaxInFlight),
+                    (Some(_), None) if self.lease_ttl.is_some() => {
+                        return Err(UsageError::RateAndMaxInFlight)
+                    }
+                    (Some(rate), None) => (rate.count, rate.period_ms),
+                    (None, Some(n)) => (n, self.lease_ttl.unwrap_or(DEFAULT_LEASE_TTL_MS)),
+                    (None, None) => return Err(UsageError::MissingMaxInFlight),
+                };
+                Ok(limit(count, ttl_ms, 0))
             }
         }
     }
@@ -163,6 +283,7 @@ pub fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Check(args) => runtime.block_on(check(args)),
+        Command::Release(args) => runtime.block_on(release(args)),
         Command::Ping(args) => runtime.block_on(ping(args)),
     }
 }
@@ -279,6 +400,8 @@ async fn check(args: CheckArgs) -> ExitCode {
     }
     let results = if args.peek {
         client.peek_batch(batch).await
+    } else if args.refund {
+        client.refund_batch(batch).await
     } else {
         client.check_batch(batch).await
     };
@@ -302,25 +425,57 @@ async fn check(args: CheckArgs) -> ExitCode {
     code
 }
 
-/// One decision as a line of text or a JSON object.
+/// One decision as a line of text or a JSON object. A concurrency
+/// acquire's lease is shown (`lease=ID`, `"lease": ID`) when there is one.
 pub fn render(d: &Decision, json: bool) -> String {
     let retry = (d.retry_after_ms != RETRY_NEVER).then_some(d.retry_after_ms);
     if json {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "allowed": d.allowed,
             "limit": d.limit,
             "remaining": d.remaining,
             "reset_after_ms": d.reset_after_ms,
             "retry_after_ms": retry,
-        })
-        .to_string()
+        });
+        if let Some(lease) = d.lease {
+            v["lease"] = lease.into();
+        }
+        v.to_string()
     } else {
         let verdict = if d.allowed { "allowed" } else { "denied " };
         let retry = retry.map_or("never".to_owned(), |ms| format!("{ms}ms"));
+        let lease = d.lease.map_or(String::new(), |id| format!(" lease={id}"));
         format!(
-            "{verdict} limit={} remaining={} reset_after={}ms retry_after={retry}",
+            "{verdict} limit={} remaining={} reset_after={}ms retry_after={retry}{lease}",
             d.limit, d.remaining, d.reset_after_ms
         )
+    }
+}
+
+async fn release(args: ReleaseArgs) -> ExitCode {
+    let client = match Client::connect(args.server.clone(), client_config(args.timeout)).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot reach {}: {e}", args.server);
+            return ExitCode::from(2);
+        }
+    };
+    match client.release(args.key.clone(), args.lease).await {
+        Ok(true) => {
+            println!("released lease {} of {}", args.lease, args.key);
+            ExitCode::SUCCESS
+        }
+        Ok(false) => {
+            println!(
+                "lease {} of {} was not held (released already, or expired)",
+                args.lease, args.key
+            );
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
     }
 }
 
@@ -403,9 +558,255 @@ mod tests {
             "--burst",
             "3",
         ]);
-        assert_eq!(a.unwrap().limit(), Err(UsageError::BurstWithWindow));
+        assert_eq!(
+            a.unwrap().limit(),
+            Err(UsageError::FlagNotFor {
+                flag: "--burst",
+                algorithm: "sliding-window"
+            })
+        );
         let a = args(&["--rate", "5/s", "--window", "3s"]);
-        assert_eq!(a.unwrap().limit(), Err(UsageError::WindowWithBucket));
+        assert_eq!(
+            a.unwrap().limit(),
+            Err(UsageError::FlagNotFor {
+                flag: "--window",
+                algorithm: "token-bucket"
+            })
+        );
+    }
+
+    /// (algorithm, count, period_ms, burst) of a flag set.
+    fn shape(extra: &[&str]) -> Result<(Algorithm, u64, u64, u64), UsageError> {
+        let l = args(extra).expect("flags parse").limit()?;
+        Ok((l.algorithm, l.count, l.period_ms, l.burst))
+    }
+
+    #[test]
+    fn every_algorithm_by_name_with_its_flags() {
+        use Algorithm::*;
+        for (flags, expected) in [
+            (
+                &[
+                    "--algorithm",
+                    "token-bucket",
+                    "--rate",
+                    "100/s",
+                    "--burst",
+                    "200",
+                ][..],
+                (TokenBucket, 100, 1000, 200),
+            ),
+            (
+                &["--algorithm", "sliding-window", "--rate", "100/min"],
+                (SlidingWindow, 100, 60_000, 0),
+            ),
+            (
+                &["--algorithm", "fixed-window", "--rate", "10000/day"],
+                (FixedWindow, 10_000, 86_400_000, 0),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "fixed-window",
+                    "--rate",
+                    "60/min",
+                    "--window",
+                    "10s",
+                ],
+                (FixedWindow, 10, 10_000, 0),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "sliding-log",
+                    "--rate",
+                    "5/s",
+                    "--window",
+                    "2s",
+                ],
+                (SlidingLog, 10, 2000, 0),
+            ),
+            (
+                &["--algorithm", "leaky-bucket", "--rate", "10/s"],
+                (LeakyBucket, 10, 1000, 1),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "leaky-bucket",
+                    "--rate",
+                    "10/s",
+                    "--burst",
+                    "4",
+                ],
+                (LeakyBucket, 10, 1000, 4),
+            ),
+            (
+                &["--algorithm", "concurrency", "--max-in-flight", "8"],
+                (Concurrency, 8, 30_000, 0),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "concurrency",
+                    "--max-in-flight",
+                    "8",
+                    "--lease-ttl",
+                    "2m",
+                ],
+                (Concurrency, 8, 120_000, 0),
+            ),
+            (
+                &["--algorithm", "concurrency", "--rate", "3/45s"],
+                (Concurrency, 3, 45_000, 0),
+            ),
+        ] {
+            assert_eq!(shape(flags), Ok(expected), "{flags:?}");
+        }
+        // Every wire algorithm has a flag value with its name.
+        for a in Algorithm::ALL {
+            let parsed = args(&["--algorithm", a.name()]).unwrap();
+            assert_eq!(parsed.algorithm.algorithm(), a);
+        }
+    }
+
+    #[test]
+    fn flags_that_do_not_fit_the_algorithm_are_refused() {
+        let refused = |flag, algorithm| Err(UsageError::FlagNotFor { flag, algorithm });
+        for (flags, expected) in [
+            (
+                &[
+                    "--algorithm",
+                    "fixed-window",
+                    "--rate",
+                    "5/s",
+                    "--burst",
+                    "2",
+                ][..],
+                refused("--burst", "fixed-window"),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "sliding-log",
+                    "--rate",
+                    "5/s",
+                    "--burst",
+                    "2",
+                ],
+                refused("--burst", "sliding-log"),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "leaky-bucket",
+                    "--rate",
+                    "5/s",
+                    "--window",
+                    "2s",
+                ],
+                refused("--window", "leaky-bucket"),
+            ),
+            (
+                &["--rate", "5/s", "--max-in-flight", "2"],
+                refused("--max-in-flight", "token-bucket"),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "sliding-window",
+                    "--rate",
+                    "5/s",
+                    "--lease-ttl",
+                    "2s",
+                ],
+                refused("--lease-ttl", "sliding-window"),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "concurrency",
+                    "--max-in-flight",
+                    "2",
+                    "--burst",
+                    "1",
+                ],
+                refused("--burst", "concurrency"),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "concurrency",
+                    "--max-in-flight",
+                    "2",
+                    "--window",
+                    "1s",
+                ],
+                refused("--window", "concurrency"),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "concurrency",
+                    "--rate",
+                    "2/s",
+                    "--max-in-flight",
+                    "2",
+                ],
+                Err(UsageError::RateAndMaxInFlight),
+            ),
+            (
+                &[
+                    "--algorithm",
+                    "concurrency",
+                    "--rate",
+                    "2/s",
+                    "--lease-ttl",
+                    "3s",
+                ],
+                Err(UsageError::RateAndMaxInFlight),
+            ),
+            (
+                &["--algorithm", "concurrency", "--lease-ttl", "3s"],
+                Err(UsageError::MissingMaxInFlight),
+            ),
+            (
+                &["--algorithm", "fixed-window"],
+                Err(UsageError::MissingRate {
+                    algorithm: "fixed-window",
+                }),
+            ),
+        ] {
+            assert_eq!(shape(flags), expected, "{flags:?}");
+        }
+        assert!(args(&["--rate", "5/s", "--peek", "--refund"]).is_err());
+        assert!(args(&["--algorithm", "concurrency", "--max-in-flight", "0"]).is_err());
+        assert!(args(&["--algorithm", "no-such-thing", "--rate", "5/s"]).is_err());
+    }
+
+    #[test]
+    fn help_documents_every_algorithm() {
+        let mut help = Vec::new();
+        let mut cmd = <Cli as clap::CommandFactory>::command();
+        cmd.find_subcommand_mut("check")
+            .unwrap()
+            .write_long_help(&mut help)
+            .unwrap();
+        let help = String::from_utf8(help).unwrap();
+        for a in Algorithm::ALL {
+            assert!(help.contains(a.name()), "--help lacks {}", a.name());
+        }
+        assert!(help.contains("--max-in-flight N [--lease-ttl D]"));
+    }
+
+    #[test]
+    fn release_flags() {
+        let cli = Cli::try_parse_from(["tollgate", "release", "--key", "k", "--lease", "42"]);
+        match cli.unwrap().command {
+            Command::Release(a) => assert_eq!((a.key.as_str(), a.lease), ("k", 42)),
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["tollgate", "release", "--key", "k"]).is_err());
     }
 
     #[test]
@@ -432,11 +833,22 @@ mod tests {
             remaining: 0,
             reset_after_ms: 2000,
             retry_after_ms: RETRY_NEVER,
+            lease: None,
         };
         let v: serde_json::Value = serde_json::from_str(&render(&d, true)).unwrap();
         assert_eq!(v["allowed"], false);
         assert_eq!(v["retry_after_ms"], serde_json::Value::Null);
         assert_eq!(v["reset_after_ms"], 2000);
+        assert_eq!(v.get("lease"), None);
         assert!(render(&d, false).contains("retry_after=never"));
+        let leased = Decision {
+            allowed: true,
+            retry_after_ms: 0,
+            lease: Some(77),
+            ..d
+        };
+        let v: serde_json::Value = serde_json::from_str(&render(&leased, true)).unwrap();
+        assert_eq!(v["lease"], 77);
+        assert!(render(&leased, false).ends_with("retry_after=0ms lease=77"));
     }
 }

@@ -26,10 +26,13 @@ pub const DEFAULT_SHUTDOWN_GRACE: &str = "10s";
 pub const DEFAULT_STRIPES: usize = 1024;
 pub const DEFAULT_SWEEP_INTERVAL: &str = "100ms";
 pub const DEFAULT_SWEEP_STRIPES: usize = 64;
+pub const DEFAULT_MAX_LOG_ENTRIES: u64 = crate::algorithm::DEFAULT_MAX_LOG_ENTRIES;
 
 /// Hard ceilings no flag may pass, so a typo cannot make the server reserve
 /// absurd buffers.
 pub const MAX_FRAME_CEILING: u32 = 64 << 20;
+/// 1M timestamps are 8 MB for one key: more is surely a typo.
+pub const MAX_LOG_ENTRIES_CEILING: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Args, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -95,6 +98,12 @@ pub struct ServerConfig {
     /// Stripes the sweeper visits per tick (bounds the work of one tick).
     #[arg(long, default_value_t = DEFAULT_SWEEP_STRIPES)]
     pub sweep_stripes: usize,
+
+    /// Most timestamps one key may hold (8 bytes each): the largest count of
+    /// a sliding-log limit, and of a concurrency limit (one lease each).
+    /// Larger sliding-log limits are refused (use sliding-window).
+    #[arg(long, default_value_t = DEFAULT_MAX_LOG_ENTRIES)]
+    pub max_log_entries: u64,
 
     /// Shared secret clients must present in HELLO (none: no auth).
     #[arg(long, env = "TOLLGATE_AUTH_TOKEN", hide_env_values = true)]
@@ -176,6 +185,14 @@ impl ServerConfig {
         at_least("max-key-len", self.max_key_len.into(), 1)?;
         at_least("stripes", self.stripes as u64, 1)?;
         at_least("sweep-stripes", self.sweep_stripes as u64, 1)?;
+        at_least("max-log-entries", self.max_log_entries, 1)?;
+        if self.max_log_entries > MAX_LOG_ENTRIES_CEILING {
+            return Err(ConfigError::TooLarge {
+                name: "max-log-entries",
+                value: self.max_log_entries,
+                max: MAX_LOG_ENTRIES_CEILING,
+            });
+        }
         if self.max_frame > MAX_FRAME_CEILING {
             return Err(ConfigError::TooLarge {
                 name: "max-frame",
@@ -232,6 +249,7 @@ mod tests {
         assert_eq!(c.max_batch, DEFAULT_MAX_BATCH);
         assert_eq!(c.idle_timeout, Duration::from_secs(300));
         assert_eq!(c.sweep_interval, Duration::from_millis(100));
+        assert_eq!(c.max_log_entries, 1000);
     }
 
     #[test]
@@ -255,6 +273,23 @@ mod tests {
         let mut c = base.clone();
         c.max_frame = u32::MAX;
         assert!(matches!(c.validate(), Err(ConfigError::TooLarge { .. })));
+        let mut c = base.clone();
+        c.max_log_entries = 0;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::TooSmall {
+                name: "max-log-entries",
+                ..
+            })
+        ));
+        c.max_log_entries = MAX_LOG_ENTRIES_CEILING + 1;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::TooLarge {
+                name: "max-log-entries",
+                ..
+            })
+        ));
         let mut c = base;
         c.frame_timeout = Duration::ZERO;
         assert_eq!(

@@ -11,7 +11,8 @@
 //! - [`sync`]: the only source of locks and atomics (loom under `tollgate_loom`);
 //! - [`clock`]: server monotonic time, injected everywhere;
 //! - [`slot`]: hash tags and Redis Cluster slots;
-//! - [`algorithm`]: token bucket and sliding window, pure functions;
+//! - [`algorithm`]: token bucket, sliding window, fixed window, sliding log,
+//!   leaky bucket and concurrency leases, pure functions;
 //! - [`store`]: lock-striped per-key state, atomic groups, expiry;
 //! - `server`, `config`, `cli`: the network server and the binary's commands.
 

@@ -1,5 +1,6 @@
-//! The real `tollgate` binary: `serve` on defaults, `check`, `ping`,
-//! `--print-config`, and a graceful exit on SIGTERM.
+//! The real `tollgate` binary: `serve` on defaults, `check` (every
+//! algorithm), `release`, `ping`, `--print-config`, and a graceful exit on
+//! SIGTERM.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -180,6 +181,117 @@ fn sliding_window_and_cost_from_the_cli() {
 }
 
 #[test]
+fn every_algorithm_inline_from_the_cli_then_release() {
+    let server = ServeProcess::start(&[]);
+    // Six identical checks in one frame are evaluated at one server instant,
+    // so how many pass does not depend on timing.
+    for (name, flags, passes) in [
+        ("token-bucket", &["--rate", "5/s", "--burst", "3"][..], 3),
+        ("sliding-window", &["--rate", "4/min"], 4),
+        ("fixed-window", &["--rate", "8/min", "--window", "30s"], 4),
+        ("sliding-log", &["--rate", "4/min"], 4),
+        ("leaky-bucket", &["--rate", "1/min", "--burst", "2"], 2),
+        (
+            "concurrency",
+            &["--max-in-flight", "2", "--lease-ttl", "1m"],
+            2,
+        ),
+    ] {
+        let key = format!("cli:{name}");
+        let mut args = vec![
+            "check",
+            "--server",
+            &server.addr,
+            "--key",
+            &key,
+            "--algorithm",
+            name,
+            "--repeat",
+            "6",
+            "--json",
+        ];
+        args.extend_from_slice(flags);
+        let (code, out, err) = tollgate(&args);
+        assert_eq!(code, 0, "{name}: {err}");
+        let d = decisions(&out);
+        let allowed = d.iter().filter(|d| d["allowed"] == true).count();
+        assert_eq!(allowed, passes, "{name}: {out}");
+        let leases = d.iter().filter(|d| d.get("lease").is_some()).count();
+        let expected = if name == "concurrency" { passes } else { 0 };
+        assert_eq!(leases, expected, "{name}: {out}");
+    }
+
+    // Release one of the concurrency leases, then once more.
+    let (_, out, _) = tollgate(&[
+        "check",
+        "--server",
+        &server.addr,
+        "--key",
+        "cli:concurrency",
+        "--algorithm",
+        "concurrency",
+        "--max-in-flight",
+        "2",
+        "--lease-ttl",
+        "1m",
+        "--peek",
+        "--json",
+    ]);
+    assert_eq!(decisions(&out)[0]["allowed"], false, "both slots held");
+    let (_, out, _) = tollgate(&[
+        "check",
+        "--server",
+        &server.addr,
+        "--key",
+        "cli:released",
+        "--rate",
+        "1/min",
+        "--algorithm",
+        "concurrency",
+        "--json",
+    ]);
+    let lease = decisions(&out)[0]["lease"].as_u64().expect("a lease");
+    let release = |lease: u64| {
+        let lease = lease.to_string();
+        tollgate(&[
+            "release",
+            "--server",
+            &server.addr,
+            "--key",
+            "cli:released",
+            "--lease",
+            &lease,
+        ])
+    };
+    let (code, out, err) = release(lease);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("released lease"), "{out}");
+    let (code, out, _) = release(lease);
+    assert_eq!(code, 1);
+    assert!(out.contains("was not held"), "{out}");
+
+    // Refund from the CLI: give back 2 of the sliding log's 4.
+    let (code, out, err) = tollgate(&[
+        "check",
+        "--server",
+        &server.addr,
+        "--key",
+        "cli:sliding-log",
+        "--algorithm",
+        "sliding-log",
+        "--rate",
+        "4/min",
+        "--cost",
+        "2",
+        "--refund",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(decisions(&out)[0]["remaining"], 2);
+    drop(server);
+}
+
+#[test]
 fn ping_and_connection_errors() {
     let server = ServeProcess::start(&[]);
     let (code, out, _) = tollgate(&["ping", "--server", &server.addr]);
@@ -200,6 +312,29 @@ fn bad_flags_are_refused_with_a_message() {
         &["check", "--key", "k", "--rate", "-5/s"],
         &["check", "--key", "k", "--rate", "5/s", "--cost", "-1"],
         &["check", "--key", "k", "--rate", "5/s", "--window", "10s"],
+        &["check", "--key", "k", "--algorithm", "concurrency"],
+        &[
+            "check",
+            "--key",
+            "k",
+            "--algorithm",
+            "fixed-window",
+            "--rate",
+            "5/s",
+            "--burst",
+            "2",
+        ],
+        &[
+            "check",
+            "--key",
+            "k",
+            "--algorithm",
+            "nope",
+            "--rate",
+            "5/s",
+        ],
+        &["release", "--key", "k", "--lease", "x"],
+        &["serve", "--max-log-entries", "0"],
         &["serve", "--max-batch", "0"],
         &["serve", "--max-frame", "10"],
         &["serve", "--idle-timeout", "soon"],
@@ -220,4 +355,5 @@ fn print_config_shows_the_defaults() {
     assert_eq!(v["max-frame"], 1_048_576);
     assert_eq!(v["idle-timeout"], "5m");
     assert_eq!(v["auth-token"], serde_json::Value::Null);
+    assert_eq!(v["max-log-entries"], 1000);
 }

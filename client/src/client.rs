@@ -31,7 +31,9 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tollgate_protocol::{CheckBatch, CheckResult, Limit, Pair, Request, Response, ServerLimits};
+use tollgate_protocol::{
+    CheckBatch, CheckResult, Decision, LeaseRef, Limit, Pair, Request, Response, ServerLimits,
+};
 
 use crate::backoff::{self, XorShift64};
 use crate::config::ClientConfig;
@@ -104,11 +106,13 @@ enum Wait {
     AttemptResult,
 }
 
-/// CHECK or PEEK: the same batch, charged or not.
+/// CHECK, PEEK or REFUND: a batch of the same shape, charged, not charged
+/// or given back.
 #[derive(Clone, Copy)]
 enum BatchKind {
     Check,
     Peek,
+    Refund,
 }
 
 impl BatchKind {
@@ -116,6 +120,7 @@ impl BatchKind {
         match self {
             Self::Check => Request::Check(batch),
             Self::Peek => Request::Peek(batch),
+            Self::Refund => Request::Refund(batch),
         }
     }
 
@@ -123,6 +128,7 @@ impl BatchKind {
         match self {
             Self::Check => "CHECK",
             Self::Peek => "PEEK",
+            Self::Refund => "REFUND",
         }
     }
 }
@@ -223,6 +229,92 @@ impl Client {
     /// Like [`check_batch`](Self::check_batch), without charging anything.
     pub async fn peek_batch(&self, batch: CheckBatch) -> Result<Vec<CheckResult>, Error> {
         self.batch(BatchKind::Peek, batch).await
+    }
+
+    /// Gives `amount` units of `key` back, e.g. the part of an up-front
+    /// charge a request did not use (charged 4000 tokens, used 1200: refund
+    /// 2800). `limit` must be the one the units were charged under. Never
+    /// fills beyond the limit. Returns the decision after the refund
+    /// (always allowed; `remaining` updated). A per-check refusal (say
+    /// InvalidLimit, or a concurrency limit, whose slots are given back with
+    /// [`release`](Self::release)) is [`Error::Server`] with its code.
+    pub async fn refund(
+        &self,
+        key: impl Into<Bytes>,
+        limit: Limit,
+        amount: u32,
+    ) -> Result<Decision, Error> {
+        self.refund_group(vec![Pair {
+            key: key.into(),
+            limit,
+            cost: amount,
+        }])
+        .await
+    }
+
+    /// Refunds several pairs (each `cost` is the amount given back) as one
+    /// atomic group; the keys must share a hash slot. See
+    /// [`refund`](Self::refund).
+    pub async fn refund_group(&self, pairs: Vec<Pair>) -> Result<Decision, Error> {
+        let results = self.batch(BatchKind::Refund, group(pairs)).await?;
+        match results.into_iter().next() {
+            Some(CheckResult::Decision(decision)) => Ok(decision),
+            Some(CheckResult::Error(code)) => Err(Error::Server {
+                code,
+                message: "refund refused".into(),
+            }),
+            // `batch` checked there is exactly one result.
+            None => Err(Error::ResultCount {
+                expected: 1,
+                got: 0,
+            }),
+        }
+    }
+
+    /// Sends many independent refunds in one frame; one result per check.
+    pub async fn refund_batch(&self, batch: CheckBatch) -> Result<Vec<CheckResult>, Error> {
+        self.batch(BatchKind::Refund, batch).await
+    }
+
+    /// Releases the concurrency lease `lease` acquired on `key` (the id in
+    /// the allowed [`Decision::lease`]). Returns whether it was still held:
+    /// `false` when it had already been released or had expired.
+    pub async fn release(&self, key: impl Into<Bytes>, lease: u64) -> Result<bool, Error> {
+        let released = self
+            .release_many(vec![LeaseRef {
+                key: key.into(),
+                lease,
+            }])
+            .await?;
+        Ok(released > 0)
+    }
+
+    /// Releases several leases in one request; returns how many were still
+    /// held.
+    pub async fn release_many(&self, leases: Vec<LeaseRef>) -> Result<u32, Error> {
+        let deadline = Deadline::after(self.deadline);
+        if leases.is_empty() {
+            return Ok(0);
+        }
+        let conn = self.inner.connection(Wait::Until(deadline)).await?;
+        let limits = conn.info().limits;
+        if leases.len() > usize::from(limits.max_batch) {
+            return Err(Error::BatchTooLarge {
+                checks: leases.len(),
+                max: limits.max_batch,
+            });
+        }
+        for lease in &leases {
+            check_key(&lease.key, &limits)?;
+        }
+        match conn.call(Request::Release(leases), deadline).await? {
+            Response::Released(released) => Ok(released),
+            Response::Error { code, message } => Err(Error::Server { code, message }),
+            other => Err(Error::UnexpectedResponse {
+                request: "RELEASE",
+                got: response_name(&other),
+            }),
+        }
     }
 
     /// Forgets the state of `keys`; returns how many held state.

@@ -503,6 +503,7 @@ pub(crate) fn response_name(response: &Response) -> &'static str {
         Response::Pong => "PONG",
         Response::Checked(_) => "CHECKED",
         Response::ResetDone(_) => "RESET_DONE",
+        Response::Released(_) => "RELEASED",
         Response::Error { .. } => "ERROR",
     }
 }

@@ -80,6 +80,12 @@ impl Outcome {
         }
     }
 
+    /// The concurrency lease an allowed check acquired, to
+    /// [`release`](crate::Client::release) when the work is done.
+    pub fn lease(&self) -> Option<u64> {
+        self.decision().and_then(|d| d.lease)
+    }
+
     /// Why there is no decision, if there is none.
     pub fn undecided(&self) -> Option<Undecided> {
         match self {
@@ -182,6 +188,7 @@ mod tests {
             remaining: if allowed { 9 } else { 0 },
             reset_after_ms: 100,
             retry_after_ms: if allowed { 0 } else { 100 },
+            lease: None,
         }
     }
 
@@ -201,6 +208,17 @@ mod tests {
         assert!(outcome.is_allowed());
         assert_eq!(outcome.decision(), None);
         assert_eq!(outcome.undecided(), Some(Undecided::DeadlineExceeded));
+        assert_eq!(outcome.lease(), None);
+    }
+
+    #[test]
+    fn the_lease_of_an_allowed_acquire() {
+        let leased = Decision {
+            lease: Some(42),
+            ..decision(true)
+        };
+        assert_eq!(Outcome::Decided(leased).lease(), Some(42));
+        assert_eq!(Outcome::Decided(decision(true)).lease(), None);
     }
 
     #[test]

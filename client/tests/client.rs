@@ -21,7 +21,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tollgate_client::{
     Algorithm, CheckBatch, CheckResult, Client, ClientConfig, ConfigError, Decision, Error,
-    ErrorCode, FailMode, Limit, Outcome, Pair, Role, ServerInfo, ServerLimits, Undecided,
+    ErrorCode, FailMode, LeaseRef, Limit, Outcome, Pair, Role, ServerInfo, ServerLimits, Undecided,
 };
 use tollgate_protocol::{
     decode_request, encode_response, Request, RequestId, Response, PROTOCOL_VERSION,
@@ -77,20 +77,23 @@ fn hello_ok(limits: ServerLimits) -> Response {
 }
 
 /// A decision that tags its answer: `remaining` is the number in the key
-/// `k<n>`, so a caller can tell whether it got its own answer.
+/// `k<n>`, so a caller can tell whether it got its own answer. A key
+/// `lease<n>` is answered as a concurrency acquire holding lease `n`.
 fn decision_for(key: &[u8]) -> CheckResult {
-    let tag = std::str::from_utf8(key)
-        .ok()
-        .and_then(|k| k.strip_prefix('k'))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let key = std::str::from_utf8(key).unwrap_or_default();
+    let number = |prefix| {
+        key.strip_prefix(prefix)
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
     CheckResult::Decision(Decision {
         allowed: true,
         pair: 0,
         limit: 10,
-        remaining: tag,
+        remaining: number("k"),
         reset_after_ms: 200,
         retry_after_ms: 0,
+        lease: key.starts_with("lease").then(|| number("lease")),
     })
 }
 
@@ -111,7 +114,20 @@ fn answer(request: &Request) -> Response {
                 })
                 .collect(),
         ),
+        Request::Refund(batch) => Response::Checked(
+            batch
+                .iter()
+                .map(|check| match &check[0].key[..] {
+                    b"leases" => CheckResult::Error(ErrorCode::InvalidLimit),
+                    key => decision_for(key),
+                })
+                .collect(),
+        ),
         Request::Reset(keys) => Response::ResetDone(keys.len() as u32),
+        // Odd lease ids are the ones still held.
+        Request::Release(leases) => {
+            Response::Released(leases.iter().filter(|l| l.lease % 2 == 1).count() as u32)
+        }
         Request::Hello { .. } => panic!("second HELLO"),
     }
 }
@@ -718,18 +734,77 @@ async fn server_limits_errors_and_admin_calls() {
         );
         client.ping().await.expect("ping");
 
+        // Leases: the id of an allowed acquire, then released by id.
+        let acquired = client.check("lease7", limit(), 1).await;
+        assert_eq!(acquired.lease(), Some(7));
+        assert!(client.release("lease7", 7).await.expect("release"));
+        assert!(!client.release("lease7", 8).await.expect("release"));
+        let leases = |ids: &[u64]| -> Vec<LeaseRef> {
+            ids.iter()
+                .map(|&lease| LeaseRef {
+                    key: Bytes::from_static(b"lease"),
+                    lease,
+                })
+                .collect()
+        };
+        assert_eq!(
+            client.release_many(leases(&[1, 3])).await.expect("release"),
+            2
+        );
+        assert_eq!(client.release_many(Vec::new()).await.expect("empty"), 0);
+        // Refunds: the decision after it, or the per-check refusal as an error.
+        let refunded = client.refund("k6", limit(), 3).await.expect("refund");
+        assert_eq!(refunded.remaining, 6);
+        let refused = client.refund("leases", limit(), 1).await;
+        assert!(
+            matches!(
+                refused,
+                Err(Error::Server {
+                    code: ErrorCode::InvalidLimit,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        let mut batch = CheckBatch::default();
+        batch.push(pair("k2"));
+        batch.push(pair("leases"));
+        let results = client.refund_batch(batch).await.expect("refund batch");
+        assert_eq!(results[0], decision_for(b"k2"));
+        assert_eq!(results[1], CheckResult::Error(ErrorCode::InvalidLimit));
+        // Refused locally, like the other requests.
+        assert!(matches!(
+            client.release_many(leases(&[1, 3, 5])).await,
+            Err(Error::BatchTooLarge { checks: 3, max: 2 })
+        ));
+        assert!(matches!(
+            client.release("k23456789", 1).await,
+            Err(Error::KeyTooLong { len: 9, max: 8 })
+        ));
+        assert!(matches!(
+            client
+                .refund_group(vec![pair("{a}1"), pair("{a}2"), pair("{a}3")])
+                .await,
+            Err(Error::GroupTooLarge { .. })
+        ));
+
         let kinds: Vec<&str> = std::iter::from_fn(|| seen_rx.try_recv().ok())
             .map(|request| match request {
                 Request::Check(_) => "check",
                 Request::Peek(_) => "peek",
                 Request::Reset(_) => "reset",
+                Request::Refund(_) => "refund",
+                Request::Release(_) => "release",
                 Request::Ping => "ping",
                 Request::Hello { .. } => "hello",
             })
             .collect();
         assert_eq!(
             kinds,
-            ["check", "peek", "check", "check", "peek", "reset", "ping"]
+            [
+                "check", "peek", "check", "check", "peek", "reset", "ping", "check", "release",
+                "release", "release", "refund", "refund", "refund"
+            ]
         );
 
         client.close();

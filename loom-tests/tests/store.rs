@@ -30,7 +30,31 @@ fn store() -> Arc<Store> {
     Arc::new(Store::new(StoreConfig {
         stripes: 2,
         max_group: 4,
+        ..StoreConfig::default()
     }))
+}
+
+/// A concurrency limit of `count` in flight, leases living 30 s.
+fn slots(key: &'static str, count: u64) -> Pair {
+    Pair {
+        key: Bytes::from_static(key.as_bytes()),
+        limit: Limit {
+            algorithm: Algorithm::Concurrency,
+            count,
+            period_ms: 30_000,
+            burst: 0,
+        },
+        cost: 1,
+    }
+}
+
+fn lease(r: CheckResult) -> Option<u64> {
+    match r {
+        CheckResult::Decision(d) if d.allowed => {
+            Some(d.lease.expect("an allowed acquire holds a lease"))
+        }
+        _ => None,
+    }
 }
 
 /// Two threads charging one key with one token: exactly one wins, whatever
@@ -83,5 +107,48 @@ fn sweep_racing_a_check_keeps_live_state() {
         assert!(allowed(s.check(&[pair("k", 1)], NOW, Mode::Charge)));
         sweeper.join().unwrap();
         assert!(s.get(b"k", NOW).is_some());
+    });
+}
+
+/// Two threads acquiring the last free slot of a concurrency limit: exactly
+/// one gets a lease, whatever the interleaving, and the limit is then full.
+#[test]
+fn two_threads_acquiring_the_last_slot_exactly_one_gets_a_lease() {
+    loom::model(|| {
+        let s = store();
+        // 2 in flight, one already held: one slot left.
+        let held = lease(s.check(&[slots("jobs", 2)], NOW, Mode::Charge)).expect("first");
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let s = s.clone();
+                thread::spawn(move || lease(s.check(&[slots("jobs", 2)], NOW, Mode::Charge)))
+            })
+            .collect();
+        let leases: Vec<u64> = handles
+            .into_iter()
+            .filter_map(|h| h.join().unwrap())
+            .collect();
+        assert_eq!(leases.len(), 1, "exactly one thread gets the last slot");
+        assert_ne!(leases[0], held);
+        assert!(lease(s.check(&[slots("jobs", 2)], NOW, Mode::Charge)).is_none());
+        // And the winner's lease is the one the store holds.
+        assert!(s.release(b"jobs", leases[0], NOW));
+    });
+}
+
+/// A release racing an acquire on a full limit: the acquire gets the slot
+/// only if the release came first, and the slot is never handed out twice.
+#[test]
+fn release_racing_an_acquire_never_over_admits() {
+    loom::model(|| {
+        let s = store();
+        let held = lease(s.check(&[slots("one", 1)], NOW, Mode::Charge)).expect("first");
+        let s2 = s.clone();
+        let releaser = thread::spawn(move || s2.release(b"one", held, NOW));
+        let acquired = lease(s.check(&[slots("one", 1)], NOW, Mode::Charge));
+        assert!(releaser.join().unwrap(), "the held lease is released");
+        // One slot: taken by the acquire if it won, free otherwise.
+        let again = lease(s.check(&[slots("one", 1)], NOW, Mode::Charge));
+        assert_eq!(acquired.is_some(), again.is_none());
     });
 }

@@ -22,6 +22,17 @@ pub type RequestId = u32;
 pub const RETRY_NEVER: u64 = u64::MAX;
 
 /// Limiting algorithm named by a [`Limit`]. Wire values are stable.
+///
+/// How each reads the limit's numbers (see `PROTOCOL.md` §8):
+///
+/// | algorithm | `count` | `period_ms` | `burst` |
+/// |---|---|---|---|
+/// | token bucket | tokens refilled per period | refill period | capacity, >= 1 |
+/// | sliding window | requests per window | window | 0 |
+/// | fixed window | requests per window | window | 0 |
+/// | sliding log | requests per window | window | 0 |
+/// | leaky bucket | requests per period (spacing `period / count`) | period | tolerance, >= 1 |
+/// | concurrency | most in flight | lease time to live | 0 |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum Algorithm {
@@ -30,24 +41,51 @@ pub enum Algorithm {
     /// Sliding window counter: at most `count` per `period_ms` window,
     /// previous window weighted by its overlap. `burst` must be 0.
     SlidingWindow = 2,
+    /// Fixed window counter: at most `count` per window of `period_ms`
+    /// aligned on the server clock (2x across a boundary). `burst` must be 0.
+    FixedWindow = 3,
+    /// Sliding log: exactly at most `count` in any `period_ms`, for small
+    /// counts (server cap `max_log_entries`). `burst` must be 0.
+    SlidingLog = 4,
+    /// Leaky bucket as a meter: one unit per `period_ms / count`, up to
+    /// `burst` (>= 1) early.
+    LeakyBucket = 5,
+    /// Concurrency: at most `count` in flight, each allowed check holding a
+    /// lease that lives `period_ms` unless released first. `burst` must be 0.
+    Concurrency = 6,
 }
 
 impl Algorithm {
+    /// Every algorithm, in wire order.
+    pub const ALL: [Algorithm; 6] = [
+        Self::TokenBucket,
+        Self::SlidingWindow,
+        Self::FixedWindow,
+        Self::SlidingLog,
+        Self::LeakyBucket,
+        Self::Concurrency,
+    ];
+
     /// Decodes a wire value.
     pub fn from_wire(v: u8) -> Option<Self> {
-        match v {
-            1 => Some(Self::TokenBucket),
-            2 => Some(Self::SlidingWindow),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|a| *a as u8 == v)
     }
 
-    /// The name used on the command line and in logs.
+    /// The name used on the command line, in rules files and in logs.
     pub fn name(self) -> &'static str {
         match self {
             Self::TokenBucket => "token-bucket",
             Self::SlidingWindow => "sliding-window",
+            Self::FixedWindow => "fixed-window",
+            Self::SlidingLog => "sliding-log",
+            Self::LeakyBucket => "leaky-bucket",
+            Self::Concurrency => "concurrency",
         }
+    }
+
+    /// The algorithm of a [`name`](Self::name) (exact, lowercase).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
     }
 }
 
@@ -59,11 +97,14 @@ impl Algorithm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Limit {
     pub algorithm: Algorithm,
-    /// Tokens (token bucket) or requests (window) per `period_ms`.
+    /// Tokens (token bucket), requests (windows, log, leaky bucket) per
+    /// `period_ms`, or units in flight (concurrency).
     pub count: u64,
-    /// The refill period or window length, in milliseconds.
+    /// The refill period, window length or lease time to live, in
+    /// milliseconds.
     pub period_ms: u64,
-    /// Bucket capacity (token bucket); 0 for windowed algorithms.
+    /// Bucket capacity (token bucket) or tolerance (leaky bucket); 0 for
+    /// the others.
     pub burst: u64,
 }
 
@@ -72,8 +113,17 @@ pub struct Limit {
 pub struct Pair {
     pub key: Bytes,
     pub limit: Limit,
-    /// How many units this request takes (>= 1; validated by the server).
+    /// How many units this request takes (>= 1; validated by the server);
+    /// in a REFUND, how many units to give back.
     pub cost: u32,
+}
+
+/// One lease to release: the key it was acquired on and its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRef {
+    pub key: Bytes,
+    /// The id from the allowed decision that acquired it.
+    pub lease: u64,
 }
 
 /// A batch of independent checks, each an atomic group of one or more pairs.
@@ -156,6 +206,11 @@ pub enum Request {
     Peek(CheckBatch),
     /// Forget the state of these keys.
     Reset(Vec<Bytes>),
+    /// Give back units already charged: each pair's `cost` is the amount
+    /// returned. Answered with CHECKED (the decisions after the refund).
+    Refund(CheckBatch),
+    /// Free concurrency leases before they expire.
+    Release(Vec<LeaseRef>),
 }
 
 /// Role of the answering node (replication fills in `Standby`).
@@ -179,7 +234,8 @@ impl Role {
 
 /// Default largest frame body a server accepts: 1 MiB.
 pub const DEFAULT_MAX_FRAME: u32 = 1024 * 1024;
-/// Default most checks in one CHECK/PEEK, or keys in one RESET.
+/// Default most checks in one CHECK/PEEK/REFUND, or keys in one RESET or
+/// RELEASE.
 pub const DEFAULT_MAX_BATCH: u16 = 1024;
 /// Default most pairs in one atomic group.
 pub const DEFAULT_MAX_GROUP: u8 = 16;
@@ -192,7 +248,8 @@ pub const DEFAULT_MAX_KEY_LEN: u16 = 256;
 pub struct ServerLimits {
     /// Largest frame body (opcode + request id + payload), in bytes.
     pub max_frame: u32,
-    /// Most checks in one CHECK/PEEK, or keys in one RESET.
+    /// Most checks in one CHECK/PEEK/REFUND, or keys in one RESET or
+    /// RELEASE.
     pub max_batch: u16,
     /// Most pairs in one check (atomic group).
     pub max_group: u8,
@@ -237,6 +294,11 @@ pub struct Decision {
     /// When denied, milliseconds until the same request could pass
     /// ([`RETRY_NEVER`] when it never can); 0 when allowed.
     pub retry_after_ms: u64,
+    /// The lease an allowed CHECK acquired on the group's concurrency pair,
+    /// to RELEASE when done; `None` otherwise. Only an allowed decision
+    /// carries one (status 3 on the wire): the encoder drops it from a
+    /// denied decision.
+    pub lease: Option<u64>,
 }
 
 /// Server -> client messages.
@@ -255,6 +317,8 @@ pub enum Response {
     Checked(Vec<CheckResult>),
     /// Number of keys that held state and were removed.
     ResetDone(u32),
+    /// Number of leases that were live and have been freed.
+    Released(u32),
     /// The whole request failed (or the connection is about to close).
     Error {
         code: ErrorCode,

@@ -6,12 +6,35 @@
 //! request never changes state. Each state also says when it stops carrying
 //! information (`expires_at`), which is when the store may forget the key.
 //!
-//! A wire [`Limit`] becomes a [`Policy`] through [`Policy::from_limit`], which
-//! is where impossible numbers (zero rates, overflowing products) are refused.
+//! A wire [`Limit`] becomes a [`Policy`] through [`Policy::from_limit`] (or
+//! [`Policy::from_limit_with`] for a non-default log cap), which is where
+//! impossible numbers (zero rates, overflowing products, logs above the cap)
+//! are refused.
+//!
+//! | algorithm | state | decision `limit` |
+//! |---|---|---|
+//! | [token bucket](TokenBucket) (GCRA) | one timestamp | `burst` |
+//! | [sliding window](SlidingWindow) counter | window index, two counts | `count` |
+//! | [fixed window](FixedWindow) | window index, one count | `count` |
+//! | [sliding log](SlidingLog) | one timestamp per unit, at most `max_log_entries` | `count` |
+//! | [leaky bucket](LeakyBucket) (meter, GCRA) | one timestamp | `burst` |
+//! | [concurrency](Concurrency) | the live leases, at most `count` | `count` |
+//!
+//! Besides charging, a state can be given units back ([`Policy::refund`],
+//! never beyond a full/empty state) and a concurrency lease can be released
+//! ([`release_lease`]).
 
+mod concurrency;
+mod fixed_window;
+mod leaky_bucket;
+mod sliding_log;
 mod sliding_window;
 mod token_bucket;
 
+pub use concurrency::{Concurrency, Lease, LeaseSet};
+pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use leaky_bucket::LeakyBucket;
+pub use sliding_log::{LogState, SlidingLog};
 pub use sliding_window::{SlidingWindow, WindowState};
 pub use token_bucket::TokenBucket;
 
@@ -26,6 +49,11 @@ pub const MAX_PERIOD_MS: u64 = 400 * 24 * 3600 * 1000;
 /// small enough that sums with a `u32` cost cannot overflow.
 pub const MAX_COUNT: u64 = 1 << 48;
 
+/// Default cap on the timestamps one key may hold: a sliding log's `count`
+/// and a concurrency limit's `count` (one lease each at most) must not
+/// exceed it. 1000 timestamps are 8 KB per key.
+pub const DEFAULT_MAX_LOG_ENTRIES: u64 = 1000;
+
 /// Why a limit was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidLimit {
@@ -33,16 +61,27 @@ pub enum InvalidLimit {
     Count(u64),
     #[error("period must be between 1 ms and {MAX_PERIOD_MS} ms, got {0} ms")]
     Period(u64),
-    #[error("token bucket burst must be between 1 and {MAX_COUNT}, got {0}")]
+    #[error("burst must be between 1 and {MAX_COUNT}, got {0}")]
     Burst(u64),
-    #[error("sliding window takes no burst (must be 0), got {0}")]
-    UnexpectedBurst(u64),
+    #[error("{algorithm} takes no burst (must be 0), got {burst}")]
+    UnexpectedBurst { algorithm: &'static str, burst: u64 },
     #[error("rate too high: {count} per {period_ms} ms is more than one per nanosecond")]
     RateTooHigh { count: u64, period_ms: u64 },
     #[error("burst {burst} at this rate spans more time than the server can represent")]
     BurstSpanTooLong { burst: u64 },
+    #[error(
+        "sliding-log keeps one timestamp per unit: a count of {count} is above max-log-entries \
+         ({max}); use sliding-window (the sliding window counter) for large limits"
+    )]
+    LogTooLong { count: u64, max: u64 },
+    #[error(
+        "concurrency keeps one lease per slot: {count} in flight is above max-log-entries ({max})"
+    )]
+    TooManyInFlight { count: u64, max: u64 },
     #[error("cost must be at least 1")]
     ZeroCost,
+    #[error("concurrency slots are given back with RELEASE and the lease id, not REFUND")]
+    RefundOfLeases,
 }
 
 /// A rate-limit decision in server units (nanoseconds).
@@ -56,6 +95,9 @@ pub struct Decision {
     /// When denied: time until the same request could pass, `None` when it
     /// never can (cost above the limit). `Some(0)` when allowed.
     pub retry_after: Option<Nanos>,
+    /// The lease a concurrency acquire would hold (the store hands it out
+    /// only when it charges the request).
+    pub lease: Option<u64>,
 }
 
 impl Decision {
@@ -72,29 +114,65 @@ impl Decision {
                 Some(ns) => ns.div_ceil(NANOS_PER_MS),
                 None => tollgate_protocol::RETRY_NEVER,
             },
+            lease: self.lease.filter(|_| self.allowed),
+        }
+    }
+
+    /// An allowed decision (what a refund answers).
+    fn allow(limit: u64, remaining: u64, reset_after: Nanos) -> Self {
+        Self {
+            allowed: true,
+            limit,
+            remaining,
+            reset_after,
+            retry_after: Some(0),
+            lease: None,
         }
     }
 }
 
 /// Per-key state: the smallest thing each algorithm needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// At most 32 bytes whatever the variant (checked by a test): the two
+/// variants whose size depends on the limit keep it behind one pointer.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
     /// GCRA's theoretical arrival time.
     TokenBucket {
         tat: Nanos,
     },
     SlidingWindow(WindowState),
+    FixedWindow(FixedWindowState),
+    SlidingLog(LogState),
+    /// GCRA's theoretical arrival time, kept apart from the token bucket's
+    /// so that switching a key's algorithm starts it afresh.
+    LeakyBucket {
+        tat: Nanos,
+    },
+    Concurrency(LeaseSet),
 }
 
-/// What evaluating one request yields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What evaluating (or refunding) one request yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
     pub decision: Decision,
-    /// The state to store when the request is charged (only meaningful when
-    /// allowed; a denied request keeps the old state).
-    pub state: State,
-    /// When `state` stops carrying information and may be dropped.
+    /// The state to store when the request is charged: `None` when denied
+    /// (a denial changes nothing) or when there is nothing to store (a
+    /// refund on a key without state).
+    pub state: Option<State>,
+    /// When the state (the new one if any, else the current one) stops
+    /// carrying information and may be dropped; `<= now` means "drop now".
     pub expires_at: Nanos,
+}
+
+impl Verdict {
+    fn denied(decision: Decision, expires_at: Nanos) -> Self {
+        Self {
+            decision,
+            state: None,
+            expires_at,
+        }
+    }
 }
 
 /// A validated limit in server units.
@@ -102,11 +180,22 @@ pub struct Verdict {
 pub enum Policy {
     TokenBucket(TokenBucket),
     SlidingWindow(SlidingWindow),
+    FixedWindow(FixedWindow),
+    SlidingLog(SlidingLog),
+    LeakyBucket(LeakyBucket),
+    Concurrency(Concurrency),
 }
 
 impl Policy {
-    /// Checks a wire limit and converts it to server units.
+    /// Checks a wire limit and converts it to server units, with the
+    /// default log cap ([`DEFAULT_MAX_LOG_ENTRIES`]).
     pub fn from_limit(limit: &Limit) -> Result<Self, InvalidLimit> {
+        Self::from_limit_with(limit, DEFAULT_MAX_LOG_ENTRIES)
+    }
+
+    /// Checks a wire limit and converts it to server units; a sliding log
+    /// or a concurrency limit may keep at most `max_log_entries` timestamps.
+    pub fn from_limit_with(limit: &Limit, max_log_entries: u64) -> Result<Self, InvalidLimit> {
         if limit.count == 0 || limit.count > MAX_COUNT {
             return Err(InvalidLimit::Count(limit.count));
         }
@@ -114,20 +203,60 @@ impl Policy {
             return Err(InvalidLimit::Period(limit.period_ms));
         }
         let period = limit.period_ms * NANOS_PER_MS;
+        let no_burst = || {
+            if limit.burst == 0 {
+                Ok(())
+            } else {
+                Err(InvalidLimit::UnexpectedBurst {
+                    algorithm: limit.algorithm.name(),
+                    burst: limit.burst,
+                })
+            }
+        };
         match limit.algorithm {
             Algorithm::TokenBucket => {
                 TokenBucket::new(limit.count, period, limit.burst).map(Policy::TokenBucket)
             }
             Algorithm::SlidingWindow => {
-                if limit.burst != 0 {
-                    return Err(InvalidLimit::UnexpectedBurst(limit.burst));
-                }
+                no_burst()?;
                 Ok(Policy::SlidingWindow(SlidingWindow::new(
                     limit.count,
                     period,
                 )))
             }
+            Algorithm::FixedWindow => {
+                no_burst()?;
+                Ok(Policy::FixedWindow(FixedWindow::new(limit.count, period)))
+            }
+            Algorithm::SlidingLog => {
+                no_burst()?;
+                if limit.count > max_log_entries {
+                    return Err(InvalidLimit::LogTooLong {
+                        count: limit.count,
+                        max: max_log_entries,
+                    });
+                }
+                Ok(Policy::SlidingLog(SlidingLog::new(limit.count, period)))
+            }
+            Algorithm::LeakyBucket => {
+                LeakyBucket::new(limit.count, period, limit.burst).map(Policy::LeakyBucket)
+            }
+            Algorithm::Concurrency => {
+                no_burst()?;
+                if limit.count > max_log_entries {
+                    return Err(InvalidLimit::TooManyInFlight {
+                        count: limit.count,
+                        max: max_log_entries,
+                    });
+                }
+                Ok(Policy::Concurrency(Concurrency::new(limit.count, period)))
+            }
         }
+    }
+
+    /// Whether this is a concurrency limit (whose allowed checks hold a lease).
+    pub fn is_concurrency(&self) -> bool {
+        matches!(self, Policy::Concurrency(_))
     }
 
     /// Evaluates a request of `cost` against `state` (None: no state, or
@@ -149,6 +278,183 @@ impl Policy {
                 };
                 sw.evaluate(ws, now, cost)
             }
+            Policy::FixedWindow(fw) => {
+                let s = match state {
+                    Some(State::FixedWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                fw.evaluate(s, now, cost)
+            }
+            Policy::SlidingLog(sl) => {
+                let log = match state {
+                    Some(State::SlidingLog(log)) => Some(log),
+                    _ => None,
+                };
+                sl.evaluate(log, now, cost)
+            }
+            Policy::LeakyBucket(lb) => {
+                let tat = match state {
+                    Some(State::LeakyBucket { tat }) => Some(*tat),
+                    _ => None,
+                };
+                lb.evaluate(tat, now, cost)
+            }
+            Policy::Concurrency(c) => {
+                let leases = match state {
+                    Some(State::Concurrency(leases)) => Some(leases),
+                    _ => None,
+                };
+                c.evaluate(leases, now, cost)
+            }
         }
+    }
+
+    /// Gives `amount` units back to `state` and answers with the decision
+    /// after the refund (always allowed). Never beyond a full bucket or an
+    /// empty window; a key without state (or with another algorithm's state)
+    /// is left alone and answered as full. Concurrency slots are not
+    /// refunded: they are released by lease id ([`release_lease`]).
+    pub fn refund(
+        &self,
+        state: Option<&State>,
+        now: Nanos,
+        amount: u32,
+    ) -> Result<Verdict, InvalidLimit> {
+        let amount = u64::from(amount);
+        Ok(match self {
+            Policy::TokenBucket(tb) => {
+                let tat = match state {
+                    Some(State::TokenBucket { tat }) => Some(*tat),
+                    _ => None,
+                };
+                tb.refund(tat, now, amount)
+            }
+            Policy::SlidingWindow(sw) => {
+                let ws = match state {
+                    Some(State::SlidingWindow(ws)) => Some(*ws),
+                    _ => None,
+                };
+                sw.refund(ws, now, amount)
+            }
+            Policy::FixedWindow(fw) => {
+                let s = match state {
+                    Some(State::FixedWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                fw.refund(s, now, amount)
+            }
+            Policy::SlidingLog(sl) => {
+                let log = match state {
+                    Some(State::SlidingLog(log)) => Some(log),
+                    _ => None,
+                };
+                sl.refund(log, now, amount)
+            }
+            Policy::LeakyBucket(lb) => {
+                let tat = match state {
+                    Some(State::LeakyBucket { tat }) => Some(*tat),
+                    _ => None,
+                };
+                lb.refund(tat, now, amount)
+            }
+            Policy::Concurrency(_) => return Err(InvalidLimit::RefundOfLeases),
+        })
+    }
+}
+
+/// Frees lease `lease` held in `state`, if `state` is a concurrency state
+/// and the lease is live at `now`. Returns the state to keep and when it
+/// expires; `None` when there was no such live lease.
+pub fn release_lease(state: &State, lease: u64, now: Nanos) -> Option<(State, Nanos)> {
+    match state {
+        State::Concurrency(leases) => concurrency::release(leases, lease, now)
+            .map(|(leases, expires_at)| (State::Concurrency(leases), expires_at)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_stays_small() {
+        // The store keeps one State per key: adding an algorithm must not
+        // grow every key.
+        assert!(std::mem::size_of::<State>() <= 32);
+    }
+
+    fn limit(algorithm: Algorithm, count: u64, period_ms: u64, burst: u64) -> Limit {
+        Limit {
+            algorithm,
+            count,
+            period_ms,
+            burst,
+        }
+    }
+
+    #[test]
+    fn every_algorithm_validates_its_burst() {
+        use Algorithm::*;
+        for a in [SlidingWindow, FixedWindow, SlidingLog, Concurrency] {
+            assert_eq!(
+                Policy::from_limit(&limit(a, 10, 1000, 1)),
+                Err(InvalidLimit::UnexpectedBurst {
+                    algorithm: a.name(),
+                    burst: 1
+                })
+            );
+            assert!(Policy::from_limit(&limit(a, 10, 1000, 0)).is_ok());
+        }
+        for a in [TokenBucket, LeakyBucket] {
+            assert_eq!(
+                Policy::from_limit(&limit(a, 10, 1000, 0)),
+                Err(InvalidLimit::Burst(0))
+            );
+            assert!(Policy::from_limit(&limit(a, 10, 1000, 1)).is_ok());
+        }
+    }
+
+    #[test]
+    fn logs_and_leases_are_capped() {
+        let at_cap = limit(Algorithm::SlidingLog, 1000, 1000, 0);
+        assert!(Policy::from_limit(&at_cap).is_ok());
+        let over = limit(Algorithm::SlidingLog, 1001, 1000, 0);
+        let err = Policy::from_limit(&over).unwrap_err();
+        assert_eq!(
+            err,
+            InvalidLimit::LogTooLong {
+                count: 1001,
+                max: 1000
+            }
+        );
+        assert!(err.to_string().contains("use sliding-window"), "{err}");
+        assert!(Policy::from_limit_with(&over, 2000).is_ok());
+        let leases = limit(Algorithm::Concurrency, 11, 1000, 0);
+        assert_eq!(
+            Policy::from_limit_with(&leases, 10),
+            Err(InvalidLimit::TooManyInFlight { count: 11, max: 10 })
+        );
+    }
+
+    #[test]
+    fn concurrency_cannot_be_refunded() {
+        let p = Policy::from_limit(&limit(Algorithm::Concurrency, 2, 1000, 0)).unwrap();
+        assert_eq!(p.refund(None, 0, 1), Err(InvalidLimit::RefundOfLeases));
+    }
+
+    #[test]
+    fn a_lease_is_only_on_the_wire_when_allowed() {
+        let d = Decision {
+            allowed: false,
+            limit: 1,
+            remaining: 0,
+            reset_after: 1,
+            retry_after: Some(1),
+            lease: Some(7),
+        };
+        assert_eq!(d.to_wire(0).lease, None);
+        let d = Decision { allowed: true, ..d };
+        assert_eq!(d.to_wire(0).lease, Some(7));
     }
 }

@@ -7,6 +7,11 @@
 //! that still overlaps the last `W`. A request of cost `c` passes when
 //! `estimate + c <= limit`. All arithmetic is exact (integers scaled by `W`,
 //! in `u128`), so boundaries behave the same every time.
+//!
+//! Refund of `c` units takes them off the current window's count, and what
+//! the current window does not hold off the previous one (a request charged
+//! just before a boundary and refunded just after it gets its units back),
+//! never below zero.
 
 use super::{Decision, State, Verdict};
 use crate::clock::Nanos;
@@ -36,12 +41,7 @@ impl SlidingWindow {
         let w = self.window;
         let index = now / w;
         let offset = now % w;
-        // Roll the stored windows forward to `index`.
-        let (prev, cur) = match state {
-            Some(s) if s.index == index => (s.prev, s.cur),
-            Some(s) if s.index + 1 == index => (s.cur, 0),
-            _ => (0, 0),
-        };
+        let (prev, cur) = roll(state, index);
         let wide = |x: u64| u128::from(x);
         let capacity = wide(self.limit) * wide(w);
         let used = wide(prev) * wide(w - offset) + wide(cur) * wide(w);
@@ -55,35 +55,50 @@ impl SlidingWindow {
             // `cur > 0` now, so the state matters until the next window ends.
             let expires_at = window_end + w;
             return Verdict {
-                decision: Decision {
-                    allowed: true,
-                    limit: self.limit,
-                    remaining: ((capacity - used) / wide(w)) as u64,
-                    reset_after: expires_at - now,
-                    retry_after: Some(0),
-                },
-                state: State::SlidingWindow(state),
+                decision: Decision::allow(
+                    self.limit,
+                    ((capacity - used) / wide(w)) as u64,
+                    expires_at - now,
+                ),
+                state: Some(State::SlidingWindow(state)),
                 expires_at,
             };
         }
 
         let retry_after = self.retry_after(prev, cur, offset, cost);
-        let expires_at = if cur > 0 {
-            window_end + w
-        } else if prev > 0 {
-            window_end
-        } else {
-            now
+        let expires_at = expiry(prev, cur, window_end, w, now);
+        let decision = Decision {
+            allowed: false,
+            limit: self.limit,
+            remaining: (capacity.saturating_sub(used) / wide(w)) as u64,
+            reset_after: expires_at - now,
+            retry_after,
+            lease: None,
         };
+        Verdict::denied(decision, expires_at)
+    }
+
+    /// Gives `amount` units back: off the current window first, then off the
+    /// previous one, never below zero. No state: nothing to give back.
+    pub fn refund(&self, state: Option<WindowState>, now: Nanos, amount: u64) -> Verdict {
+        let w = self.window;
+        let index = now / w;
+        let offset = now % w;
+        let (prev, cur) = roll(state, index);
+        let from_cur = amount.min(cur);
+        let from_prev = (amount - from_cur).min(prev);
+        let (prev, cur) = (prev - from_prev, cur - from_cur);
+        let wide = |x: u64| u128::from(x);
+        let capacity = wide(self.limit) * wide(w);
+        let used = wide(prev) * wide(w - offset) + wide(cur) * wide(w);
+        let expires_at = expiry(prev, cur, (index + 1) * w, w, now);
         Verdict {
-            decision: Decision {
-                allowed: false,
-                limit: self.limit,
-                remaining: (capacity.saturating_sub(used) / wide(w)) as u64,
-                reset_after: expires_at - now,
-                retry_after,
-            },
-            state: State::SlidingWindow(WindowState { index, prev, cur }),
+            decision: Decision::allow(
+                self.limit,
+                (capacity.saturating_sub(used) / wide(w)) as u64,
+                expires_at - now,
+            ),
+            state: state.map(|_| State::SlidingWindow(WindowState { index, prev, cur })),
             expires_at,
         }
     }
@@ -115,6 +130,30 @@ impl SlidingWindow {
     }
 }
 
+/// The stored windows rolled forward to window `index`: (previous, current).
+/// A state older than the previous window, or from a later window than
+/// `index` (a clock that went back), counts as empty.
+fn roll(state: Option<WindowState>, index: u64) -> (u64, u64) {
+    match state {
+        Some(s) if s.index == index => (s.prev, s.cur),
+        Some(s) if s.index + 1 == index => (s.cur, 0),
+        _ => (0, 0),
+    }
+}
+
+/// When counts `prev` and `cur` of the window ending at `window_end` stop
+/// mattering: the current count weighs until the next window ends, the
+/// previous one until this window ends.
+fn expiry(prev: u64, cur: u64, window_end: Nanos, w: Nanos, now: Nanos) -> Nanos {
+    if cur > 0 {
+        window_end + w
+    } else if prev > 0 {
+        window_end
+    } else {
+        now
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,7 +165,7 @@ mod tests {
         for _ in 0..n {
             let v = sw.evaluate(*st, now, 1);
             if v.decision.allowed {
-                if let State::SlidingWindow(s) = v.state {
+                if let Some(State::SlidingWindow(s)) = v.state {
                     *st = Some(s);
                 }
                 ok += 1;
@@ -226,5 +265,47 @@ mod tests {
         let d = sw.evaluate(st, S, 1).decision;
         assert!(!d.allowed);
         assert_eq!(d.remaining, 0);
+    }
+
+    #[test]
+    fn refund_takes_from_the_current_window_then_the_previous() {
+        let sw = SlidingWindow::new(10, 10 * S);
+        let mut st = None;
+        assert_eq!(charge(&sw, &mut st, 8 * S, 6), 6);
+        // Same window: back to 4 used.
+        let v = sw.refund(st, 9 * S, 2);
+        assert_eq!(
+            v.state,
+            Some(State::SlidingWindow(WindowState {
+                index: 0,
+                prev: 0,
+                cur: 4
+            }))
+        );
+        assert_eq!(v.decision.remaining, 6);
+        assert!(v.decision.allowed);
+        // Just after the boundary the charge sits in the previous window:
+        // at 12 s it weighs 80%, 6 * 0.8 = 4.8 -> 5 left; refunding 3 of it
+        // leaves 3 * 0.8 = 2.4 -> 7 left.
+        let v = sw.refund(st, 12 * S, 3);
+        assert_eq!(
+            v.state,
+            Some(State::SlidingWindow(WindowState {
+                index: 1,
+                prev: 3,
+                cur: 0
+            }))
+        );
+        assert_eq!(v.decision.remaining, 7);
+        assert_eq!(v.expires_at, 20 * S);
+        // More than was charged: stops at empty, the state expires now.
+        let v = sw.refund(st, 9 * S, 100);
+        assert_eq!(v.decision.remaining, 10);
+        assert_eq!(v.expires_at, 9 * S);
+        assert_eq!(v.decision.reset_after, 0);
+        // No state: no-op, answered as empty.
+        let v = sw.refund(None, 9 * S, 1);
+        assert_eq!(v.state, None);
+        assert_eq!(v.decision.remaining, 10);
     }
 }

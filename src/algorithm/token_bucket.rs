@@ -8,6 +8,14 @@
 //! `max(tat, now) + c*T`. The tokens left are `(burst*T - (tat - now)) / T`.
 //! Time is integer nanoseconds; `T` is rounded down, which makes the bucket
 //! refill at most one nanosecond per token early.
+//!
+//! A `tat` ahead of `now` by more than the tolerance (a state charged under a
+//! bigger limit, or "from the future" after a clock jump back) is honoured,
+//! not reset: it only drains with time. A `tat` in the past is a full bucket,
+//! however far `now` jumped ahead.
+//!
+//! Refund of `c` units: `tat' = max(tat - c*T, now)`, so the bucket never
+//! holds more than `burst` tokens.
 
 use super::{Decision, InvalidLimit, State, Verdict};
 use crate::clock::Nanos;
@@ -63,14 +71,12 @@ impl TokenBucket {
         let ahead = new_tat - now;
         if ahead <= self.tolerance {
             Verdict {
-                decision: Decision {
-                    allowed: true,
-                    limit: self.burst,
-                    remaining: (self.tolerance - ahead) / self.emission,
-                    reset_after: ahead,
-                    retry_after: Some(0),
-                },
-                state: State::TokenBucket { tat: new_tat },
+                decision: Decision::allow(
+                    self.burst,
+                    (self.tolerance - ahead) / self.emission,
+                    ahead,
+                ),
+                state: Some(State::TokenBucket { tat: new_tat }),
                 expires_at: new_tat,
             }
         } else {
@@ -79,16 +85,30 @@ impl TokenBucket {
     }
 
     fn deny(&self, base: Nanos, now: Nanos, remaining: u64, retry: Option<Nanos>) -> Verdict {
+        let decision = Decision {
+            allowed: false,
+            limit: self.burst,
+            remaining,
+            reset_after: base - now,
+            retry_after: retry,
+            lease: None,
+        };
+        Verdict::denied(decision, base)
+    }
+
+    /// Gives `amount` tokens back: `tat` moves back by `amount * T`, but not
+    /// before `now` (a full bucket). No state: nothing to give back.
+    pub fn refund(&self, tat: Option<Nanos>, now: Nanos, amount: u64) -> Verdict {
+        let base = tat.map_or(now, |t| t.max(now));
+        let new_tat = base
+            .saturating_sub(amount.saturating_mul(self.emission))
+            .max(now);
+        let ahead = new_tat - now;
+        let remaining = (self.tolerance - ahead.min(self.tolerance)) / self.emission;
         Verdict {
-            decision: Decision {
-                allowed: false,
-                limit: self.burst,
-                remaining,
-                reset_after: base - now,
-                retry_after: retry,
-            },
-            state: State::TokenBucket { tat: base },
-            expires_at: base,
+            decision: Decision::allow(self.burst, remaining, ahead),
+            state: tat.map(|_| State::TokenBucket { tat: new_tat }),
+            expires_at: new_tat,
         }
     }
 }
@@ -104,7 +124,7 @@ mod tests {
         let v = tb.evaluate(*tat, now, cost);
         if v.decision.allowed {
             match v.state {
-                State::TokenBucket { tat: t } => *tat = Some(t),
+                Some(State::TokenBucket { tat: t }) => *tat = Some(t),
                 _ => unreachable!(),
             }
         }
@@ -226,6 +246,53 @@ mod tests {
         }
         assert!(!run(&tb, &mut tat, S, 1).allowed);
         assert!(run(&tb, &mut tat, S + 333_333_333, 1).allowed);
+    }
+
+    #[test]
+    fn clock_jump_forward_gives_a_full_bucket_only() {
+        let tb = TokenBucket::new(5, S, 10).unwrap();
+        let mut tat = None;
+        for _ in 0..10 {
+            assert!(run(&tb, &mut tat, S, 1).allowed);
+        }
+        // Years later: still `burst`, never more.
+        let far = S + 3 * 365 * 24 * 3600 * S;
+        let v = tb.evaluate(tat, far, 10);
+        assert!(v.decision.allowed);
+        assert_eq!(v.decision.remaining, 0);
+        assert!(!tb.evaluate(tat, far, 11).decision.allowed);
+    }
+
+    #[test]
+    fn refund_moves_tat_back_but_never_past_full() {
+        // An LLM budget: 10_000 tokens per minute, burst 10_000; a call is
+        // charged 4000 up front and gives back the 2800 it did not use.
+        let tb = TokenBucket::new(10_000, 60 * S, 10_000).unwrap();
+        let mut tat = None;
+        let d = run(&tb, &mut tat, S, 4000);
+        assert_eq!(d.remaining, 6000);
+        let v = tb.refund(tat, S, 2800);
+        assert!(v.decision.allowed);
+        assert_eq!(v.decision.remaining, 8800);
+        assert_eq!(v.decision.retry_after, Some(0));
+        // T = 6 ms: 1200 tokens in the bucket's debt.
+        assert_eq!(v.decision.reset_after, 1200 * 6 * MS);
+        assert_eq!(v.state, Some(State::TokenBucket { tat: S + 7200 * MS }));
+        assert_eq!(v.expires_at, S + 7200 * MS);
+        // Refunding more than was taken stops at a full bucket.
+        let v = tb.refund(Some(S + 7200 * MS), S, 1_000_000);
+        assert_eq!(v.decision.remaining, 10_000);
+        assert_eq!(v.state, Some(State::TokenBucket { tat: S }));
+        assert_eq!(v.expires_at, S, "a full bucket expires at once");
+        // Nothing taken, nothing stored: answered as full.
+        let v = tb.refund(None, S, 5);
+        assert_eq!(v.state, None);
+        assert_eq!(v.decision.remaining, 10_000);
+        assert_eq!(v.decision.reset_after, 0);
+        // A tat in the past is a full bucket already.
+        let v = tb.refund(Some(S / 2), S, 5);
+        assert_eq!(v.state, Some(State::TokenBucket { tat: S }));
+        assert_eq!(v.decision.remaining, 10_000);
     }
 
     #[test]

@@ -205,6 +205,20 @@ impl Connection {
                 let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
                 encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
             }
+            Request::Refund(batch) => {
+                let now = shared.clock.now();
+                let results = batch.iter().map(|g| shared.store.refund(g, now));
+                encode_checked(id, results, &mut self.wbuf)
+            }
+            Request::Release(leases) => {
+                let now = shared.clock.now();
+                let released = leases
+                    .iter()
+                    .filter(|l| shared.store.release(&l.key, l.lease, now))
+                    .count();
+                // At most max_batch (a u16), so this fits.
+                encode_response(id, &Response::Released(released as u32), &mut self.wbuf)
+            }
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
         if let Err(e) = encoded {

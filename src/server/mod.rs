@@ -50,6 +50,7 @@ impl Server {
         let store = Arc::new(Store::new(StoreConfig {
             stripes: config.stripes,
             max_group: usize::from(config.max_group),
+            max_log_entries: config.max_log_entries,
         }));
         Self {
             shared: Arc::new(Shared {

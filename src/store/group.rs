@@ -1,15 +1,22 @@
-//! Evaluating one check: an atomic group of (key, limit, cost) pairs.
+//! Evaluating one check: an atomic group of (key, limit, cost) pairs; and
+//! the other writes a client makes: refunds (a check's shape, giving units
+//! back) and lease releases.
 //!
 //! Order of work: validate every pair and its slot without any lock, then
 //! take the one stripe lock, evaluate each pair against the state left by the
 //! pairs before it (a key may appear twice in a group), and write only when
-//! every pair passes in [`Mode::Charge`]. The buffers live on the stack for
-//! groups up to four pairs, so the common check allocates nothing but a new
-//! key's copy.
+//! every pair passes in [`Mode::Charge`] (or, for a refund, always: a refund
+//! never denies). The buffers live on the stack for groups up to four pairs,
+//! so the common check allocates nothing but a new key's copy (and the new
+//! state of a sliding log or a concurrency limit).
+//!
+//! Atomic groups mix algorithms freely; what is all-or-nothing is the write.
+//! A group holds at most one concurrency pair, so an allowed check acquires
+//! at most one lease, which the group's decision carries.
 
 use super::tables::Table;
 use super::{Entry, Store};
-use crate::algorithm::{Policy, Verdict};
+use crate::algorithm::{release_lease, Decision, Policy};
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use smallvec::SmallVec;
@@ -24,10 +31,51 @@ pub enum Mode {
     Peek,
 }
 
+/// What a group does to the state of its keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Check(Mode),
+    /// Give each pair's cost back.
+    Refund,
+}
+
 impl Store {
     /// Evaluates one check (an atomic group when it has several pairs).
     pub fn check(&self, pairs: &[Pair], now: Nanos, mode: Mode) -> CheckResult {
-        match self.evaluate_group(pairs, now, mode) {
+        self.run_group(pairs, now, Op::Check(mode))
+    }
+
+    /// Gives each pair's `cost` back to its key, atomically for the group,
+    /// and answers with the decision after the refund (always allowed).
+    /// Never beyond a full bucket or empty windows; a key without state is
+    /// left alone (answered as full). A concurrency pair is refused with
+    /// InvalidLimit: leases are given back with [`Store::release`].
+    pub fn refund(&self, pairs: &[Pair], now: Nanos) -> CheckResult {
+        self.run_group(pairs, now, Op::Refund)
+    }
+
+    /// Frees concurrency lease `lease` of `key`. Returns whether it was live
+    /// (a released or expired lease, an unknown id or a key without leases
+    /// frees nothing).
+    pub fn release(&self, key: &[u8], lease: u64, now: Nanos) -> bool {
+        let hash = self.hash(key);
+        let mut tables = self.stripe(Slot::of(key)).tables.lock();
+        let Some(entry) = tables.live(Table::Others, hash, key, now) else {
+            return false;
+        };
+        let Some((state, expires_at)) = release_lease(&entry.state, lease, now) else {
+            return false;
+        };
+        if expires_at <= now {
+            tables.remove(Table::Others, hash, key);
+        } else {
+            tables.put(&self.hasher, hash, key, Entry { state, expires_at });
+        }
+        true
+    }
+
+    fn run_group(&self, pairs: &[Pair], now: Nanos, op: Op) -> CheckResult {
+        match self.evaluate_group(pairs, now, op) {
             Ok(decision) => CheckResult::Decision(decision),
             Err(code) => CheckResult::Error(code),
         }
@@ -37,7 +85,7 @@ impl Store {
         &self,
         pairs: &[Pair],
         now: Nanos,
-        mode: Mode,
+        op: Op,
     ) -> Result<tollgate_protocol::Decision, ErrorCode> {
         let first = pairs.first().ok_or(ErrorCode::Malformed)?;
         if pairs.len() > usize::from(u8::MAX) {
@@ -53,13 +101,19 @@ impl Store {
                 if p.cost == 0 {
                     return Err(ErrorCode::InvalidLimit);
                 }
-                Policy::from_limit(&p.limit).map_err(|_| ErrorCode::InvalidLimit)
+                Policy::from_limit_with(&p.limit, self.max_log_entries)
+                    .map_err(|_| ErrorCode::InvalidLimit)
             })
             .collect::<Result<SmallVec<[Policy; 4]>, _>>()?;
+        let leased = policies.iter().filter(|p| p.is_concurrency()).count();
+        // One lease per decision; and leases are released, not refunded.
+        if leased > 1 || (leased > 0 && op == Op::Refund) {
+            return Err(ErrorCode::InvalidLimit);
+        }
 
         let hashes: SmallVec<[u64; 4]> = pairs.iter().map(|p| self.hash(&p.key)).collect();
         let mut tables = self.stripe(slot).tables.lock();
-        let mut verdicts: SmallVec<[Verdict; 4]> = SmallVec::new();
+        let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
         // The entry each pair leaves behind, seen by a later pair on the same key.
         let mut after: SmallVec<[Option<Entry>; 4]> = SmallVec::new();
         for (i, (pair, policy)) in pairs.iter().zip(&policies).enumerate() {
@@ -68,31 +122,49 @@ impl Store {
                 .rev()
                 .find(|&j| pairs[j].key == pair.key && table_for(&policies[j]) == table);
             let current = match earlier {
-                Some(j) => after[j],
+                Some(j) => after[j].clone(),
                 None => tables.live(table, hashes[i], &pair.key, now),
             };
-            let verdict = policy.evaluate(current.as_ref().map(|e| &e.state), now, pair.cost);
-            after.push(if verdict.decision.allowed {
-                Some(Entry {
-                    state: verdict.state,
+            let state = current.as_ref().map(|e| &e.state);
+            let verdict = match op {
+                Op::Check(_) => policy.evaluate(state, now, pair.cost),
+                Op::Refund => policy
+                    .refund(state, now, pair.cost)
+                    .map_err(|_| ErrorCode::InvalidLimit)?,
+            };
+            after.push(match verdict.state {
+                Some(state) if verdict.decision.allowed => Some(Entry {
+                    state,
                     expires_at: verdict.expires_at,
-                })
-            } else {
-                current
+                }),
+                _ => current,
             });
-            verdicts.push(verdict);
+            decisions.push(verdict.decision);
         }
 
-        let all_allowed = verdicts.iter().all(|v| v.decision.allowed);
-        if all_allowed && mode == Mode::Charge {
-            for ((pair, entry), &hash) in pairs.iter().zip(&after).zip(&hashes) {
-                if let Some(entry) = *entry {
+        let all_allowed = decisions.iter().all(|d| d.allowed);
+        let writes = matches!(op, Op::Check(Mode::Charge) | Op::Refund);
+        if all_allowed && writes {
+            for (((pair, entry), &hash), policy) in
+                pairs.iter().zip(after).zip(&hashes).zip(&policies)
+            {
+                let Some(entry) = entry else { continue };
+                if entry.expires_at <= now {
+                    // Refunded back to nothing: nothing left to keep.
+                    tables.remove(table_for(policy), hash, &pair.key);
+                } else {
                     tables.put(&self.hasher, hash, &pair.key, entry);
                 }
             }
         }
         drop(tables);
-        Ok(summarize(&verdicts, all_allowed))
+        let mut decision = summarize(&decisions, all_allowed);
+        // A lease exists only once its acquire was charged.
+        decision.lease = match op {
+            Op::Check(Mode::Charge) if all_allowed => decisions.iter().find_map(|d| d.lease),
+            _ => None,
+        };
+        Ok(decision)
     }
 }
 
@@ -107,23 +179,23 @@ fn table_for(policy: &Policy) -> Table {
 /// One decision for the whole group: when every pair passes, the pair with
 /// the least remaining (what the gateway's headers should show); otherwise
 /// the denying pair that must wait longest ("never" is longest).
-fn summarize(verdicts: &[Verdict], all_allowed: bool) -> tollgate_protocol::Decision {
-    let key = |v: &Verdict| -> (u64, u64) {
+fn summarize(decisions: &[Decision], all_allowed: bool) -> tollgate_protocol::Decision {
+    let key = |d: &Decision| -> (u64, u64) {
         if all_allowed {
-            (u64::MAX - v.decision.remaining, 0)
-        } else if v.decision.allowed {
+            (u64::MAX - d.remaining, 0)
+        } else if d.allowed {
             (0, 0)
         } else {
-            (1, v.decision.retry_after.unwrap_or(u64::MAX))
+            (1, d.retry_after.unwrap_or(u64::MAX))
         }
     };
     // max_by_key keeps the last maximum; iterate in reverse so ties go to
     // the first pair.
-    let (index, verdict) = verdicts
+    let (index, decision) = decisions
         .iter()
         .enumerate()
         .rev()
-        .max_by_key(|(_, v)| key(v))
+        .max_by_key(|(_, d)| key(d))
         .expect("a group has at least one pair");
-    verdict.decision.to_wire(index as u8)
+    decision.to_wire(index as u8)
 }

@@ -29,7 +29,7 @@ pub use key::StoredKey;
 use tables::Tables;
 
 /// One key's state and the moment it may be forgotten.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     pub state: State,
     pub expires_at: Nanos,
@@ -48,6 +48,9 @@ pub struct StoreConfig {
     pub stripes: usize,
     /// Most pairs in one atomic group (sizes the stack buffers of a check).
     pub max_group: usize,
+    /// Most timestamps one key may hold: the largest `count` of a sliding
+    /// log or a concurrency limit.
+    pub max_log_entries: u64,
 }
 
 impl Default for StoreConfig {
@@ -55,6 +58,7 @@ impl Default for StoreConfig {
         Self {
             stripes: 1024,
             max_group: 16,
+            max_log_entries: crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
         }
     }
 }
@@ -69,6 +73,8 @@ pub struct Store {
     /// Next stripe the sweeper visits; only the sweeper advances it, the
     /// atomic makes `sweep` callable through `&self`.
     sweep_cursor: AtomicUsize,
+    /// Cap on a sliding log's or a concurrency limit's `count`.
+    max_log_entries: u64,
 }
 
 impl Store {
@@ -87,6 +93,7 @@ impl Store {
             mask: n - 1,
             hasher: ahash::RandomState::new(),
             sweep_cursor: AtomicUsize::new(0),
+            max_log_entries: config.max_log_entries,
         }
     }
 

@@ -57,7 +57,7 @@ impl Tables {
             Table::Others => self
                 .others
                 .find(hash, |o| o.key.as_bytes() == key)
-                .map(|o| o.entry),
+                .map(|o| o.entry.clone()),
         }
     }
 
@@ -106,7 +106,7 @@ impl Tables {
         }
     }
 
-    fn remove(&mut self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
+    pub fn remove(&mut self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
         match table {
             Table::Buckets => self
                 .buckets

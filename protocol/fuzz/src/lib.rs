@@ -193,7 +193,7 @@ fn check_request_limits(request: &Request, limits: &ServerLimits) {
     match request {
         Request::Hello { version, .. } => assert_eq!(*version, PROTOCOL_VERSION),
         Request::Ping => {}
-        Request::Check(batch) | Request::Peek(batch) => {
+        Request::Check(batch) | Request::Peek(batch) | Request::Refund(batch) => {
             check_count(batch.len());
             for check in batch.iter() {
                 assert!(!check.is_empty(), "empty group decoded");
@@ -210,6 +210,12 @@ fn check_request_limits(request: &Request, limits: &ServerLimits) {
             check_count(keys.len());
             for key in keys {
                 check_key(key);
+            }
+        }
+        Request::Release(leases) => {
+            check_count(leases.len());
+            for lease in leases {
+                check_key(&lease.key);
             }
         }
     }

@@ -47,11 +47,11 @@ pub enum DecodeError {
         extra: usize,
     },
 
-    /// A CHECK/PEEK with no checks or a RESET with no keys.
+    /// A CHECK/PEEK/REFUND with no checks, or a RESET/RELEASE with no keys.
     #[error("request {request_id}: opcode {opcode:#04x} with an empty batch")]
     EmptyBatch { request_id: RequestId, opcode: u8 },
 
-    /// More checks (or RESET keys) than `max_batch`.
+    /// More checks (or RESET keys, or RELEASE leases) than `max_batch`.
     #[error("request {request_id}: batch of {count} exceeds the limit of {max}")]
     BatchTooLarge {
         request_id: RequestId,
@@ -104,7 +104,7 @@ pub enum DecodeError {
     #[error("request {request_id}: unknown role {role}")]
     UnknownRole { request_id: RequestId, role: u8 },
 
-    /// (Responses) a CHECKED result whose status is not 0, 1 or 2.
+    /// (Responses) a CHECKED result whose status is not 0, 1, 2 or 3.
     #[error("request {request_id}: unknown result status {status}")]
     UnknownStatus { request_id: RequestId, status: u8 },
 

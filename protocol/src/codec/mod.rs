@@ -46,11 +46,12 @@ pub const MIN_FRAME_BODY: u32 = 5;
 /// on a char boundary. Keeps error frames small whatever the server puts in.
 pub const MAX_ERROR_MESSAGE_LEN: usize = 1024;
 
-/// Largest body a v1 server can send: a CHECKED with 65535 results of 34 bytes
-/// each (every other response is smaller). The default response frame cap of
-/// [`ClientCodec`], so a conforming server's answer is never refused however
-/// the server's own limits are set.
-pub const DEFAULT_CLIENT_MAX_FRAME: u32 = 5 + 2 + 34 * u16::MAX as u32;
+/// Largest body a v1 server can send: a CHECKED with 65535 results of 42 bytes
+/// each (allowed with a lease, the longest result; every other response is
+/// smaller). The default response frame cap of [`ClientCodec`], so a
+/// conforming server's answer is never refused however the server's own
+/// limits are set.
+pub const DEFAULT_CLIENT_MAX_FRAME: u32 = 5 + 2 + 42 * u16::MAX as u32;
 
 /// Frame opcodes. Requests have the high bit clear, responses set.
 pub mod opcode {
@@ -59,11 +60,15 @@ pub mod opcode {
     pub const CHECK: u8 = 0x03;
     pub const PEEK: u8 = 0x04;
     pub const RESET: u8 = 0x05;
+    /// Same payload as CHECK; answered by CHECKED.
+    pub const REFUND: u8 = 0x06;
+    pub const RELEASE: u8 = 0x07;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
-    /// Answers both CHECK and PEEK.
+    /// Answers CHECK, PEEK and REFUND.
     pub const CHECKED: u8 = 0x83;
     pub const RESET_DONE: u8 = 0x85;
+    pub const RELEASED: u8 = 0x87;
     pub const ERROR: u8 = 0xFF;
 }

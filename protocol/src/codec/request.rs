@@ -1,4 +1,5 @@
-//! Request payloads (client -> server): HELLO, PING, CHECK, PEEK, RESET.
+//! Request payloads (client -> server): HELLO, PING, CHECK, PEEK, RESET,
+//! REFUND (CHECK's layout), RELEASE.
 //!
 //! The decoder enforces the server's [`ServerLimits`] while it reads: every
 //! count is checked against its limit before it sizes an allocation, and
@@ -14,7 +15,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::frame::{encode_frame, take_frame, wire_len, PayloadReader};
 use super::{opcode, DecodeError, EncodeError};
 use crate::message::{
-    Algorithm, CheckBatch, Limit, Pair, Request, RequestId, ServerLimits, PROTOCOL_VERSION,
+    Algorithm, CheckBatch, LeaseRef, Limit, Pair, Request, RequestId, ServerLimits,
+    PROTOCOL_VERSION,
 };
 
 /// Smallest encoded check: n_pairs, then one pair with a 1-byte key.
@@ -24,6 +26,8 @@ const MIN_CHECK_LEN: usize = 1 + MIN_PAIR_LEN;
 const MIN_PAIR_LEN: usize = 2 + 1 + 1 + 8 + 8 + 8 + 4;
 /// Smallest encoded RESET key: key_len and a 1-byte key.
 const MIN_KEY_LEN: usize = 2 + 1;
+/// Smallest encoded RELEASE entry: a 1-byte key and the lease id.
+const MIN_LEASE_LEN: usize = MIN_KEY_LEN + 8;
 
 /// Decodes the next request from `src`.
 ///
@@ -44,6 +48,8 @@ pub fn decode_request(
         opcode::CHECK => Request::Check(decode_batch(&mut r, limits)?),
         opcode::PEEK => Request::Peek(decode_batch(&mut r, limits)?),
         opcode::RESET => Request::Reset(decode_reset(&mut r, limits)?),
+        opcode::REFUND => Request::Refund(decode_batch(&mut r, limits)?),
+        opcode::RELEASE => Request::Release(decode_release(&mut r, limits)?),
         other => {
             return Err(DecodeError::UnknownOpcode {
                 request_id: r.request_id,
@@ -75,7 +81,8 @@ fn decode_hello(r: &mut PayloadReader) -> Result<Request, DecodeError> {
     })
 }
 
-/// Reads the batch count shared by CHECK, PEEK and RESET: 1..=max_batch.
+/// Reads the batch count shared by CHECK, PEEK, REFUND, RESET and RELEASE:
+/// 1..=max_batch.
 fn batch_count(r: &mut PayloadReader, limits: &ServerLimits) -> Result<u16, DecodeError> {
     let count = r.u16()?;
     if count == 0 {
@@ -190,11 +197,25 @@ fn decode_reset(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Vec<Byte
     Ok(keys)
 }
 
+fn decode_release(
+    r: &mut PayloadReader,
+    limits: &ServerLimits,
+) -> Result<Vec<LeaseRef>, DecodeError> {
+    let n = batch_count(r, limits)?;
+    let mut leases = Vec::with_capacity(capacity_for(r, n, MIN_LEASE_LEN));
+    for _ in 0..n {
+        let key = decode_key(r, limits)?;
+        let lease = r.u64()?;
+        leases.push(LeaseRef { key, lease });
+    }
+    Ok(leases)
+}
+
 /// Appends `request` as one frame to `dst`.
 ///
 /// Fails only when a value does not fit its wire field (a client name or
-/// token over 255 bytes, a key over 65535 bytes, more than 65535 checks or
-/// keys, more than 255 pairs in a check); `dst` is then unchanged. Values the
+/// token over 255 bytes, a key over 65535 bytes, more than 65535 checks,
+/// keys or leases, more than 255 pairs in a check); `dst` is then unchanged. Values the
 /// server would refuse but the wire can carry (empty batches, keys over the
 /// server's `max_key_len`) are encoded as given: the server answers them.
 /// `auth_token: Some(empty)` is sent as "no token", the same bytes as `None`.
@@ -225,6 +246,18 @@ pub fn encode_request(
         Request::Ping => encode_frame(dst, opcode::PING, request_id, 0, |_| Ok(())),
         Request::Check(batch) => encode_batch(opcode::CHECK, request_id, batch, dst),
         Request::Peek(batch) => encode_batch(opcode::PEEK, request_id, batch, dst),
+        Request::Refund(batch) => encode_batch(opcode::REFUND, request_id, batch, dst),
+        Request::Release(leases) => {
+            let hint = 2 + leases.len() * MIN_LEASE_LEN;
+            encode_frame(dst, opcode::RELEASE, request_id, hint, |dst| {
+                dst.put_u16(wire_len(leases.len(), "leases in a release", u16::MAX)?);
+                for lease in leases {
+                    encode_key(&lease.key, dst)?;
+                    dst.put_u64(lease.lease);
+                }
+                Ok(())
+            })
+        }
         Request::Reset(keys) => {
             let hint = 2 + keys.len() * MIN_KEY_LEN;
             encode_frame(dst, opcode::RESET, request_id, hint, |dst| {

@@ -1,5 +1,5 @@
 //! Response payloads (server -> client): HELLO_OK, PONG, CHECKED,
-//! RESET_DONE, ERROR.
+//! RESET_DONE, RELEASED, ERROR.
 //!
 //! The server encodes CHECKED results as it produces them through
 //! [`encode_checked`], without collecting a `Vec` first. The client decodes
@@ -21,9 +21,18 @@ use crate::message::{CheckResult, Decision, ErrorCode, RequestId, Response, Role
 const STATUS_ALLOWED: u8 = 0;
 const STATUS_DENIED: u8 = 1;
 const STATUS_ERROR: u8 = 2;
+/// Allowed, and the decision is followed by the lease it acquired.
+const STATUS_ALLOWED_WITH_LEASE: u8 = 3;
 
 /// Encoded size of a decision result: status, pair, four u64 fields.
 const DECISION_LEN: usize = 1 + 1 + 4 * 8;
+/// Encoded size of an allowed-with-lease result: a decision and the lease.
+const LEASED_DECISION_LEN: usize = DECISION_LEN + 8;
+
+// The client's default frame cap is sized for the longest result.
+const _: () = assert!(
+    super::DEFAULT_CLIENT_MAX_FRAME as usize == 5 + 2 + LEASED_DECISION_LEN * u16::MAX as usize
+);
 /// Encoded size of an error result: status and code.
 const ERROR_RESULT_LEN: usize = 1 + 2;
 
@@ -42,6 +51,7 @@ pub fn decode_response(
         opcode::PONG => Response::Pong,
         opcode::CHECKED => Response::Checked(decode_results(&mut r)?),
         opcode::RESET_DONE => Response::ResetDone(r.u32()?),
+        opcode::RELEASED => Response::Released(r.u32()?),
         opcode::ERROR => {
             let code = ErrorCode::from_wire(r.u16()?);
             let len = r.u16()?;
@@ -90,14 +100,21 @@ fn decode_results(r: &mut PayloadReader) -> Result<Vec<CheckResult>, DecodeError
     for _ in 0..n {
         let status = r.u8()?;
         let result = match status {
-            STATUS_ALLOWED | STATUS_DENIED => CheckResult::Decision(Decision {
-                allowed: status == STATUS_ALLOWED,
-                pair: r.u8()?,
-                limit: r.u64()?,
-                remaining: r.u64()?,
-                reset_after_ms: r.u64()?,
-                retry_after_ms: r.u64()?,
-            }),
+            STATUS_ALLOWED | STATUS_DENIED | STATUS_ALLOWED_WITH_LEASE => {
+                CheckResult::Decision(Decision {
+                    allowed: status != STATUS_DENIED,
+                    pair: r.u8()?,
+                    limit: r.u64()?,
+                    remaining: r.u64()?,
+                    reset_after_ms: r.u64()?,
+                    retry_after_ms: r.u64()?,
+                    lease: if status == STATUS_ALLOWED_WITH_LEASE {
+                        Some(r.u64()?)
+                    } else {
+                        None
+                    },
+                })
+            }
             STATUS_ERROR => CheckResult::Error(ErrorCode::from_wire(r.u16()?)),
             _ => {
                 return Err(DecodeError::UnknownStatus {
@@ -153,6 +170,10 @@ pub fn encode_response(
                 Ok(())
             })
         }
+        Response::Released(released) => encode_frame(dst, opcode::RELEASED, request_id, 4, |dst| {
+            dst.put_u32(*released);
+            Ok(())
+        }),
         Response::Error { code, message } => {
             let message = truncate_on_char_boundary(message, MAX_ERROR_MESSAGE_LEN);
             encode_frame(
@@ -175,6 +196,10 @@ pub fn encode_response(
 /// Appends a CHECKED frame answering `request_id`, one result per check in
 /// request order, streamed from `results` (no intermediate `Vec`).
 ///
+/// An allowed decision with a lease is written with status 3 and the lease
+/// after the decision fields; a denied decision never carries a lease (one
+/// set there is dropped).
+///
 /// The result count is written from the results actually yielded, so an
 /// iterator whose `len()` is wrong still produces a well-formed frame;
 /// `len()` only sizes the up-front reservation. Fails (leaving `dst`
@@ -196,16 +221,20 @@ where
             count += 1;
             match result {
                 CheckResult::Decision(d) => {
-                    dst.put_u8(if d.allowed {
-                        STATUS_ALLOWED
-                    } else {
-                        STATUS_DENIED
+                    let lease = d.lease.filter(|_| d.allowed);
+                    dst.put_u8(match (d.allowed, lease) {
+                        (true, Some(_)) => STATUS_ALLOWED_WITH_LEASE,
+                        (true, None) => STATUS_ALLOWED,
+                        (false, _) => STATUS_DENIED,
                     });
                     dst.put_u8(d.pair);
                     dst.put_u64(d.limit);
                     dst.put_u64(d.remaining);
                     dst.put_u64(d.reset_after_ms);
                     dst.put_u64(d.retry_after_ms);
+                    if let Some(lease) = lease {
+                        dst.put_u64(lease);
+                    }
                 }
                 CheckResult::Error(code) => {
                     dst.put_u8(STATUS_ERROR);

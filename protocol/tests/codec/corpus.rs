@@ -97,13 +97,74 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
             Bytes::from_static(b"{u42}x"),
         ]),
     );
+    let check_algorithms = req(
+        10,
+        Request::Check(batch(vec![
+            vec![
+                pair("rl:{k}:s", per_second(100), 1),
+                pair(
+                    "rl:{k}:d",
+                    limit(Algorithm::FixedWindow, 10_000, 86_400_000, 0),
+                    1,
+                ),
+            ],
+            vec![pair(
+                "rl:login",
+                limit(Algorithm::SlidingLog, 5, 60_000, 0),
+                1,
+            )],
+            vec![pair(
+                "rl:smooth",
+                limit(Algorithm::LeakyBucket, 10, 1000, 1),
+                1,
+            )],
+            vec![pair(
+                "cc:{k}:jobs",
+                limit(Algorithm::Concurrency, 8, 30_000, 0),
+                1,
+            )],
+        ])),
+    );
+    let refund = req(
+        11,
+        Request::Refund(batch(vec![vec![pair(
+            "llm:{org}",
+            limit(Algorithm::TokenBucket, 100_000, 60_000, 100_000),
+            2800,
+        )]])),
+    );
+    let release = req(
+        12,
+        Request::Release(vec![
+            LeaseRef {
+                key: Bytes::from_static(b"cc:{k}:jobs"),
+                lease: 1_000_000_001,
+            },
+            LeaseRef {
+                key: Bytes::from_static(b"cc:{k}:jobs"),
+                lease: 1_000_000_002,
+            },
+        ]),
+    );
     let ping = req(7, Request::Ping);
     let mut pipelined = hello.clone();
     pipelined.extend_from_slice(&ping);
     pipelined.extend_from_slice(&check_group);
     pipelined.extend_from_slice(&reset);
+    pipelined.extend_from_slice(&check_algorithms);
+    pipelined.extend_from_slice(&refund);
+    pipelined.extend_from_slice(&release);
 
-    let unknown_opcode = raw_frame(0x06, 8, b"");
+    let unknown_opcode = raw_frame(0x08, 8, b"");
+    let unknown_algorithm = raw_frame(
+        opcode::CHECK,
+        13,
+        &payload(|p| {
+            p.put_u16(1);
+            p.put_u8(1);
+            put_pair(p, b"k", 7);
+        }),
+    );
     let mut truncated_check = check_single.clone();
     truncated_check.truncate(truncated_check.len() - 6);
     let len = (truncated_check.len() - 4) as u32;
@@ -137,7 +198,19 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
         ("check_batch.bin", check_batch, outcome(1, &[], None, 0)),
         ("peek.bin", peek, outcome(1, &[], None, 0)),
         ("reset.bin", reset, outcome(1, &[], None, 0)),
-        ("pipelined.bin", pipelined, outcome(4, &[], None, 0)),
+        (
+            "check_algorithms.bin",
+            check_algorithms,
+            outcome(1, &[], None, 0),
+        ),
+        ("refund.bin", refund, outcome(1, &[], None, 0)),
+        ("release.bin", release, outcome(1, &[], None, 0)),
+        ("pipelined.bin", pipelined, outcome(7, &[], None, 0)),
+        (
+            "broken_unknown_algorithm.bin",
+            unknown_algorithm,
+            outcome(0, &[Malformed], None, 0),
+        ),
         (
             "broken_unknown_opcode.bin",
             unknown_opcode,
@@ -200,8 +273,10 @@ fn response_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
             decision(false, 1, 0, 250),
             decision(false, 0, 0, RETRY_NEVER),
             CheckResult::Error(ErrorCode::CrossSlot),
+            leased(0, 7, 1_000_000_001),
         ]),
     );
+    let released = resp(6, Response::Released(2));
     let error = resp(
         0,
         Response::Error {
@@ -212,12 +287,14 @@ fn response_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
     let mut pipelined = resp(3, Response::Pong);
     pipelined.extend_from_slice(&resp(4, Response::ResetDone(2)));
     pipelined.extend_from_slice(&checked);
+    pipelined.extend_from_slice(&released);
     let bad_status = raw_frame(opcode::CHECKED, 5, &[0, 1, 7]);
     vec![
         ("hello_ok.bin", hello_ok, outcome(1, &[], None, 0)),
         ("checked.bin", checked, outcome(1, &[], None, 0)),
         ("error.bin", error, outcome(1, &[], None, 0)),
-        ("pipelined.bin", pipelined, outcome(3, &[], None, 0)),
+        ("released.bin", released, outcome(1, &[], None, 0)),
+        ("pipelined.bin", pipelined, outcome(4, &[], None, 0)),
         (
             "broken_status.bin",
             bad_status,

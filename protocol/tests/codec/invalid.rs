@@ -47,7 +47,7 @@ fn check_frame(opcode: u8, write: impl FnOnce(&mut BytesMut)) -> BytesMut {
 fn unknown_opcodes() {
     for op in [
         0x00,
-        0x06,
+        0x08,
         0x7F,
         opcode::HELLO_OK,
         opcode::CHECKED,
@@ -63,7 +63,13 @@ fn unknown_opcodes() {
 
 #[test]
 fn empty_batches() {
-    for op in [opcode::CHECK, opcode::PEEK, opcode::RESET] {
+    for op in [
+        opcode::CHECK,
+        opcode::PEEK,
+        opcode::RESET,
+        opcode::REFUND,
+        opcode::RELEASE,
+    ] {
         rejects_request(
             check_frame(op, |p| p.put_u16(0)),
             ErrorCode::Malformed,
@@ -75,7 +81,13 @@ fn empty_batches() {
 #[test]
 fn batches_over_max_batch() {
     // The count alone is enough: it is checked before anything is read.
-    for op in [opcode::CHECK, opcode::PEEK, opcode::RESET] {
+    for op in [
+        opcode::CHECK,
+        opcode::PEEK,
+        opcode::RESET,
+        opcode::REFUND,
+        opcode::RELEASE,
+    ] {
         rejects_request(
             check_frame(op, |p| p.put_u16(5)),
             ErrorCode::BatchTooLarge,
@@ -120,6 +132,18 @@ fn max_batch_itself_is_accepted() {
         .expect("valid")
         .expect("whole");
     assert!(matches!(request, Request::Reset(keys) if keys.len() == 4));
+    let mut frame = check_frame(opcode::RELEASE, |p| {
+        p.put_u16(4);
+        for key in [b"a", b"b", b"c", b"d"] {
+            p.put_u16(1);
+            p.put_slice(key);
+            p.put_u64(7);
+        }
+    });
+    let (_, request) = decode_request(&mut frame, &limits())
+        .expect("valid")
+        .expect("whole");
+    assert!(matches!(request, Request::Release(leases) if leases.len() == 4));
 }
 
 #[test]
@@ -194,6 +218,14 @@ fn empty_keys() {
     rejects_request(frame, ErrorCode::Malformed, |e| {
         matches!(e, DecodeError::EmptyKey { .. })
     });
+    let frame = check_frame(opcode::RELEASE, |p| {
+        p.put_u16(1);
+        p.put_u16(0);
+        p.put_u64(7);
+    });
+    rejects_request(frame, ErrorCode::Malformed, |e| {
+        matches!(e, DecodeError::EmptyKey { .. })
+    });
 }
 
 #[test]
@@ -214,8 +246,25 @@ fn keys_over_max_key_len_are_refused_before_slicing() {
         )
     });
     // Only the length is there: still KeyTooLong, not Truncated.
-    let frame = check_frame(opcode::RESET, |p| {
+    for op in [opcode::RESET, opcode::RELEASE] {
+        let frame = check_frame(op, |p| {
+            p.put_u16(1);
+            p.put_u16(u16::MAX);
+        });
+        rejects_request(frame, ErrorCode::KeyTooLong, |e| {
+            matches!(
+                e,
+                DecodeError::KeyTooLong {
+                    len: u16::MAX,
+                    max: 16,
+                    ..
+                }
+            )
+        });
+    }
+    let frame = check_frame(opcode::REFUND, |p| {
         p.put_u16(1);
+        p.put_u8(1);
         p.put_u16(u16::MAX);
     });
     rejects_request(frame, ErrorCode::KeyTooLong, |e| {
@@ -232,8 +281,13 @@ fn keys_over_max_key_len_are_refused_before_slicing() {
 
 #[test]
 fn unknown_algorithms() {
-    for algorithm in [0, 3, 0xFF] {
-        let frame = check_frame(opcode::CHECK, |p| {
+    for (op, algorithm) in [
+        (opcode::CHECK, 0),
+        (opcode::CHECK, 7),
+        (opcode::PEEK, 0xFF),
+        (opcode::REFUND, 7),
+    ] {
+        let frame = check_frame(op, |p| {
             p.put_u16(1);
             p.put_u8(1);
             put_pair(p, b"k", algorithm);
@@ -244,6 +298,41 @@ fn unknown_algorithms() {
             |e| matches!(e, DecodeError::UnknownAlgorithm { algorithm: a, .. } if *a == algorithm),
         );
     }
+}
+
+#[test]
+fn every_algorithm_code_decodes() {
+    for code in 1..=6u8 {
+        let mut frame = check_frame(opcode::CHECK, |p| {
+            p.put_u16(1);
+            p.put_u8(1);
+            put_pair(p, b"k", code);
+        });
+        let (_, request) = decode_request(&mut frame, &limits())
+            .expect("valid")
+            .expect("whole");
+        let Request::Check(batch) = request else {
+            panic!("a CHECK")
+        };
+        let algorithm = batch.iter().next().unwrap()[0].limit.algorithm;
+        assert_eq!(algorithm as u8, code);
+        assert_eq!(Algorithm::from_wire(code), Some(algorithm));
+        assert_eq!(Algorithm::from_name(algorithm.name()), Some(algorithm));
+    }
+    let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "token-bucket",
+            "sliding-window",
+            "fixed-window",
+            "sliding-log",
+            "leaky-bucket",
+            "concurrency"
+        ]
+    );
+    assert_eq!(Algorithm::from_name("Token-Bucket"), None);
+    assert_eq!(Algorithm::from_name(""), None);
 }
 
 #[test]
@@ -354,6 +443,25 @@ fn truncated_bodies() {
             )
         },
     );
+    // RELEASE whose lease id is cut short.
+    let frame = check_frame(opcode::RELEASE, |p| {
+        p.put_u16(1);
+        p.put_u16(1);
+        p.put_u8(b'k');
+        p.put_u32(9);
+    });
+    rejects_request(frame, ErrorCode::Malformed, |e| {
+        matches!(
+            e,
+            DecodeError::Truncated {
+                opcode: opcode::RELEASE,
+                offset: 5,
+                needed: 8,
+                available: 4,
+                ..
+            }
+        )
+    });
     // RESET key shorter than its key_len.
     let frame = check_frame(opcode::RESET, |p| {
         p.put_u16(1);
@@ -525,9 +633,36 @@ fn invalid_responses() {
     rejects_response(hello_ok, |e| {
         matches!(e, DecodeError::UnknownRole { role: 3, .. })
     });
-    let bad_status = raw_frame(opcode::CHECKED, BAD_ID, &[0, 1, 3]);
+    let bad_status = raw_frame(opcode::CHECKED, BAD_ID, &[0, 1, 4]);
     rejects_response(bad_status, |e| {
-        matches!(e, DecodeError::UnknownStatus { status: 3, .. })
+        matches!(e, DecodeError::UnknownStatus { status: 4, .. })
+    });
+    // Status 3 promises a lease after the decision.
+    let mut leased_short = encode_resp(BAD_ID, &Response::Checked(vec![leased(0, 1, 9)]));
+    let cut = leased_short.len() - 8;
+    leased_short.truncate(cut);
+    let len = (leased_short.len() - FRAME_HEADER_LEN) as u32;
+    leased_short[..4].copy_from_slice(&len.to_be_bytes());
+    rejects_response(leased_short, |e| {
+        matches!(
+            e,
+            DecodeError::Truncated {
+                needed: 8,
+                available: 0,
+                ..
+            }
+        )
+    });
+    let short = raw_frame(opcode::RELEASED, BAD_ID, &[0, 0]);
+    rejects_response(short, |e| {
+        matches!(
+            e,
+            DecodeError::Truncated {
+                needed: 4,
+                available: 2,
+                ..
+            }
+        )
     });
     let short = raw_frame(opcode::RESET_DONE, BAD_ID, &[0, 0, 1]);
     rejects_response(short, |e| {

@@ -17,7 +17,7 @@ fn key() -> impl Strategy<Value = Bytes> {
 }
 
 fn algorithm() -> impl Strategy<Value = Algorithm> {
-    prop_oneof![Just(Algorithm::TokenBucket), Just(Algorithm::SlidingWindow)]
+    prop::sample::select(Algorithm::ALL.to_vec())
 }
 
 fn pair() -> impl Strategy<Value = Pair> {
@@ -65,7 +65,13 @@ fn request() -> impl Strategy<Value = Request> {
         Just(Request::Ping),
         check_batch().prop_map(Request::Check),
         check_batch().prop_map(Request::Peek),
+        check_batch().prop_map(Request::Refund),
         prop::collection::vec(key(), 1..=32).prop_map(Request::Reset),
+        prop::collection::vec(
+            (key(), any::<u64>()).prop_map(|(key, lease)| LeaseRef { key, lease }),
+            1..=32
+        )
+        .prop_map(Request::Release),
     ]
 }
 
@@ -75,16 +81,24 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
 
 fn check_result() -> impl Strategy<Value = CheckResult> {
     prop_oneof![
-        (any::<bool>(), any::<u8>(), any::<[u64; 4]>()).prop_map(|(allowed, pair, n)| {
-            CheckResult::Decision(Decision {
-                allowed,
-                pair,
-                limit: n[0],
-                remaining: n[1],
-                reset_after_ms: n[2],
-                retry_after_ms: n[3],
-            })
-        }),
+        (
+            any::<bool>(),
+            any::<u8>(),
+            any::<[u64; 4]>(),
+            any::<Option<u64>>()
+        )
+            .prop_map(|(allowed, pair, n, lease)| {
+                CheckResult::Decision(Decision {
+                    allowed,
+                    pair,
+                    limit: n[0],
+                    remaining: n[1],
+                    reset_after_ms: n[2],
+                    retry_after_ms: n[3],
+                    // Only an allowed decision carries a lease on the wire.
+                    lease: lease.filter(|_| allowed),
+                })
+            }),
         error_code().prop_map(CheckResult::Error),
     ]
 }
@@ -115,6 +129,7 @@ fn response() -> impl Strategy<Value = Response> {
         Just(Response::Pong),
         prop::collection::vec(check_result(), 0..=64).prop_map(Response::Checked),
         any::<u32>().prop_map(Response::ResetDone),
+        any::<u32>().prop_map(Response::Released),
         (error_code(), "\\PC{0,200}").prop_map(|(code, message)| Response::Error { code, message }),
     ]
 }
@@ -146,10 +161,13 @@ fn framed_garbage() -> impl Strategy<Value = Vec<u8>> {
             opcode::CHECK,
             opcode::PEEK,
             opcode::RESET,
+            opcode::REFUND,
+            opcode::RELEASE,
             opcode::HELLO_OK,
             opcode::PONG,
             opcode::CHECKED,
             opcode::RESET_DONE,
+            opcode::RELEASED,
             opcode::ERROR,
         ]),
         any::<u8>(),
@@ -172,6 +190,32 @@ fn framed_garbage() -> impl Strategy<Value = Vec<u8>> {
         }
         out.to_vec()
     })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A denied decision never carries a lease: the encoder drops one, and
+    /// the frame is exactly the lease-free decision's.
+    #[test]
+    fn a_denied_decision_drops_its_lease(id in any::<u32>(), lease in any::<u64>(), n in any::<[u64; 4]>()) {
+        let denied = |lease| CheckResult::Decision(Decision {
+            allowed: false,
+            pair: 0,
+            limit: n[0],
+            remaining: n[1],
+            reset_after_ms: n[2],
+            retry_after_ms: n[3],
+            lease,
+        });
+        let mut with = BytesMut::new();
+        encode_response(id, &Response::Checked(vec![denied(Some(lease))]), &mut with).expect("encodes");
+        let mut without = BytesMut::new();
+        encode_response(id, &Response::Checked(vec![denied(None)]), &mut without).expect("encodes");
+        prop_assert_eq!(&with, &without);
+        let decoded = decode_response(&mut with, DEFAULT_CLIENT_MAX_FRAME).expect("decodes");
+        prop_assert_eq!(decoded, Some((id, Response::Checked(vec![denied(None)]))));
+    }
 }
 
 proptest! {

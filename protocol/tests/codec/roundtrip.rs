@@ -34,6 +34,23 @@ fn every_response_round_trips() {
 }
 
 #[test]
+fn a_lease_is_written_after_the_decision_with_status_3() {
+    let frame = encode_resp(
+        1,
+        &Response::Checked(vec![leased(2, 5, 0x0102_0304_0506_0708)]),
+    );
+    // header 4 + opcode 1 + id 4 + n 2, then the result.
+    let result = &frame[11..];
+    assert_eq!(result.len(), 42);
+    assert_eq!(result[0], 3, "status: allowed with lease");
+    assert_eq!(result[1], 2, "pair");
+    assert_eq!(&result[34..], &[1, 2, 3, 4, 5, 6, 7, 8]);
+    let plain = encode_resp(1, &Response::Checked(vec![decision(true, 2, 5, 0)]));
+    assert_eq!(plain[11], 0, "status: allowed");
+    assert_eq!(plain.len() - 11, 34);
+}
+
+#[test]
 fn keys_are_slices_of_the_frame_not_copies() {
     let (id, request) = requests().swap_remove(6);
     let mut src = encode_req(id, &request);
@@ -262,6 +279,24 @@ fn values_that_do_not_fit_the_wire_are_encode_errors() {
     assert_too_long(&Request::Check(many), "checks in a batch", 65536, 65535);
     let keys = vec![Bytes::from_static(b"k"); 65536];
     assert_too_long(&Request::Reset(keys), "keys in a reset", 65536, 65535);
+    let leases = vec![
+        LeaseRef {
+            key: Bytes::from_static(b"k"),
+            lease: 1,
+        };
+        65536
+    ];
+    assert_too_long(
+        &Request::Release(leases),
+        "leases in a release",
+        65536,
+        65535,
+    );
+    let long_lease_key = vec![LeaseRef {
+        key: Bytes::from(vec![b'k'; 65536]),
+        lease: 1,
+    }];
+    assert_too_long(&Request::Release(long_lease_key), "key", 65536, 65535);
 }
 
 /// An `ExactSizeIterator` whose `len()` is wrong (a safe-code bug the
@@ -309,7 +344,8 @@ fn encode_response_for_checked_is_encode_checked() {
 
 #[test]
 fn largest_v1_response_fits_the_default_client_cap() {
-    let results = vec![decision(false, 0, 0, 1); u16::MAX as usize];
+    // Allowed with a lease is the longest result (42 bytes).
+    let results = vec![leased(0, 0, 1); u16::MAX as usize];
     let mut src = encode_resp(1, &Response::Checked(results.clone()));
     assert_eq!(
         src.len() - FRAME_HEADER_LEN,

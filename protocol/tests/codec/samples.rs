@@ -105,6 +105,58 @@ pub fn requests() -> Vec<(RequestId, Request)> {
             ])),
         ),
         (
+            8,
+            Request::Check(batch(vec![
+                vec![
+                    pair("rl:{k}:s", per_second(100), 1),
+                    pair(
+                        "rl:{k}:d",
+                        limit(Algorithm::FixedWindow, 10_000, 86_400_000, 0),
+                        1,
+                    ),
+                ],
+                vec![pair(
+                    "rl:login",
+                    limit(Algorithm::SlidingLog, 5, 60_000, 0),
+                    1,
+                )],
+                vec![pair(
+                    "rl:smooth",
+                    limit(Algorithm::LeakyBucket, 10, 1000, 1),
+                    1,
+                )],
+                vec![pair(
+                    "cc:{k}:jobs",
+                    limit(Algorithm::Concurrency, 8, 30_000, 0),
+                    2,
+                )],
+            ])),
+        ),
+        (
+            9,
+            Request::Refund(batch(vec![
+                vec![pair(
+                    "llm:{org}:tokens",
+                    limit(Algorithm::TokenBucket, 100_000, 60_000, 100_000),
+                    2800,
+                )],
+                vec![pair("k", per_minute_window(60), u32::MAX)],
+            ])),
+        ),
+        (
+            10,
+            Request::Release(vec![
+                LeaseRef {
+                    key: Bytes::from_static(b"cc:{k}:jobs"),
+                    lease: 1_234_567_890,
+                },
+                LeaseRef {
+                    key: Bytes::from_static(b"\x00\xff"),
+                    lease: u64::MAX,
+                },
+            ]),
+        ),
+        (
             0,
             Request::Reset(vec![
                 Bytes::from_static(b"rl:ip:10.0.0.1"),
@@ -122,6 +174,20 @@ pub fn decision(allowed: bool, pair: u8, remaining: u64, retry_after_ms: u64) ->
         remaining,
         reset_after_ms: 250,
         retry_after_ms,
+        lease: None,
+    })
+}
+
+/// An allowed decision holding concurrency lease `lease`.
+pub fn leased(pair: u8, remaining: u64, lease: u64) -> CheckResult {
+    CheckResult::Decision(Decision {
+        allowed: true,
+        pair,
+        limit: 8,
+        remaining,
+        reset_after_ms: 30_000,
+        retry_after_ms: 0,
+        lease: Some(lease),
     })
 }
 
@@ -170,12 +236,18 @@ pub fn responses() -> Vec<(RequestId, Response)> {
                     remaining: u64::MAX,
                     reset_after_ms: u64::MAX,
                     retry_after_ms: u64::MAX,
+                    lease: None,
                 }),
+                leased(0, 7, 1),
+                leased(u8::MAX, 0, u64::MAX),
+                leased(3, 1, 0),
             ]),
         ),
         (5, Response::Checked(vec![])),
         (6, Response::ResetDone(0)),
         (u32::MAX, Response::ResetDone(u32::MAX)),
+        (10, Response::Released(0)),
+        (11, Response::Released(u32::MAX)),
         (
             0,
             Response::Error {

@@ -154,6 +154,7 @@ fn checked_example() {
             remaining: 19,
             reset_after_ms: 100,
             retry_after_ms: 0,
+            lease: None,
         })]),
     );
     assert_documented(
@@ -172,6 +173,104 @@ fn checked_example() {
             ("00 00 00 00 00 00 00 00", "retry_after_ms: 0"),
         ],
     );
+}
+
+#[test]
+fn checked_with_lease_example() {
+    let frame = encode_resp(
+        2,
+        &Response::Checked(vec![CheckResult::Decision(Decision {
+            allowed: true,
+            pair: 0,
+            limit: 8,
+            remaining: 7,
+            reset_after_ms: 30_000,
+            retry_after_ms: 0,
+            lease: Some(1_000_000_001),
+        })]),
+    );
+    assert_documented(
+        &protocol_md(),
+        &frame,
+        &[
+            ("00 00 00 31", "length: 49-byte body"),
+            ("83", "opcode: CHECKED"),
+            ("00 00 00 02", "request id: 2"),
+            ("00 01", "n: 1"),
+            ("03", "result 0, status: allowed with lease"),
+            ("00", "pair: 0"),
+            ("00 00 00 00 00 00 00 08", "limit: 8"),
+            ("00 00 00 00 00 00 00 07", "remaining: 7"),
+            ("00 00 00 00 00 00 75 30", "reset_after_ms: 30000"),
+            ("00 00 00 00 00 00 00 00", "retry_after_ms: 0"),
+            ("00 00 00 00 3b 9a ca 01", "lease: 1000000001"),
+        ],
+    );
+}
+
+#[test]
+fn release_example() {
+    let frame = encode_req(
+        3,
+        &Request::Release(vec![LeaseRef {
+            key: Bytes::from_static(b"cc:{acme}:jobs"),
+            lease: 1_000_000_001,
+        }]),
+    );
+    assert_documented(
+        &protocol_md(),
+        &frame,
+        &[
+            ("00 00 00 1f", "length: 31-byte body"),
+            ("07", "opcode: RELEASE"),
+            ("00 00 00 03", "request id: 3"),
+            ("00 01", "n_leases: 1"),
+            ("00 0e", "key_len: 14"),
+            (
+                "63 63 3a 7b 61 63 6d 65 7d 3a 6a 6f 62 73",
+                "key: `cc:{acme}:jobs`",
+            ),
+            ("00 00 00 00 3b 9a ca 01", "lease: 1000000001"),
+        ],
+    );
+}
+
+/// The algorithm table of §5 lists every wire code with its name.
+#[test]
+fn algorithm_table_matches_the_names() {
+    let doc = protocol_md();
+    for algorithm in Algorithm::ALL {
+        let row = format!("| {} | `{}` |", algorithm as u8, algorithm.name());
+        assert!(doc.contains(&row), "PROTOCOL.md lacks the row: {row}");
+    }
+}
+
+/// The opcode table of §2 lists every opcode the codec knows.
+#[test]
+fn opcode_table_lists_every_opcode() {
+    let doc = protocol_md();
+    for (code, name) in [
+        (opcode::HELLO, "HELLO"),
+        (opcode::PING, "PING"),
+        (opcode::CHECK, "CHECK"),
+        (opcode::PEEK, "PEEK"),
+        (opcode::RESET, "RESET"),
+        (opcode::REFUND, "REFUND"),
+        (opcode::RELEASE, "RELEASE"),
+        (opcode::HELLO_OK, "HELLO_OK"),
+        (opcode::PONG, "PONG"),
+        (opcode::CHECKED, "CHECKED"),
+        (opcode::RESET_DONE, "RESET_DONE"),
+        (opcode::RELEASED, "RELEASED"),
+        (opcode::ERROR, "ERROR"),
+    ] {
+        let row = format!("| `0x{code:02X}` |");
+        let line = doc
+            .lines()
+            .find(|l| l.starts_with(&row))
+            .unwrap_or_else(|| panic!("PROTOCOL.md lacks opcode {row}"));
+        assert!(line.contains(&format!("| {name}")), "{line}");
+    }
 }
 
 #[test]

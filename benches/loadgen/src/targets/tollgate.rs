@@ -157,6 +157,7 @@ mod tests {
                 remaining: 5,
                 reset_after_ms: 1,
                 retry_after_ms: 0,
+                lease: None,
             })
         };
         let a = fold(&[
