@@ -9,7 +9,7 @@
 //! ```
 //!
 //! - [`sync`]: the only source of locks and atomics (loom under `tollgate_loom`);
-//! - [`clock`]: server monotonic time, injected everywhere;
+//! - [`clock`]: server time (wall-clock anchored, monotonic), injected everywhere;
 //! - [`slot`]: hash tags and Redis Cluster slots;
 //! - [`algorithm`]: token bucket, sliding window, fixed window, sliding log,
 //!   leaky bucket and concurrency leases, pure functions;
