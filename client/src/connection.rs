@@ -505,6 +505,14 @@ pub(crate) fn response_name(response: &Response) -> &'static str {
         Response::ResetDone(_) => "RESET_DONE",
         Response::Released(_) => "RELEASED",
         Response::Error { .. } => "ERROR",
+        Response::Repl(repl) => match repl {
+            tollgate_protocol::ReplResponse::Stream { .. } => "REPL_STREAM",
+            tollgate_protocol::ReplResponse::Snapshot(_) => "REPL_SNAPSHOT",
+            tollgate_protocol::ReplResponse::Changes(_) => "REPL_CHANGES",
+            tollgate_protocol::ReplResponse::Heartbeat { .. } => "REPL_HEARTBEAT",
+            tollgate_protocol::ReplResponse::Status(_) => "STATUS_OK",
+            tollgate_protocol::ReplResponse::Promoted { .. } => "PROMOTED",
+        },
     }
 }
 

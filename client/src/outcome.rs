@@ -121,6 +121,7 @@ impl Undecided {
             | ErrorCode::HandshakeRequired
             | ErrorCode::ShuttingDown
             | ErrorCode::NotPrimary
+            | ErrorCode::StaleEpoch
             | ErrorCode::Internal
             | ErrorCode::Unknown(_) => Self::ServerError(code),
         }

@@ -211,6 +211,8 @@ pub enum Request {
     Refund(CheckBatch),
     /// Free concurrency leases before they expire.
     Release(Vec<LeaseRef>),
+    /// Replication and operations: REPLICATE, REPL_ACK, PROMOTE, STATUS.
+    Repl(crate::replication::ReplRequest),
 }
 
 /// Role of the answering node (replication fills in `Standby`).
@@ -324,6 +326,9 @@ pub enum Response {
         code: ErrorCode,
         message: String,
     },
+    /// Replication and operations: REPL_STREAM and the stream's frames,
+    /// STATUS_OK, PROMOTED.
+    Repl(crate::replication::ReplResponse),
 }
 
 /// Typed error codes. Wire values are stable; unknown values decode as
@@ -352,6 +357,9 @@ pub enum ErrorCode {
     /// The node is not the primary (replication).
     NotPrimary,
     Internal,
+    /// REPLICATE from a standby that knows a higher epoch than this
+    /// primary's: this primary is stale and must not be followed.
+    StaleEpoch,
     Unknown(u16),
 }
 
@@ -371,6 +379,7 @@ impl ErrorCode {
             Self::ShuttingDown => 11,
             Self::NotPrimary => 12,
             Self::Internal => 13,
+            Self::StaleEpoch => 16,
             Self::Unknown(v) => v,
         }
     }
@@ -390,6 +399,7 @@ impl ErrorCode {
             11 => Self::ShuttingDown,
             12 => Self::NotPrimary,
             13 => Self::Internal,
+            16 => Self::StaleEpoch,
             other => Self::Unknown(other),
         }
     }
@@ -411,6 +421,7 @@ impl std::fmt::Display for ErrorCode {
             Self::ShuttingDown => "server shutting down",
             Self::NotPrimary => "not primary",
             Self::Internal => "internal error",
+            Self::StaleEpoch => "stale epoch",
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };
         f.write_str(s)

@@ -188,6 +188,14 @@ impl Connection {
                 Ok(())
             }
             Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
+            Request::Repl(_) => {
+                self.error(
+                    id,
+                    ErrorCode::UnknownOpcode,
+                    "replication is not served yet",
+                );
+                Ok(())
+            }
             Request::Check(batch) => {
                 let now = shared.clock.now();
                 let results = batch
