@@ -81,6 +81,6 @@ pub use outcome::{Outcome, Undecided};
 /// The protocol types a caller needs, so a gateway depends on this crate
 /// alone.
 pub use tollgate_protocol::{
-    Algorithm, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, Limit, Pair, Role,
-    ServerLimits, RETRY_NEVER,
+    Algorithm, Announce, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, Limit, NodeStatus,
+    Pair, Role, ServerLimits, RETRY_NEVER,
 };

@@ -137,6 +137,7 @@ impl Undecided {
             | Error::Connect { .. }
             | Error::ConnectTimeout { .. }
             | Error::Unavailable { .. }
+            | Error::NoPrimary { .. }
             | Error::Closed => Self::Unavailable,
             Error::Io(_) | Error::ConnectionLost => Self::ConnectionLost,
             Error::Handshake { code, .. } => Self::ServerError(*code),
