@@ -1,7 +1,8 @@
-//! The `tollgate` binary's commands: `serve`, `check`, `release`, `ping`.
+//! The `tollgate` binary's commands: `serve`, `check`, `release`, `ping`,
+//! `status`, `promote`.
 //!
 //! `serve` runs the server on built-in defaults (every setting a flag);
-//! `check`, `release` and `ping` are small clients over `tollgate-client`,
+//! the others are small clients over `tollgate-client`,
 //! handy for smoke tests and for seeing what a limit does before putting it
 //! in a gateway. Exit codes: 0 success, 1 the server refused the request
 //! (or, for `release`, the lease was no longer held), 2 usage or connection
@@ -63,6 +64,10 @@ pub enum Command {
     Release(ReleaseArgs),
     /// Round-trip a PING to a server.
     Ping(PingArgs),
+    /// Show a node's role, epoch, replication offset, primary and lag.
+    Status(StatusArgs),
+    /// Make a standby the primary (its epoch goes up by one).
+    Promote(PingArgs),
 }
 
 #[derive(Debug, Args)]
@@ -160,6 +165,17 @@ pub struct ReleaseArgs {
     #[arg(long)]
     pub lease: u64,
     /// Give up after this long.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
+    pub server: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub timeout: Duration,
 }
@@ -285,6 +301,8 @@ pub fn main() -> ExitCode {
         Command::Check(args) => runtime.block_on(check(args)),
         Command::Release(args) => runtime.block_on(release(args)),
         Command::Ping(args) => runtime.block_on(ping(args)),
+        Command::Status(args) => runtime.block_on(status(args)),
+        Command::Promote(args) => runtime.block_on(promote(args)),
     }
 }
 
@@ -490,6 +508,90 @@ async fn ping(args: PingArgs) -> ExitCode {
     match client.ping().await {
         Ok(rtt) => {
             println!("PONG from {} in {:?}", args.server, rtt);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn status(args: StatusArgs) -> ExitCode {
+    let client = match Client::connect(args.server.clone(), client_config(args.timeout)).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot reach {}: {e}", args.server);
+            return ExitCode::from(2);
+        }
+    };
+    match client.status().await {
+        Ok(s) => {
+            println!("{}", render_status(&s, args.json));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A STATUS answer as `key: value` lines or one JSON object.
+pub fn render_status(s: &tollgate_protocol::NodeStatus, json: bool) -> String {
+    let role = match s.role {
+        tollgate_protocol::Role::Primary => "primary",
+        tollgate_protocol::Role::Standby => "standby",
+    };
+    if json {
+        let mut v = serde_json::json!({
+            "role": role,
+            "epoch": s.epoch,
+            "offset": s.offset,
+            "addr": s.addr,
+            "primary": (!s.primary.is_empty()).then_some(&s.primary),
+        });
+        for (name, value) in &s.fields {
+            v[name] = (*value).into();
+        }
+        v.to_string()
+    } else {
+        let mut out = format!(
+            "role: {role}\nepoch: {}\noffset: {}\naddr: {}\nprimary: {}",
+            s.epoch,
+            s.offset,
+            s.addr,
+            if s.primary.is_empty() {
+                "-"
+            } else {
+                &s.primary
+            }
+        );
+        if let Some(lag) = s.field("lag_ms") {
+            out.push_str(&format!("\nlag: {lag}ms"));
+        }
+        for (name, value) in &s.fields {
+            out.push_str(&format!("\n{name}: {value}"));
+        }
+        out
+    }
+}
+
+async fn promote(args: PingArgs) -> ExitCode {
+    let client = match Client::connect(args.server.clone(), client_config(args.timeout)).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot reach {}: {e}", args.server);
+            return ExitCode::from(2);
+        }
+    };
+    match client.promote().await {
+        Ok((epoch, true)) => {
+            println!("{} is already primary at epoch {epoch}", args.server);
+            ExitCode::SUCCESS
+        }
+        Ok((epoch, false)) => {
+            println!("{} promoted to primary at epoch {epoch}", args.server);
             ExitCode::SUCCESS
         }
         Err(e) => {

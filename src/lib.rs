@@ -14,12 +14,14 @@
 //! - [`algorithm`]: token bucket, sliding window, fixed window, sliding log,
 //!   leaky bucket and concurrency leases, pure functions;
 //! - [`store`]: lock-striped per-key state, atomic groups, expiry;
+//! - `repl`: replication to a standby, roles and epochs, failover;
 //! - `server`, `config`, `cli`: the network server and the binary's commands.
 
 pub mod algorithm;
 pub mod cli;
 pub mod clock;
 pub mod config;
+mod repl;
 pub mod server;
 pub mod slot;
 pub mod store;

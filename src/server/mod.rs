@@ -7,26 +7,36 @@
 //! - one task per connection; a bad client can only end its own task;
 //! - on shutdown the listener closes first, then every connection answers
 //!   what it has already received and closes; after `shutdown_grace` the
-//!   stragglers are cut off.
+//!   stragglers are cut off;
+//! - one replication task (`repl::supervise`) runs beside the listener for
+//!   the server's whole life; a connection that sends REPLICATE is handed
+//!   over to it whole (socket and unread bytes).
 
 mod connection;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::ServerConfig;
+use crate::repl::node::Node;
+use crate::repl::primary::Handover;
 use crate::store::{Store, StoreConfig};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tollgate_protocol::Role;
 
 /// What every connection task shares.
 pub(crate) struct Shared {
     pub config: ServerConfig,
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
+    /// Role, epoch and replication state of this node.
+    pub node: Node,
+    /// REPLICATE connections, to the replication task.
+    pub handovers: mpsc::Sender<Handover>,
     /// Cancelled when the server starts draining: connections stop reading
     /// new work after answering what they hold.
     pub draining: CancellationToken,
@@ -37,6 +47,7 @@ pub(crate) struct Shared {
 /// A configured server, ready to run on a listener.
 pub struct Server {
     shared: Arc<Shared>,
+    handovers: mpsc::Receiver<Handover>,
 }
 
 impl Server {
@@ -51,15 +62,31 @@ impl Server {
             stripes: config.stripes,
             max_group: usize::from(config.max_group),
             max_log_entries: config.max_log_entries,
+            change_buffer_cap: config.repl_buffer_cap,
         }));
+        // A node with a peer asks it before taking any role (repl::peer).
+        let (role, primary) = match (&config.replica_of, &config.peer) {
+            (Some(p), _) => (Role::Standby, Some(p.clone())),
+            (None, Some(_)) => (Role::Standby, None),
+            (None, None) => (Role::Primary, None),
+        };
+        let advertise = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| config.listen.to_string());
+        let node = Node::new(role, primary, advertise);
+        let (handover_tx, handovers) = mpsc::channel(4);
         Self {
             shared: Arc::new(Shared {
                 config,
                 store,
                 clock,
+                node,
+                handovers: handover_tx,
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
             }),
+            handovers,
         }
     }
 
@@ -71,8 +98,18 @@ impl Server {
     /// Serves `listener` until `shutdown` is cancelled, then drains.
     pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
         let shared = self.shared;
+        if shared.config.advertise.is_none() {
+            if let Ok(addr) = listener.local_addr() {
+                shared.node.set_advertise(addr.to_string());
+            }
+        }
         let tracker = TaskTracker::new();
         tracker.spawn(sweep(shared.clone(), shutdown.clone()));
+        tracker.spawn(crate::repl::supervise(
+            shared.clone(),
+            self.handovers,
+            shutdown.clone(),
+        ));
 
         let permits = Arc::new(Semaphore::new(shared.config.max_connections));
         let mut accept_backoff = Duration::from_millis(5);
@@ -104,7 +141,8 @@ impl Server {
         }
 
         drop(listener);
-        tracing::info!(connections = tracker.len().saturating_sub(1), "draining");
+        // The sweeper and the replication task are not connections.
+        tracing::info!(connections = tracker.len().saturating_sub(2), "draining");
         shared.draining.cancel();
         tracker.close();
         if tokio::time::timeout(shared.config.shutdown_grace, tracker.wait())

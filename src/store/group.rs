@@ -59,7 +59,9 @@ impl Store {
     /// frees nothing).
     pub fn release(&self, key: &[u8], lease: u64, now: Nanos) -> bool {
         let hash = self.hash(key);
-        let mut tables = self.stripe(Slot::of(key)).tables.lock();
+        let stripe = self.stripe(Slot::of(key));
+        let mut locked = stripe.tables.lock();
+        let super::Locked { tables, changes } = &mut *locked;
         let Some(entry) = tables.live(Table::Others, hash, key, now) else {
             return false;
         };
@@ -71,6 +73,7 @@ impl Store {
         } else {
             tables.put(&self.hasher, hash, key, Entry { state, expires_at });
         }
+        self.record_change(stripe, changes, key);
         true
     }
 
@@ -112,7 +115,9 @@ impl Store {
         }
 
         let hashes: SmallVec<[u64; 4]> = pairs.iter().map(|p| self.hash(&p.key)).collect();
-        let mut tables = self.stripe(slot).tables.lock();
+        let stripe = self.stripe(slot);
+        let mut locked = stripe.tables.lock();
+        let super::Locked { tables, changes } = &mut *locked;
         let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
         // The entry each pair leaves behind, seen by a later pair on the same key.
         let mut after: SmallVec<[Option<Entry>; 4]> = SmallVec::new();
@@ -155,9 +160,11 @@ impl Store {
                 } else {
                     tables.put(&self.hasher, hash, &pair.key, entry);
                 }
+                // Under the lock already held: no extra lock per check.
+                self.record_change(stripe, changes, &pair.key);
             }
         }
-        drop(tables);
+        drop(locked);
         let mut decision = summarize(&decisions, all_allowed);
         // A lease exists only once its acquire was charged.
         decision.lease = match op {

@@ -135,6 +135,35 @@ impl Tables {
             .fold(false, |live, e| live | (e.expires_at > now))
     }
 
+    /// The entries of `key` in both tables (token bucket, other), live or not.
+    pub fn find_both(&self, hash: u64, key: &[u8]) -> (Option<Entry>, Option<Entry>) {
+        (
+            self.find(Table::Buckets, hash, key),
+            self.find(Table::Others, hash, key),
+        )
+    }
+
+    /// Calls `f` with every entry, live or not (one call per table a key
+    /// has state in).
+    pub fn for_each(&self, mut f: impl FnMut(&StoredKey, Entry)) {
+        for b in &self.buckets {
+            let entry = Entry {
+                state: State::TokenBucket { tat: b.tat },
+                expires_at: b.tat,
+            };
+            f(&b.key, entry);
+        }
+        for o in &self.others {
+            f(&o.key, o.entry.clone());
+        }
+    }
+
+    /// Keeps only the entries whose key satisfies `keep`.
+    pub fn retain_keys(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        self.buckets.retain(|b| keep(b.key.as_bytes()));
+        self.others.retain(|o| keep(o.key.as_bytes()));
+    }
+
     /// Drops every expired entry; returns how many.
     pub fn retain_live(&mut self, now: Nanos) -> usize {
         let before = self.len();
