@@ -5,7 +5,7 @@
 //! JSON. [`ServerConfig::validate`] only checks and returns a typed error; an
 //! impossible combination stops the server at start with that message.
 
-use crate::units::{format_duration, parse_duration, UnitError};
+use crate::units::{format_duration, parse_bytes, parse_duration, UnitError};
 use clap::Args;
 use serde::{Serialize, Serializer};
 use std::net::SocketAddr;
@@ -110,10 +110,41 @@ pub struct ServerConfig {
     #[serde(serialize_with = "redacted")]
     pub auth_token: Option<String>,
 
+    /// Cap on the memory the counter tables reserve, e.g. `1GiB` (none: no
+    /// cap). Each stripe gets an equal share; see --on-full.
+    #[arg(long, value_parser = parse_bytes)]
+    pub max_memory: Option<usize>,
+
+    /// At the memory cap, a new key either evicts the keys closest to expiry
+    /// (`evict`) or is refused with StoreFull (`refuse`). Expired keys always
+    /// go first; keys that already hold state always keep working.
+    #[arg(long, value_enum, default_value_t = OnFull::Evict)]
+    pub on_full: OnFull,
+
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFull {
+    Evict,
+    Refuse,
+}
+
+impl From<OnFull> for crate::store::Full {
+    fn from(v: OnFull) -> Self {
+        match v {
+            OnFull::Evict => crate::store::Full::Evict,
+            OnFull::Refuse => crate::store::Full::Refuse,
+        }
+    }
+}
+
+/// Smallest memory share of one stripe: below it a stripe could not hold a
+/// useful number of keys.
+pub const MIN_STRIPE_MEMORY: usize = 16 << 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -143,6 +174,13 @@ pub enum ConfigError {
         max_group: u8,
         max_key_len: u16,
         needed: u64,
+    },
+    #[error("max-memory {max_memory} gives each of the {stripes} stripes {share} bytes, under the {min} a stripe needs: raise --max-memory or lower --stripes")]
+    MemoryTooSmall {
+        max_memory: usize,
+        stripes: usize,
+        share: usize,
+        min: usize,
     },
     #[error("{name} must be non-zero")]
     ZeroDuration { name: &'static str },
@@ -186,6 +224,21 @@ impl ServerConfig {
         at_least("stripes", self.stripes as u64, 1)?;
         at_least("sweep-stripes", self.sweep_stripes as u64, 1)?;
         at_least("max-log-entries", self.max_log_entries, 1)?;
+        if let Some(max_memory) = self.max_memory {
+            let stripes = self
+                .stripes
+                .clamp(1, usize::from(crate::slot::SLOT_COUNT))
+                .next_power_of_two();
+            let share = max_memory / stripes;
+            if share < MIN_STRIPE_MEMORY {
+                return Err(ConfigError::MemoryTooSmall {
+                    max_memory,
+                    stripes,
+                    share,
+                    min: MIN_STRIPE_MEMORY,
+                });
+            }
+        }
         if self.max_log_entries > MAX_LOG_ENTRIES_CEILING {
             return Err(ConfigError::TooLarge {
                 name: "max-log-entries",
@@ -255,6 +308,15 @@ mod tests {
     #[test]
     fn impossible_settings_are_typed_errors() {
         let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+        let mut c = base.clone();
+        c.max_memory = Some(1 << 20);
+        c.stripes = 1024;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::MemoryTooSmall { share: 1024, .. })
+        ));
+        c.stripes = 64;
+        assert_eq!(c.validate(), Ok(()));
         let mut c = base.clone();
         c.max_batch = 0;
         assert!(matches!(

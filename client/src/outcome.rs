@@ -122,6 +122,7 @@ impl Undecided {
             | ErrorCode::ShuttingDown
             | ErrorCode::NotPrimary
             | ErrorCode::Internal
+            | ErrorCode::StoreFull
             | ErrorCode::Unknown(_) => Self::ServerError(code),
         }
     }

@@ -352,6 +352,9 @@ pub enum ErrorCode {
     /// The node is not the primary (replication).
     NotPrimary,
     Internal,
+    /// Per check: the store is at its memory cap and refuses new keys
+    /// (policy `refuse`); existing keys keep working.
+    StoreFull,
     Unknown(u16),
 }
 
@@ -371,6 +374,7 @@ impl ErrorCode {
             Self::ShuttingDown => 11,
             Self::NotPrimary => 12,
             Self::Internal => 13,
+            Self::StoreFull => 15,
             Self::Unknown(v) => v,
         }
     }
@@ -390,6 +394,7 @@ impl ErrorCode {
             11 => Self::ShuttingDown,
             12 => Self::NotPrimary,
             13 => Self::Internal,
+            15 => Self::StoreFull,
             other => Self::Unknown(other),
         }
     }
@@ -411,6 +416,7 @@ impl std::fmt::Display for ErrorCode {
             Self::ShuttingDown => "server shutting down",
             Self::NotPrimary => "not primary",
             Self::Internal => "internal error",
+            Self::StoreFull => "store full: new keys refused at the memory cap",
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };
         f.write_str(s)

@@ -59,6 +59,11 @@ pub struct LeaseSet {
 }
 
 impl LeaseSet {
+    /// Bytes these leases hold on the heap (for the store's memory accounting).
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.leases)
+    }
+
     /// A set of these leases (sorted here), the last id handed out being
     /// `last_id`.
     pub fn new(last_id: u64, mut leases: Vec<Lease>) -> Self {

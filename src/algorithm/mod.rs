@@ -152,6 +152,17 @@ pub enum State {
     Concurrency(LeaseSet),
 }
 
+impl State {
+    /// Bytes the state owns beyond its own size (logs and lease lists).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            State::SlidingLog(log) => log.heap_bytes(),
+            State::Concurrency(leases) => leases.heap_bytes(),
+            _ => 0,
+        }
+    }
+}
+
 /// What evaluating (or refunding) one request yields.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {

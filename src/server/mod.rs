@@ -51,6 +51,8 @@ impl Server {
             stripes: config.stripes,
             max_group: usize::from(config.max_group),
             max_log_entries: config.max_log_entries,
+            max_memory: config.max_memory,
+            on_full: config.on_full.into(),
         }));
         Self {
             shared: Arc::new(Shared {

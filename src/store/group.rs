@@ -14,11 +14,12 @@
 //! A group holds at most one concurrency pair, so an allowed check acquires
 //! at most one lease, which the group's decision carries.
 
-use super::tables::Table;
-use super::{Entry, Store};
+use super::tables::{Table, Tables};
+use super::{Entry, Store, StoredKey};
 use crate::algorithm::{release_lease, Decision, Policy};
 use crate::clock::Nanos;
 use crate::slot::Slot;
+use crate::sync::Ordering;
 use smallvec::SmallVec;
 use tollgate_protocol::{CheckResult, ErrorCode, Pair};
 
@@ -145,6 +146,7 @@ impl Store {
         let all_allowed = decisions.iter().all(|d| d.allowed);
         let writes = matches!(op, Op::Check(Mode::Charge) | Op::Refund);
         if all_allowed && writes {
+            self.make_room(&mut tables, pairs, &after, &hashes, now)?;
             for (((pair, entry), &hash), policy) in
                 pairs.iter().zip(after).zip(&hashes).zip(&policies)
             {
@@ -165,6 +167,52 @@ impl Store {
             _ => None,
         };
         Ok(decision)
+    }
+}
+
+impl Store {
+    /// Before a charge adds keys, keeps the stripe within its memory share
+    /// (see `Tables::make_room`). A refusal is `StoreFull` and, like every
+    /// error, charges nothing.
+    fn make_room(
+        &self,
+        tables: &mut Tables,
+        pairs: &[Pair],
+        after: &[Option<Entry>],
+        hashes: &[u64],
+        now: Nanos,
+    ) -> Result<(), ErrorCode> {
+        if self.stripe_budget == usize::MAX {
+            return Ok(());
+        }
+        for table in [Table::Buckets, Table::Others] {
+            let (mut new, mut heap) = (0, 0);
+            for ((pair, entry), &hash) in pairs.iter().zip(after).zip(hashes) {
+                let Some(entry) = entry else { continue };
+                if Table::of(&entry.state) == table && tables.is_new(hash, &pair.key, &entry.state)
+                {
+                    new += 1;
+                    heap += StoredKey::new(&pair.key).heap_bytes() + entry.state.heap_bytes();
+                }
+            }
+            let room = tables.make_room(
+                &self.hasher,
+                table,
+                new,
+                heap,
+                self.stripe_budget,
+                now,
+                self.on_full,
+            );
+            // Relaxed: statistics.
+            self.evicted
+                .fetch_add(room.evicted as u64, Ordering::Relaxed);
+            if !room.granted {
+                self.refused.fetch_add(new as u64, Ordering::Relaxed);
+                return Err(ErrorCode::StoreFull);
+            }
+        }
+        Ok(())
     }
 }
 

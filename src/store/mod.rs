@@ -22,10 +22,11 @@ mod tables;
 use crate::algorithm::State;
 use crate::clock::Nanos;
 use crate::slot::Slot;
-use crate::sync::{AtomicUsize, Mutex, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering};
 
 pub use group::Mode;
 pub use key::StoredKey;
+pub use tables::Full;
 use tables::Tables;
 
 /// One key's state and the moment it may be forgotten.
@@ -51,6 +52,11 @@ pub struct StoreConfig {
     /// Most timestamps one key may hold: the largest `count` of a sliding
     /// log or a concurrency limit.
     pub max_log_entries: u64,
+    /// Bytes the tables may reserve in all (None: no cap). Each stripe gets
+    /// an equal share.
+    pub max_memory: Option<usize>,
+    /// What a stripe at its share does with a new key.
+    pub on_full: Full,
 }
 
 impl Default for StoreConfig {
@@ -59,6 +65,8 @@ impl Default for StoreConfig {
             stripes: 1024,
             max_group: 16,
             max_log_entries: crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
+            max_memory: None,
+            on_full: Full::Evict,
         }
     }
 }
@@ -75,6 +83,13 @@ pub struct Store {
     sweep_cursor: AtomicUsize,
     /// Cap on a sliding log's or a concurrency limit's `count`.
     max_log_entries: u64,
+    /// Bytes one stripe's tables may reserve (`usize::MAX`: no cap).
+    stripe_budget: usize,
+    on_full: Full,
+    /// Live keys evicted to stay within `max_memory`.
+    evicted: AtomicU64,
+    /// New keys refused at the cap (policy `Refuse`).
+    refused: AtomicU64,
 }
 
 impl Store {
@@ -94,7 +109,22 @@ impl Store {
             hasher: ahash::RandomState::new(),
             sweep_cursor: AtomicUsize::new(0),
             max_log_entries: config.max_log_entries,
+            stripe_budget: config.max_memory.map_or(usize::MAX, |m| m / n),
+            on_full: config.on_full,
+            evicted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         }
+    }
+
+    /// Live keys evicted so far to stay within the memory cap.
+    pub fn evicted(&self) -> u64 {
+        // Relaxed: a statistic, read on its own.
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// New keys refused so far at the memory cap.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     pub fn stripe_count(&self) -> usize {
