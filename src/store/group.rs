@@ -198,11 +198,9 @@ impl Store {
             let room = tables.make_room(
                 &self.hasher,
                 table,
-                new,
-                heap,
-                self.stripe_budget,
+                (new, heap),
+                (self.stripe_budget, self.on_full),
                 now,
-                self.on_full,
             );
             // Relaxed: statistics.
             self.evicted

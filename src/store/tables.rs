@@ -274,17 +274,15 @@ impl Tables {
     }
 
     /// Makes sure `new` more entries (`heap` bytes of them on the heap) fit
-    /// in `table` within `budget` bytes: expired entries go first, then, by
+    /// in `table` within `budget` bytes (the stripe's share): expired entries go first, then, by
     /// `full`, the live entries closest to expiry, or the request is refused.
     pub fn make_room(
         &mut self,
         hasher: &ahash::RandomState,
         table: Table,
-        new: usize,
-        heap: usize,
-        budget: usize,
+        (new, heap): (usize, usize),
+        (budget, full): (usize, Full),
         now: Nanos,
-        full: Full,
     ) -> Room {
         let mut room = Room {
             granted: true,
