@@ -271,11 +271,7 @@ async fn check(args: CheckArgs) -> ExitCode {
     };
     let mut batch = CheckBatch::with_capacity(args.repeat.into());
     for _ in 0..args.repeat {
-        batch.push(Pair {
-            key: args.key.clone().into(),
-            limit,
-            cost: args.cost,
-        });
+        batch.push(Pair::inline(args.key.clone(), limit, args.cost));
     }
     let results = if args.peek {
         client.peek_batch(batch).await
@@ -427,6 +423,7 @@ mod tests {
     fn json_rendering() {
         let d = Decision {
             allowed: false,
+            shadow_denied: false,
             pair: 0,
             limit: 10,
             remaining: 0,

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tollgate_protocol::{CheckBatch, CheckResult, Limit, Pair, Request, Response, ServerLimits};
+use tollgate_protocol::{CheckBatch, CheckResult, LimitRef, Pair, Request, Response, ServerLimits};
 
 use crate::backoff::{self, XorShift64};
 use crate::config::ClientConfig;
@@ -189,9 +189,17 @@ impl Client {
     }
 
     /// Checks `cost` units of `key` against `limit`, charging them if
-    /// allowed.
-    pub async fn check(&self, key: impl Into<Bytes>, limit: Limit, cost: u32) -> Outcome {
-        self.decide(BatchKind::Check, single(key.into(), limit, cost))
+    /// allowed. `limit` is an inline [`Limit`] or a [`RuleName`] configured
+    /// on the server (then `cost` 0 takes the rule's default cost).
+    ///
+    /// [`RuleName`]: tollgate_protocol::RuleName
+    pub async fn check(
+        &self,
+        key: impl Into<Bytes>,
+        limit: impl Into<LimitRef>,
+        cost: u32,
+    ) -> Outcome {
+        self.decide(BatchKind::Check, single(key.into(), limit.into(), cost))
             .await
     }
 
@@ -210,8 +218,13 @@ impl Client {
     }
 
     /// Like [`check`](Self::check), without charging anything.
-    pub async fn peek(&self, key: impl Into<Bytes>, limit: Limit, cost: u32) -> Outcome {
-        self.decide(BatchKind::Peek, single(key.into(), limit, cost))
+    pub async fn peek(
+        &self,
+        key: impl Into<Bytes>,
+        limit: impl Into<LimitRef>,
+        cost: u32,
+    ) -> Outcome {
+        self.decide(BatchKind::Peek, single(key.into(), limit.into(), cost))
             .await
     }
 
@@ -451,7 +464,7 @@ impl Inner {
 }
 
 /// A batch of one single-pair check.
-fn single(key: Bytes, limit: Limit, cost: u32) -> CheckBatch {
+fn single(key: Bytes, limit: LimitRef, cost: u32) -> CheckBatch {
     let mut batch = CheckBatch::with_capacity(1);
     batch.push(Pair { key, limit, cost });
     batch
@@ -506,7 +519,7 @@ fn check_key(key: &[u8], limits: &ServerLimits) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_protocol::Algorithm;
+    use tollgate_protocol::{Algorithm, Limit};
 
     use super::*;
 
@@ -518,7 +531,8 @@ mod tests {
                 count: 5,
                 period_ms: 1000,
                 burst: 10,
-            },
+            }
+            .into(),
             cost: 1,
         }
     }

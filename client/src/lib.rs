@@ -73,7 +73,7 @@ pub mod error;
 pub mod outcome;
 
 pub use client::Client;
-pub use config::{ClientConfig, ConfigError, FailMode};
+pub use config::{ClientConfig, ConfigError, FailMode, UnknownFailMode};
 pub use connection::ServerInfo;
 pub use error::Error;
 pub use outcome::{Outcome, Undecided};
@@ -81,6 +81,6 @@ pub use outcome::{Outcome, Undecided};
 /// The protocol types a caller needs, so a gateway depends on this crate
 /// alone.
 pub use tollgate_protocol::{
-    Algorithm, CheckBatch, CheckResult, Decision, ErrorCode, Limit, Pair, Role, ServerLimits,
-    RETRY_NEVER,
+    Algorithm, CheckBatch, CheckResult, Decision, ErrorCode, Limit, LimitRef, Pair, Role, RuleName,
+    ServerLimits, RETRY_NEVER,
 };

@@ -61,7 +61,7 @@ fn limit() -> Limit {
 fn pair(key: &str) -> Pair {
     Pair {
         key: Bytes::copy_from_slice(key.as_bytes()),
-        limit: limit(),
+        limit: limit().into(),
         cost: 1,
     }
 }
@@ -86,6 +86,7 @@ fn decision_for(key: &[u8]) -> CheckResult {
         .unwrap_or(0);
     CheckResult::Decision(Decision {
         allowed: true,
+        shadow_denied: false,
         pair: 0,
         limit: 10,
         remaining: tag,

@@ -17,7 +17,8 @@ fn pair(key: &'static str, burst: u64) -> Pair {
             count: 1,
             period_ms: 1000,
             burst,
-        },
+        }
+        .into(),
         cost: 1,
     }
 }

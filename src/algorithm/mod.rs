@@ -64,6 +64,7 @@ impl Decision {
     pub fn to_wire(self, pair: u8) -> tollgate_protocol::Decision {
         tollgate_protocol::Decision {
             allowed: self.allowed,
+            shadow_denied: false,
             pair,
             limit: self.limit,
             remaining: self.remaining,

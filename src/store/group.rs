@@ -12,7 +12,7 @@ use crate::algorithm::{Policy, Verdict};
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use smallvec::SmallVec;
-use tollgate_protocol::{CheckResult, ErrorCode, Pair};
+use tollgate_protocol::{CheckResult, ErrorCode, LimitRef, Pair};
 
 /// Whether a passing check is charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,12 @@ impl Store {
                 if p.cost == 0 {
                     return Err(ErrorCode::InvalidLimit);
                 }
-                Policy::from_limit(&p.limit).map_err(|_| ErrorCode::InvalidLimit)
+                // Named rules are resolved to inline limits by the caller
+                // (the server's rule set); the store holds no configuration.
+                let LimitRef::Inline(limit) = &p.limit else {
+                    return Err(ErrorCode::UnknownRule);
+                };
+                Policy::from_limit(limit).map_err(|_| ErrorCode::InvalidLimit)
             })
             .collect::<Result<SmallVec<[Policy; 4]>, _>>()?;
 

@@ -15,7 +15,8 @@ fn tb(key: &str, count: u64, period_ms: u64, burst: u64, cost: u32) -> Pair {
             count,
             period_ms,
             burst,
-        },
+        }
+        .into(),
         cost,
     }
 }
@@ -28,7 +29,8 @@ fn sw(key: &str, count: u64, period_ms: u64, cost: u32) -> Pair {
             count,
             period_ms,
             burst: 0,
-        },
+        }
+        .into(),
         cost,
     }
 }

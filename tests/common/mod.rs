@@ -75,7 +75,8 @@ pub fn tb(key: &str, count: u64, period_ms: u64, burst: u64, cost: u32) -> Pair 
             count,
             period_ms,
             burst,
-        },
+        }
+        .into(),
         cost,
     }
 }

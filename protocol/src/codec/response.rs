@@ -21,8 +21,12 @@ use crate::message::{CheckResult, Decision, ErrorCode, RequestId, Response, Role
 const STATUS_ALLOWED: u8 = 0;
 const STATUS_DENIED: u8 = 1;
 const STATUS_ERROR: u8 = 2;
+/// Allowed because the denying rule is in shadow mode; the decision fields
+/// describe the would-be denial. (3 is unassigned.)
+const STATUS_SHADOW_DENIED: u8 = 4;
 
-/// Encoded size of a decision result: status, pair, four u64 fields.
+/// Encoded size of a decision result (any of statuses 0, 1, 4): status,
+/// pair, four u64 fields.
 const DECISION_LEN: usize = 1 + 1 + 4 * 8;
 /// Encoded size of an error result: status and code.
 const ERROR_RESULT_LEN: usize = 1 + 2;
@@ -90,14 +94,17 @@ fn decode_results(r: &mut PayloadReader) -> Result<Vec<CheckResult>, DecodeError
     for _ in 0..n {
         let status = r.u8()?;
         let result = match status {
-            STATUS_ALLOWED | STATUS_DENIED => CheckResult::Decision(Decision {
-                allowed: status == STATUS_ALLOWED,
-                pair: r.u8()?,
-                limit: r.u64()?,
-                remaining: r.u64()?,
-                reset_after_ms: r.u64()?,
-                retry_after_ms: r.u64()?,
-            }),
+            STATUS_ALLOWED | STATUS_DENIED | STATUS_SHADOW_DENIED => {
+                CheckResult::Decision(Decision {
+                    allowed: status != STATUS_DENIED,
+                    shadow_denied: status == STATUS_SHADOW_DENIED,
+                    pair: r.u8()?,
+                    limit: r.u64()?,
+                    remaining: r.u64()?,
+                    reset_after_ms: r.u64()?,
+                    retry_after_ms: r.u64()?,
+                })
+            }
             STATUS_ERROR => CheckResult::Error(ErrorCode::from_wire(r.u16()?)),
             _ => {
                 return Err(DecodeError::UnknownStatus {
@@ -196,10 +203,13 @@ where
             count += 1;
             match result {
                 CheckResult::Decision(d) => {
-                    dst.put_u8(if d.allowed {
-                        STATUS_ALLOWED
-                    } else {
+                    // A denial stays a denial whatever shadow_denied says.
+                    dst.put_u8(if !d.allowed {
                         STATUS_DENIED
+                    } else if d.shadow_denied {
+                        STATUS_SHADOW_DENIED
+                    } else {
+                        STATUS_ALLOWED
                     });
                     dst.put_u8(d.pair);
                     dst.put_u64(d.limit);

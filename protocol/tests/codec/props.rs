@@ -20,25 +20,35 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
     prop_oneof![Just(Algorithm::TokenBucket), Just(Algorithm::SlidingWindow)]
 }
 
+/// Any 1..=64-byte UTF-8 string (multi-byte chars included).
+fn rule_name() -> impl Strategy<Value = RuleName> {
+    "\\PC{1,64}".prop_filter_map("1..=64 bytes", |s: String| {
+        let mut end = s.len().min(MAX_RULE_NAME_LEN);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        RuleName::try_from(&s[..end]).ok()
+    })
+}
+
+fn limit_ref() -> impl Strategy<Value = LimitRef> {
+    prop_oneof![
+        (algorithm(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+            |(algorithm, count, period_ms, burst)| {
+                LimitRef::Inline(Limit {
+                    algorithm,
+                    count,
+                    period_ms,
+                    burst,
+                })
+            }
+        ),
+        rule_name().prop_map(LimitRef::Rule),
+    ]
+}
+
 fn pair() -> impl Strategy<Value = Pair> {
-    (
-        key(),
-        algorithm(),
-        any::<u64>(),
-        any::<u64>(),
-        any::<u64>(),
-        any::<u32>(),
-    )
-        .prop_map(|(key, algorithm, count, period_ms, burst, cost)| Pair {
-            key,
-            limit: Limit {
-                algorithm,
-                count,
-                period_ms,
-                burst,
-            },
-            cost,
-        })
+    (key(), limit_ref(), any::<u32>()).prop_map(|(key, limit, cost)| Pair { key, limit, cost })
 }
 
 fn check_batch() -> impl Strategy<Value = CheckBatch> {
@@ -75,16 +85,23 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
 
 fn check_result() -> impl Strategy<Value = CheckResult> {
     prop_oneof![
-        (any::<bool>(), any::<u8>(), any::<[u64; 4]>()).prop_map(|(allowed, pair, n)| {
-            CheckResult::Decision(Decision {
-                allowed,
-                pair,
-                limit: n[0],
-                remaining: n[1],
-                reset_after_ms: n[2],
-                retry_after_ms: n[3],
-            })
-        }),
+        // (allowed, shadow_denied): the three combinations the wire carries.
+        (
+            prop::sample::select(vec![(true, false), (false, false), (true, true)]),
+            any::<u8>(),
+            any::<[u64; 4]>()
+        )
+            .prop_map(|((allowed, shadow_denied), pair, n)| {
+                CheckResult::Decision(Decision {
+                    allowed,
+                    shadow_denied,
+                    pair,
+                    limit: n[0],
+                    remaining: n[1],
+                    reset_after_ms: n[2],
+                    retry_after_ms: n[3],
+                })
+            }),
         error_code().prop_map(CheckResult::Error),
     ]
 }

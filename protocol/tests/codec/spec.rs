@@ -149,6 +149,7 @@ fn checked_example() {
         2,
         &Response::Checked(vec![CheckResult::Decision(Decision {
             allowed: true,
+            shadow_denied: false,
             pair: 0,
             limit: 20,
             remaining: 19,
@@ -170,6 +171,68 @@ fn checked_example() {
             ("00 00 00 00 00 00 00 13", "remaining: 19"),
             ("00 00 00 00 00 00 00 64", "reset_after_ms: 100"),
             ("00 00 00 00 00 00 00 00", "retry_after_ms: 0"),
+        ],
+    );
+}
+
+#[test]
+fn check_rule_example() {
+    let request = Request::Check(batch(vec![vec![rule_pair(
+        "rl:{acme}:s",
+        "api-per-second",
+        0,
+    )]]));
+    let frame = encode_req(3, &request);
+    assert_documented(
+        &protocol_md(),
+        &frame,
+        &[
+            ("00 00 00 29", "length: 41-byte body"),
+            ("03", "opcode: CHECK"),
+            ("00 00 00 03", "request id: 3"),
+            ("00 01", "n_checks: 1"),
+            ("01", "check 0, n_pairs: 1"),
+            ("00 0b", "key_len: 11"),
+            ("72 6c 3a 7b 61 63 6d 65 7d 3a 73", "key: `rl:{acme}:s`"),
+            ("80", "limit_kind: named rule"),
+            ("0e", "name_len: 14"),
+            (
+                "61 70 69 2d 70 65 72 2d 73 65 63 6f 6e 64",
+                "name: `api-per-second`",
+            ),
+            ("00 00 00 00", "cost: 0 (the rule's default cost)"),
+        ],
+    );
+}
+
+#[test]
+fn checked_shadow_denied_example() {
+    let frame = encode_resp(
+        3,
+        &Response::Checked(vec![CheckResult::Decision(Decision {
+            allowed: true,
+            shadow_denied: true,
+            pair: 0,
+            limit: 20,
+            remaining: 0,
+            reset_after_ms: 2000,
+            retry_after_ms: 100,
+        })]),
+    );
+    assert_documented(
+        &protocol_md(),
+        &frame,
+        &[
+            ("00 00 00 29", "length: 41-byte body"),
+            ("83", "opcode: CHECKED"),
+            ("00 00 00 03", "request id: 3"),
+            ("00 01", "n: 1"),
+            ("04", "result 0, status: allowed, shadow rule would deny"),
+            ("00", "pair: 0"),
+            ("00 00 00 00 00 00 00 14", "limit: 20"),
+            ("00 00 00 00 00 00 00 00", "remaining: 0"),
+            ("00 00 00 00 00 00 07 d0", "reset_after_ms: 2000"),
+            ("00 00 00 00 00 00 00 64", "retry_after_ms: 100"),
         ],
     );
 }
@@ -232,7 +295,7 @@ fn slot_numbers_quoted_in_the_spec() {
 #[test]
 fn error_code_table_matches_to_wire() {
     let doc = protocol_md();
-    for wire in 1..=13u16 {
+    for wire in 1..=14u16 {
         let code = ErrorCode::from_wire(wire);
         let row = format!("| {wire} | {code:?} |");
         assert!(
