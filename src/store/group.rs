@@ -11,6 +11,7 @@ use super::{Entry, Store};
 use crate::algorithm::{Policy, Verdict};
 use crate::clock::Nanos;
 use crate::slot::Slot;
+use crate::sync::{AtomicU64, Ordering};
 use smallvec::SmallVec;
 use tollgate_protocol::{CheckResult, ErrorCode, LimitRef, Pair};
 
@@ -69,7 +70,7 @@ impl Store {
             let earlier = pairs[..i].iter().rposition(|p| p.key == pair.key);
             let current = match earlier {
                 Some(j) => after[j],
-                None => live_entry(&mut map, &pair.key, now),
+                None => live_entry(&mut map, &pair.key, now, &self.expired_on_access),
             };
             let verdict = policy.evaluate(current.as_ref().map(|e| &e.state), now, pair.cost);
             after.push(if verdict.decision.allowed {
@@ -100,12 +101,15 @@ impl Store {
     }
 }
 
-/// The key's entry if it is still live; an expired one is dropped on the spot.
-fn live_entry(map: &mut super::Map, key: &[u8], now: Nanos) -> Option<Entry> {
+/// The key's entry if it is still live; an expired one is dropped on the
+/// spot (and counted in `expired`).
+fn live_entry(map: &mut super::Map, key: &[u8], now: Nanos, expired: &AtomicU64) -> Option<Entry> {
     match map.get(key) {
         Some(e) if e.expires_at > now => Some(*e),
         Some(_) => {
             map.remove(key);
+            // Relaxed: a statistic, read by the metrics only.
+            expired.fetch_add(1, Ordering::Relaxed);
             None
         }
         None => None,

@@ -20,7 +20,7 @@ mod group;
 use crate::algorithm::State;
 use crate::clock::Nanos;
 use crate::slot::Slot;
-use crate::sync::{AtomicUsize, Mutex, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering};
 use std::collections::HashMap;
 
 pub use group::Mode;
@@ -66,6 +66,9 @@ pub struct Store {
     /// Next stripe the sweeper visits; only the sweeper advances it, the
     /// atomic makes `sweep` callable through `&self`.
     sweep_cursor: AtomicUsize,
+    /// Expired entries dropped when a check met them (the sweeper's own
+    /// count is what `sweep` returns). Read for metrics.
+    expired_on_access: AtomicU64,
 }
 
 impl Store {
@@ -83,6 +86,7 @@ impl Store {
             stripes,
             mask: n - 1,
             sweep_cursor: AtomicUsize::new(0),
+            expired_on_access: AtomicU64::new(0),
         }
     }
 
@@ -104,6 +108,12 @@ impl Store {
     pub fn remove(&self, key: &[u8], now: Nanos) -> bool {
         let mut map = self.stripe(Slot::of(key)).map.lock();
         map.remove(key).is_some_and(|e| e.expires_at > now)
+    }
+
+    /// Expired entries dropped by checks that met them, since the start.
+    pub fn expired_on_access(&self) -> u64 {
+        // Relaxed: a statistic; no other memory is read through it.
+        self.expired_on_access.load(Ordering::Relaxed)
     }
 
     /// Number of entries held, expired-but-unswept ones included.
