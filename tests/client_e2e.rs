@@ -113,7 +113,8 @@ async fn server_outage_fails_open_then_the_client_reconnects() {
 
     // Back on the same port: the client finds it again by itself.
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let server = tollgate::server::Server::new(tollgate::config::ServerConfig::with_listen(addr));
+    let server =
+        tollgate::server::Server::new(tollgate::config::ServerConfig::with_listen(addr)).unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let join = tokio::spawn(server.run(listener, shutdown.clone()));
     let deadline = tokio::time::Instant::now() + PATIENCE;
