@@ -232,6 +232,17 @@ mod tests {
     }
 
     #[test]
+    fn failure_modes_parse_as_the_admin_api_writes_them() {
+        assert_eq!("open".parse(), Ok(FailMode::Open));
+        assert_eq!("closed".parse(), Ok(FailMode::Closed));
+        assert_eq!(
+            "Closed".parse::<FailMode>(),
+            Err(UnknownFailMode("Closed".into()))
+        );
+        assert_eq!(FailMode::Closed.name(), "closed");
+    }
+
+    #[test]
     fn validate_reports_the_numbers() {
         let config = ClientConfig {
             backoff_min: Duration::from_secs(3),

@@ -12,7 +12,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use tollgate_client::{Algorithm, Client, ClientConfig, FailMode, Limit, Outcome};
+//! use tollgate_client::{Algorithm, Client, ClientConfig, FailMode, Limit, Outcome, RuleName};
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), tollgate_client::Error> {
@@ -36,6 +36,15 @@
 //!     } else {
 //!         // answer 429
 //!     }
+//!
+//!     // Or name a rule configured on the server (its rules file); cost 0
+//!     // takes the rule's default cost. An unknown name is
+//!     // `Undecided(Rejected(UnknownRule))`. A rule's failure mode
+//!     // ("open"/"closed", from the admin API's GET /v1/rules) parses as a
+//!     // FailMode for `allowed`.
+//!     let outcome = client.check("rl:{api-key-42}:search", RuleName::from_static("search"), 0).await;
+//!     let mode: FailMode = "closed".parse().expect("a failure mode");
+//!     let _ = outcome.allowed(mode);
 //!
 //!     // Administrative calls can take a longer deadline.
 //!     let rtt = client.with_deadline(Duration::from_secs(1)).ping().await?;

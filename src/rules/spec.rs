@@ -590,3 +590,28 @@ rules:
         assert!(parse_json(b"{", "x").is_err());
     }
 }
+
+#[cfg(test)]
+mod example {
+    /// The checked-in example file is valid and shows every field.
+    #[test]
+    fn the_example_rules_file_loads() {
+        let text = include_str!("../../config/rules.example.yaml");
+        let rules = super::parse_yaml(text).expect("config/rules.example.yaml is valid");
+        assert_eq!(rules.len(), 5);
+        assert!(rules.iter().any(|r| r.shadow));
+        assert!(rules.iter().any(|r| r.window.is_some()));
+        assert!(rules.iter().any(|r| r.default_cost > 1));
+    }
+
+    /// So is the README's example.
+    #[test]
+    fn the_readme_rules_example_loads() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("```yaml\n").expect("a yaml block") + 8;
+        let end = start + readme[start..].find("```").expect("its end");
+        let rules = super::parse_yaml(&readme[start..end]).expect("README example is valid");
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[1].window.as_ref().map(|w| w.ms), Some(86_400_000));
+    }
+}

@@ -317,3 +317,40 @@ async fn throttled(
     }))
     .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::ServerConfig;
+    use crate::server::Server;
+
+    async fn body(r: Response) -> Value {
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_serving_then_draining() {
+        let config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+        let server = Server::with_clock(config, Arc::new(ManualClock::new(0))).unwrap();
+        let shared = server.shared.clone();
+
+        let r = readyz(AxumState(shared.clone())).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body(r).await["error"], "starting");
+
+        shared.serving.store(true, Ordering::Release);
+        assert_eq!(
+            readyz(AxumState(shared.clone())).await.status(),
+            StatusCode::OK
+        );
+
+        shared.draining.cancel();
+        let r = readyz(AxumState(shared.clone())).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body(r).await["error"], "draining");
+        // Health is not readiness: the process is still up.
+        assert_eq!(healthz().await.status(), StatusCode::OK);
+    }
+}
