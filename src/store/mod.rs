@@ -22,7 +22,7 @@ mod tables;
 use crate::algorithm::State;
 use crate::clock::Nanos;
 use crate::slot::Slot;
-use crate::sync::{AtomicUsize, Mutex, Ordering};
+use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering};
 
 pub use group::Mode;
 pub use key::StoredKey;
@@ -75,6 +75,9 @@ pub struct Store {
     sweep_cursor: AtomicUsize,
     /// Cap on a sliding log's or a concurrency limit's `count`.
     max_log_entries: u64,
+    /// Expired entries dropped when a check, refund or release met them
+    /// (the sweeper's own count is what `sweep` returns). Read for metrics.
+    expired_on_access: AtomicU64,
 }
 
 impl Store {
@@ -94,6 +97,7 @@ impl Store {
             hasher: ahash::RandomState::new(),
             sweep_cursor: AtomicUsize::new(0),
             max_log_entries: config.max_log_entries,
+            expired_on_access: AtomicU64::new(0),
         }
     }
 
@@ -121,6 +125,13 @@ impl Store {
     pub fn remove(&self, key: &[u8], now: Nanos) -> bool {
         let mut tables = self.stripe(Slot::of(key)).tables.lock();
         tables.remove_all(self.hash(key), key, now)
+    }
+
+    /// Expired entries dropped by checks, refunds and releases that met
+    /// them, since the start.
+    pub fn expired_on_access(&self) -> u64 {
+        // Relaxed: a statistic; no other memory is read through it.
+        self.expired_on_access.load(Ordering::Relaxed)
     }
 
     /// Number of entries held, expired-but-unswept ones included.
