@@ -523,6 +523,30 @@ rules:
     assert_eq!(r[1], CheckResult::Error(ErrorCode::InvalidLimit));
     assert_eq!(decision(&r[2]).remaining, 2);
 
+    // A key holding a bucket beside its window: the admin API reads both.
+    let r = conn
+        .check(30, batch_of(vec![vec![rule("rl:{a}:daily", "trial", 1)]]))
+        .await;
+    assert!(allowed(&r[0]));
+    let v = http(admin, "GET", "/v1/limits/rl%3A%7Ba%7D%3Adaily", None)
+        .await
+        .json();
+    let states: Vec<&str> = v["states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["algorithm"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["token-bucket", "fixed-window"], "{v}");
+    assert_eq!(v["state"]["algorithm"], "token-bucket", "{v}");
+    let usage: Vec<(&str, u64)> = v["usage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["rule"].as_str().unwrap(), u["used"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(usage, [("trial", 1), ("daily", 3)], "{v}");
+
     // Shadow mode with a lease: the enforced concurrency pair's lease is
     // the answer even when the shadow rule would deny (status 3 wins), and
     // the would-be denial is counted.

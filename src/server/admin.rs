@@ -229,9 +229,11 @@ async fn limits(
         }
     }
     let now = shared.clock.now();
-    let entry = shared.store.get(key.as_bytes(), now);
+    // A key holds at most a token bucket and one state of another
+    // algorithm; each is read as every rule of its algorithm would see it.
+    let entries = shared.store.entries(key.as_bytes(), now);
     let mut usage = Vec::new();
-    if let Some(entry) = &entry {
+    for entry in &entries {
         let algorithm = entry.state.algorithm();
         for rule in rules.sorted() {
             if rule.limit.algorithm != algorithm
@@ -262,17 +264,21 @@ async fn limits(
             }));
         }
     }
-    let state: Value = match &entry {
-        Some(e) => json!({
+    let state_json = |e: &crate::store::Entry| {
+        json!({
             "algorithm": e.state.algorithm().name(),
             "expires_in_ms": e.expires_at.saturating_sub(now).div_ceil(crate::clock::NANOS_PER_MS),
-        }),
-        None => Value::Null,
+        })
     };
+    // `state` is the first (the token bucket when there is one), `states`
+    // all of them.
+    let state = entries.first().map_or(Value::Null, state_json);
+    let states: Vec<Value> = entries.iter().map(state_json).collect();
     Json(json!({
         "key": key,
         "slot": Slot::of(key.as_bytes()).get(),
         "state": state,
+        "states": states,
         "usage": usage,
     }))
     .into_response()

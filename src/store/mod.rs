@@ -26,7 +26,7 @@ use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering};
 
 pub use group::Mode;
 pub use key::StoredKey;
-use tables::Tables;
+use tables::{Table, Tables};
 
 /// One key's state and the moment it may be forgotten.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +119,19 @@ impl Store {
         tables
             .find_any(self.hash(key), key)
             .filter(|e| e.expires_at > now)
+    }
+
+    /// Every live state of one key: its token bucket, then its state of
+    /// any other algorithm (a key may hold both, see `tables`). For the
+    /// admin API's usage report; charges nothing.
+    pub fn entries(&self, key: &[u8], now: Nanos) -> Vec<Entry> {
+        let hash = self.hash(key);
+        let tables = self.stripe(Slot::of(key)).tables.lock();
+        [Table::Buckets, Table::Others]
+            .into_iter()
+            .filter_map(|t| tables.find(t, hash, key))
+            .filter(|e| e.expires_at > now)
+            .collect()
     }
 
     /// Forgets every state `key` holds. Returns whether any of it was live.

@@ -227,6 +227,30 @@ fn expired_entries_met_on_access_are_dropped_and_counted() {
 }
 
 #[test]
+fn entries_lists_both_tables_of_a_key() {
+    let s = store();
+    assert!(s.entries(b"k", S).is_empty());
+    decided(s.check(&[sw("k", 10, 1000, 1)], S, Mode::Charge));
+    decided(s.check(&[tb("k", 10, 1000, 10, 1)], S, Mode::Charge));
+    let algorithms: Vec<_> = s
+        .entries(b"k", S)
+        .iter()
+        .map(|e| e.state.algorithm())
+        .collect();
+    assert_eq!(
+        algorithms,
+        [Algorithm::TokenBucket, Algorithm::SlidingWindow]
+    );
+    // The bucket is full again 100 ms later; the window lasts longer.
+    let algorithms: Vec<_> = s
+        .entries(b"k", S + 100 * MS)
+        .iter()
+        .map(|e| e.state.algorithm())
+        .collect();
+    assert_eq!(algorithms, [Algorithm::SlidingWindow]);
+}
+
+#[test]
 fn a_named_rule_must_be_resolved_before_the_store() {
     let s = store();
     let named = Pair::rule(
