@@ -8,7 +8,10 @@
 use crate::units::{format_duration, parse_bytes, parse_duration, UnitError};
 use clap::Args;
 use serde::{Serialize, Serializer};
+use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 use tollgate_protocol::ServerLimits;
 
@@ -27,12 +30,18 @@ pub const DEFAULT_STRIPES: usize = 1024;
 pub const DEFAULT_SWEEP_INTERVAL: &str = "100ms";
 pub const DEFAULT_SWEEP_STRIPES: usize = 64;
 pub const DEFAULT_MAX_LOG_ENTRIES: u64 = crate::algorithm::DEFAULT_MAX_LOG_ENTRIES;
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:7701";
+pub const DEFAULT_RULES_POLL: &str = "1s";
+pub const DEFAULT_THROTTLED_KEYS: usize = 1024;
+pub const DEFAULT_THROTTLED_WINDOW: &str = "1m";
 
 /// Hard ceilings no flag may pass, so a typo cannot make the server reserve
 /// absurd buffers.
 pub const MAX_FRAME_CEILING: u32 = 64 << 20;
 /// 1M timestamps are 8 MB for one key: more is surely a typo.
 pub const MAX_LOG_ENTRIES_CEILING: u64 = 1 << 20;
+/// Most keys the throttled-keys sketch may track.
+pub const MAX_THROTTLED_KEYS: usize = 1 << 20;
 
 #[derive(Debug, Clone, Args, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -49,7 +58,8 @@ pub struct ServerConfig {
     #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: u32,
 
-    /// Most checks in one CHECK/PEEK frame (and keys in one RESET).
+    /// Most checks in one CHECK/PEEK/REFUND frame (and keys in one RESET,
+    /// leases in one RELEASE).
     #[arg(long, default_value_t = DEFAULT_MAX_BATCH)]
     pub max_batch: u16,
 
@@ -105,6 +115,31 @@ pub struct ServerConfig {
     #[arg(long, default_value_t = DEFAULT_MAX_LOG_ENTRIES)]
     pub max_log_entries: u64,
 
+    /// Rules file (YAML) naming the rules checks may refer to; reloaded on
+    /// change, on SIGHUP and by the admin API.
+    #[arg(long)]
+    pub rules: Option<PathBuf>,
+
+    /// How often the rules file is checked for changes (0s: never).
+    #[arg(long, default_value = DEFAULT_RULES_POLL, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub rules_poll: Duration,
+
+    /// Address of the admin HTTP API (health, rules, usage, metrics), or
+    /// `none`.
+    #[arg(long, default_value = DEFAULT_ADMIN)]
+    pub admin: AdminAddr,
+
+    /// Denied keys tracked for `GET /v1/throttled` (fixed memory).
+    #[arg(long, default_value_t = DEFAULT_THROTTLED_KEYS)]
+    pub throttled_keys: usize,
+
+    /// Window over which `GET /v1/throttled` counts denials (it reports the
+    /// current and the previous window).
+    #[arg(long, default_value = DEFAULT_THROTTLED_WINDOW, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub throttled_window: Duration,
+
     /// Shared secret clients must present in HELLO (none: no auth).
     #[arg(long, env = "TOLLGATE_AUTH_TOKEN", hide_env_values = true)]
     #[serde(serialize_with = "redacted")]
@@ -124,6 +159,40 @@ pub struct ServerConfig {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// Where the admin HTTP API listens: an address, or `none` for no admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAddr {
+    Off,
+    On(SocketAddr),
+}
+
+impl FromStr for AdminAddr {
+    type Err = std::net::AddrParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            Ok(Self::Off)
+        } else {
+            s.parse().map(Self::On)
+        }
+    }
+}
+
+impl fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Off => f.write_str("none"),
+            Self::On(addr) => addr.fmt(f),
+        }
+    }
+}
+
+impl Serialize for AdminAddr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -246,6 +315,14 @@ impl ServerConfig {
                 max: MAX_LOG_ENTRIES_CEILING,
             });
         }
+        at_least("throttled-keys", self.throttled_keys as u64, 1)?;
+        if self.throttled_keys > MAX_THROTTLED_KEYS {
+            return Err(ConfigError::TooLarge {
+                name: "throttled-keys",
+                value: self.throttled_keys as u64,
+                max: MAX_THROTTLED_KEYS as u64,
+            });
+        }
         if self.max_frame > MAX_FRAME_CEILING {
             return Err(ConfigError::TooLarge {
                 name: "max-frame",
@@ -253,8 +330,9 @@ impl ServerConfig {
                 max: MAX_FRAME_CEILING.into(),
             });
         }
-        // header (5) + count (2) + group count (1) + pairs of the longest key.
-        let pair = 2 + u64::from(self.max_key_len) + 1 + 8 * 3 + 4;
+        // header (5) + count (2) + group count (1) + pairs of the longest key,
+        // each naming a rule of the longest name (larger than an inline limit).
+        let pair = 2 + u64::from(self.max_key_len) + 1 + 1 + 64 + 4;
         let needed = 5 + 2 + 1 + u64::from(self.max_group) * pair;
         if u64::from(self.max_frame) < needed {
             return Err(ConfigError::FrameTooSmallForGroup {
@@ -270,6 +348,7 @@ impl ServerConfig {
             ("handshake-timeout", self.handshake_timeout),
             ("write-timeout", self.write_timeout),
             ("sweep-interval", self.sweep_interval),
+            ("throttled-window", self.throttled_window),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration { name });

@@ -21,7 +21,7 @@ use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::Ordering;
 use smallvec::SmallVec;
-use tollgate_protocol::{CheckResult, ErrorCode, Pair};
+use tollgate_protocol::{CheckResult, ErrorCode, LimitRef, Pair};
 
 /// Whether a passing check is charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +61,8 @@ impl Store {
     pub fn release(&self, key: &[u8], lease: u64, now: Nanos) -> bool {
         let hash = self.hash(key);
         let mut tables = self.stripe(Slot::of(key)).tables.lock();
-        let Some(entry) = tables.live(Table::Others, hash, key, now) else {
+        let Some(entry) = tables.live(Table::Others, hash, key, now, &self.expired_on_access)
+        else {
             return false;
         };
         let Some((state, expires_at)) = release_lease(&entry.state, lease, now) else {
@@ -102,7 +103,12 @@ impl Store {
                 if p.cost == 0 {
                     return Err(ErrorCode::InvalidLimit);
                 }
-                Policy::from_limit_with(&p.limit, self.max_log_entries)
+                // Named rules are resolved to inline limits by the caller
+                // (the server's rule set); the store holds no configuration.
+                let LimitRef::Inline(limit) = &p.limit else {
+                    return Err(ErrorCode::UnknownRule);
+                };
+                Policy::from_limit_with(limit, self.max_log_entries)
                     .map_err(|_| ErrorCode::InvalidLimit)
             })
             .collect::<Result<SmallVec<[Policy; 4]>, _>>()?;
@@ -124,7 +130,7 @@ impl Store {
                 .find(|&j| pairs[j].key == pair.key && table_for(&policies[j]) == table);
             let current = match earlier {
                 Some(j) => after[j].clone(),
-                None => tables.live(table, hashes[i], &pair.key, now),
+                None => tables.live(table, hashes[i], &pair.key, now, &self.expired_on_access),
             };
             let state = current.as_ref().map(|e| &e.state);
             let verdict = match op {

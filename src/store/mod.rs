@@ -27,7 +27,7 @@ use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering};
 pub use group::Mode;
 pub use key::StoredKey;
 pub use tables::Full;
-use tables::Tables;
+use tables::{Table, Tables};
 
 /// One key's state and the moment it may be forgotten.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +90,9 @@ pub struct Store {
     evicted: AtomicU64,
     /// New keys refused at the cap (policy `Refuse`).
     refused: AtomicU64,
+    /// Expired entries dropped when a check, refund or release met them
+    /// (the sweeper's own count is what `sweep` returns). Read for metrics.
+    expired_on_access: AtomicU64,
 }
 
 impl Store {
@@ -113,6 +116,7 @@ impl Store {
             on_full: config.on_full,
             evicted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            expired_on_access: AtomicU64::new(0),
         }
     }
 
@@ -147,10 +151,30 @@ impl Store {
             .filter(|e| e.expires_at > now)
     }
 
+    /// Every live state of one key: its token bucket, then its state of
+    /// any other algorithm (a key may hold both, see `tables`). For the
+    /// admin API's usage report; charges nothing.
+    pub fn entries(&self, key: &[u8], now: Nanos) -> Vec<Entry> {
+        let hash = self.hash(key);
+        let tables = self.stripe(Slot::of(key)).tables.lock();
+        [Table::Buckets, Table::Others]
+            .into_iter()
+            .filter_map(|t| tables.find(t, hash, key))
+            .filter(|e| e.expires_at > now)
+            .collect()
+    }
+
     /// Forgets every state `key` holds. Returns whether any of it was live.
     pub fn remove(&self, key: &[u8], now: Nanos) -> bool {
         let mut tables = self.stripe(Slot::of(key)).tables.lock();
         tables.remove_all(self.hash(key), key, now)
+    }
+
+    /// Expired entries dropped by checks, refunds and releases that met
+    /// them, since the start.
+    pub fn expired_on_access(&self) -> u64 {
+        // Relaxed: a statistic; no other memory is read through it.
+        self.expired_on_access.load(Ordering::Relaxed)
     }
 
     /// Number of entries held, expired-but-unswept ones included.

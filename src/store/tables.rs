@@ -21,6 +21,7 @@
 use super::{Entry, StoredKey};
 use crate::algorithm::State;
 use crate::clock::Nanos;
+use crate::sync::{AtomicU64, Ordering};
 use hashbrown::HashTable;
 
 /// A token bucket: the key and GCRA's theoretical arrival time.
@@ -134,13 +135,23 @@ impl Tables {
         }
     }
 
-    /// The live entry of `key` in `table`; an expired one is dropped.
-    pub fn live(&mut self, table: Table, hash: u64, key: &[u8], now: Nanos) -> Option<Entry> {
+    /// The live entry of `key` in `table`; an expired one is dropped on the
+    /// spot and counted in `expired`.
+    pub fn live(
+        &mut self,
+        table: Table,
+        hash: u64,
+        key: &[u8],
+        now: Nanos,
+        expired: &AtomicU64,
+    ) -> Option<Entry> {
         let entry = self.find(table, hash, key)?;
         if entry.expires_at > now {
             return Some(entry);
         }
         self.remove(table, hash, key);
+        // Relaxed: a statistic, read by the metrics only.
+        expired.fetch_add(1, Ordering::Relaxed);
         None
     }
 

@@ -15,7 +15,8 @@ fn tb(key: &str, count: u64, period_ms: u64, burst: u64, cost: u32) -> Pair {
             count,
             period_ms,
             burst,
-        },
+        }
+        .into(),
         cost,
     }
 }
@@ -28,7 +29,8 @@ fn sw(key: &str, count: u64, period_ms: u64, cost: u32) -> Pair {
             count,
             period_ms,
             burst: 0,
-        },
+        }
+        .into(),
         cost,
     }
 }
@@ -200,6 +202,74 @@ fn idle_keys_expire_lazily_and_by_the_sweeper() {
 }
 
 #[test]
+fn expired_entries_met_on_access_are_dropped_and_counted() {
+    let s = store();
+    decided(s.check(&[tb("b", 10, 1000, 10, 1)], S, Mode::Charge));
+    decided(s.check(&[sw("w", 10, 1000, 1)], S, Mode::Charge));
+    decided(s.check(&[cc("c", 1, 1000, 1)], S, Mode::Charge));
+    assert_eq!((s.len(), s.expired_on_access()), (3, 0));
+    // Live entries met by a check are not counted.
+    decided(s.check(&[tb("b", 10, 1000, 10, 1)], S, Mode::Charge));
+    assert_eq!(s.expired_on_access(), 0);
+    // Later every entry has expired: each table counts what it drops, for a
+    // check, a peek or a release alike; the sweeper finds nothing left.
+    let later = 10 * S;
+    decided(s.check(&[tb("b", 10, 1000, 10, 1)], later, Mode::Peek));
+    assert_eq!(s.expired_on_access(), 1);
+    decided(s.check(&[sw("w", 10, 1000, 1)], later, Mode::Charge));
+    assert_eq!(s.expired_on_access(), 2);
+    assert!(!s.release(b"c", 1, later));
+    assert_eq!(s.expired_on_access(), 3);
+    assert_eq!(s.sweep(s.stripe_count(), later), 0);
+    // Keys never seen are not expiries.
+    decided(s.check(&[tb("new", 10, 1000, 10, 1)], later, Mode::Charge));
+    assert_eq!(s.expired_on_access(), 3);
+}
+
+#[test]
+fn entries_lists_both_tables_of_a_key() {
+    let s = store();
+    assert!(s.entries(b"k", S).is_empty());
+    decided(s.check(&[sw("k", 10, 1000, 1)], S, Mode::Charge));
+    decided(s.check(&[tb("k", 10, 1000, 10, 1)], S, Mode::Charge));
+    let algorithms: Vec<_> = s
+        .entries(b"k", S)
+        .iter()
+        .map(|e| e.state.algorithm())
+        .collect();
+    assert_eq!(
+        algorithms,
+        [Algorithm::TokenBucket, Algorithm::SlidingWindow]
+    );
+    // The bucket is full again 100 ms later; the window lasts longer.
+    let algorithms: Vec<_> = s
+        .entries(b"k", S + 100 * MS)
+        .iter()
+        .map(|e| e.state.algorithm())
+        .collect();
+    assert_eq!(algorithms, [Algorithm::SlidingWindow]);
+}
+
+#[test]
+fn a_named_rule_must_be_resolved_before_the_store() {
+    let s = store();
+    let named = Pair::rule(
+        Bytes::from_static(b"k"),
+        tollgate_protocol::RuleName::from_static("api"),
+        1,
+    );
+    assert_eq!(
+        s.check(std::slice::from_ref(&named), S, Mode::Charge),
+        CheckResult::Error(ErrorCode::UnknownRule)
+    );
+    assert_eq!(
+        s.refund(std::slice::from_ref(&named), S),
+        CheckResult::Error(ErrorCode::UnknownRule)
+    );
+    assert!(s.is_empty());
+}
+
+#[test]
 fn remove_forgets_a_key() {
     let s = store();
     let p = [tb("r", 1, 1000, 1, 1)];
@@ -236,7 +306,8 @@ fn pair(
             count,
             period_ms,
             burst,
-        },
+        }
+        .into(),
         cost,
     }
 }
@@ -471,7 +542,7 @@ fn refund_on_each_algorithm() {
         let mut back = p.clone();
         back.cost = 2;
         let d = decided(s.refund(std::slice::from_ref(&back), S));
-        assert_eq!(d.remaining, 6, "{:?}", p.limit.algorithm);
+        assert_eq!(d.remaining, 6, "{:?}", p.limit);
         // The refunded units can be taken again, and no more.
         let mut again = p.clone();
         again.cost = 6;
@@ -664,7 +735,8 @@ fn memory_cap_counts_long_keys_and_logs() {
                 count: 100,
                 period_ms: 1000,
                 burst: 0,
-            },
+            }
+            .into(),
             cost: 50,
         };
         decided(s.check(&[log], S, Mode::Charge));
