@@ -21,7 +21,8 @@ fn batch() -> CheckBatch {
                 count: 100,
                 period_ms: 1000,
                 burst: 200,
-            },
+            }
+            .into(),
             cost: 1,
         });
     }
@@ -53,6 +54,7 @@ fn codec(c: &mut Criterion) {
 
     let decision = CheckResult::Decision(Decision {
         allowed: true,
+        shadow_denied: false,
         pair: 0,
         limit: 200,
         remaining: 150,

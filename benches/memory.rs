@@ -40,7 +40,7 @@ fn measure(keys: usize, algorithm: Algorithm) {
         key.extend_from_slice(format!("rl:{{{i:08x}}}:ab").as_bytes());
         let pair = Pair {
             key: Bytes::copy_from_slice(&key),
-            limit,
+            limit: limit.into(),
             cost: 1,
         };
         store.check(std::slice::from_ref(&pair), now, Mode::Charge);

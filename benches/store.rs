@@ -34,7 +34,7 @@ fn pairs(algorithm: Algorithm, n: usize) -> Vec<Pair> {
     (0..n)
         .map(|i| Pair {
             key: Bytes::from(format!("rl:{{user{i:08}}}:s")),
-            limit: limit(algorithm),
+            limit: limit(algorithm).into(),
             cost: 1,
         })
         .collect()

@@ -1,14 +1,16 @@
 //! The `tollgate` binary's commands: `serve`, `check`, `release`, `ping`,
-//! `status`, `promote`.
+//! `rules`, `usage`, `status`, `promote`.
 //!
 //! `serve` runs the server on built-in defaults (every setting a flag);
 //! the others are small clients over `tollgate-client`,
 //! handy for smoke tests and for seeing what a limit does before putting it
-//! in a gateway. Exit codes: 0 success, 1 the server refused the request
-//! (or, for `release`, the lease was no longer held), 2 usage or connection
-//! errors.
+//! in a gateway; `rules` and `usage` wrap the admin HTTP API. Exit codes:
+//! 0 success, 1 the server refused the request (or, for `release`, the
+//! lease was no longer held), 2 usage or connection errors.
 
-use crate::config::{LogFormat, ServerConfig};
+use crate::admin_client::{self, segment};
+use crate::config::{AdminAddr, LogFormat, ServerConfig};
+use crate::rules::ReloadSource;
 use crate::server::Server;
 use crate::units::{parse_duration, parse_millis, Rate};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -16,7 +18,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tollgate_client::{Client, ClientConfig};
-use tollgate_protocol::{Algorithm, CheckBatch, CheckResult, Decision, Limit, Pair, RETRY_NEVER};
+use tollgate_protocol::{
+    Algorithm, CheckBatch, CheckResult, Decision, Limit, LimitRef, Pair, RuleName, RETRY_NEVER,
+};
 
 /// How `check`'s flags map to each algorithm's limit (shown by `--help`).
 const ALGORITHM_HELP: &str = "\
@@ -56,8 +60,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server (defaults need no config file).
-    Serve(ServeArgs),
-    /// Check (and charge) one key against an inline limit.
+    Serve(Box<ServeArgs>),
+    /// Check (and charge) one key against an inline limit or a named rule.
     #[command(after_help = ALGORITHM_HELP)]
     Check(CheckArgs),
     /// Release a concurrency lease acquired by a check.
@@ -68,6 +72,42 @@ pub enum Command {
     Status(StatusArgs),
     /// Make a standby the primary (its epoch goes up by one).
     Promote(PingArgs),
+    /// List the server's named rules (admin API), or reload them.
+    Rules(RulesArgs),
+    /// Show the current usage of a key under the server's rules (admin API).
+    Usage(UsageArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RulesArgs {
+    /// Admin API address.
+    #[arg(long, default_value = crate::config::DEFAULT_ADMIN)]
+    pub admin: String,
+    /// Reload the rules file first (POST /v1/rules/reload).
+    #[arg(long)]
+    pub reload: bool,
+    /// Print the API's JSON as it is.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// The key, e.g. `rl:{acme}:search`.
+    pub key: String,
+    /// Admin API address.
+    #[arg(long, default_value = crate::config::DEFAULT_ADMIN)]
+    pub admin: String,
+    /// Only under this rule.
+    #[arg(long)]
+    pub rule: Option<String>,
+    /// Print the API's JSON as it is.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -113,6 +153,13 @@ pub struct CheckArgs {
     /// The key to check, e.g. `rl:{apikey}:search`.
     #[arg(long)]
     pub key: String,
+    /// Check against this named rule of the server instead of an inline
+    /// limit (`--cost 0`: the rule's default cost).
+    #[arg(
+        long,
+        conflicts_with_all = ["rate", "burst", "window", "algorithm", "max_in_flight", "lease_ttl"]
+    )]
+    pub rule: Option<String>,
     /// The limiting algorithm (see below for the flags each takes).
     #[arg(long, value_enum, default_value_t = AlgorithmArg::TokenBucket)]
     pub algorithm: AlgorithmArg,
@@ -196,7 +243,7 @@ pub enum UsageError {
         flag: &'static str,
         algorithm: &'static str,
     },
-    #[error("{algorithm} needs --rate")]
+    #[error("{algorithm} needs --rate (or name a server rule with --rule)")]
     MissingRate { algorithm: &'static str },
     #[error("concurrency needs --max-in-flight N (and optionally --lease-ttl D), or --rate N/D")]
     MissingMaxInFlight,
@@ -208,9 +255,19 @@ pub enum UsageError {
     UnevenWindow { rate: Rate, window_ms: u64 },
     #[error("--repeat must be at least 1")]
     ZeroRepeat,
+    #[error("--rule: {0}")]
+    RuleName(#[from] tollgate_protocol::InvalidRuleName),
 }
 
 impl CheckArgs {
+    /// The rule or inline limit these flags describe.
+    pub fn limit_ref(&self) -> Result<LimitRef, UsageError> {
+        match &self.rule {
+            Some(name) => Ok(LimitRef::Rule(RuleName::try_from(name.as_str())?)),
+            None => self.limit().map(LimitRef::Inline),
+        }
+    }
+
     /// The wire limit these flags describe.
     pub fn limit(&self) -> Result<Limit, UsageError> {
         let algorithm = self.algorithm.algorithm();
@@ -297,12 +354,14 @@ pub fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => runtime.block_on(serve(*args)),
         Command::Check(args) => runtime.block_on(check(args)),
         Command::Release(args) => runtime.block_on(release(args)),
         Command::Ping(args) => runtime.block_on(ping(args)),
         Command::Status(args) => runtime.block_on(status(args)),
         Command::Promote(args) => runtime.block_on(promote(args)),
+        Command::Rules(args) => runtime.block_on(rules(args)),
+        Command::Usage(args) => runtime.block_on(usage(args)),
     }
 }
 
@@ -331,10 +390,42 @@ async fn serve(args: ServeArgs) -> ExitCode {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    tracing::info!(listen = %addr, version = env!("CARGO_PKG_VERSION"), "tollgate serving");
+    let admin = match config.admin {
+        AdminAddr::Off => None,
+        AdminAddr::On(at) => match tokio::net::TcpListener::bind(at).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::error!(admin = %at, error = %e, "cannot listen for the admin API");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let admin_addr = admin
+        .as_ref()
+        .and_then(|l| l.local_addr().ok())
+        .map_or_else(|| "none".to_owned(), |a| a.to_string());
+    let mut server = match Server::new(config) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start");
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(admin) = admin {
+        server = server.with_admin(admin);
+    }
+    tracing::info!(
+        listen = %addr,
+        admin = %admin_addr,
+        rules = server.rules().current().len(),
+        version = env!("CARGO_PKG_VERSION"),
+        "tollgate serving"
+    );
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    match Server::new(config).run(listener, shutdown).await {
+    tokio::spawn(reload_on_sighup(server.rules(), shutdown.clone()));
+    match server.run(listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server failed");
@@ -380,6 +471,31 @@ async fn cancel_on_signal(token: CancellationToken) {
     token.cancel();
 }
 
+/// SIGHUP reloads the rules file (a bad file leaves the rules as they were;
+/// the outcome is logged and counted by the rules themselves).
+async fn reload_on_sighup(rules: std::sync::Arc<crate::rules::Rules>, stop: CancellationToken) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            tracing::error!("cannot install the SIGHUP handler");
+            return;
+        };
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                got = hup.recv() => if got.is_none() { return },
+            }
+            tracing::info!("SIGHUP: reloading rules");
+            let _ = rules.reload(ReloadSource::Signal).await;
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (rules, stop);
+    }
+}
+
 fn client_config(timeout: Duration) -> ClientConfig {
     ClientConfig {
         deadline: timeout,
@@ -390,7 +506,7 @@ fn client_config(timeout: Duration) -> ClientConfig {
 }
 
 async fn check(args: CheckArgs) -> ExitCode {
-    let limit = match args.limit() {
+    let limit = match args.limit_ref() {
         Ok(l) => l,
         Err(e) => {
             eprintln!("error: {e}");
@@ -412,7 +528,7 @@ async fn check(args: CheckArgs) -> ExitCode {
     for _ in 0..args.repeat {
         batch.push(Pair {
             key: args.key.clone().into(),
-            limit,
+            limit: limit.clone(),
             cost: args.cost,
         });
     }
@@ -515,6 +631,126 @@ async fn ping(args: PingArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// One admin API call for the CLI: the JSON answer, or the exit code after
+/// printing why not.
+async fn admin_json(
+    admin: &str,
+    method: hyper::Method,
+    path: &str,
+    timeout: Duration,
+) -> Result<serde_json::Value, ExitCode> {
+    match admin_client::call(admin, method, path, None, timeout).await {
+        Ok(a) if a.status.is_success() => Ok(a.json()),
+        Ok(a) => {
+            let v = a.json();
+            let msg = v["error"].as_str().map_or_else(|| a.text(), str::to_owned);
+            eprintln!("error: {} ({})", msg, a.status);
+            Err(ExitCode::from(1))
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+async fn rules(args: RulesArgs) -> ExitCode {
+    if args.reload {
+        match admin_json(
+            &args.admin,
+            hyper::Method::POST,
+            "/v1/rules/reload",
+            args.timeout,
+        )
+        .await
+        {
+            Ok(v) if !args.json => println!("reloaded: {} rules", v["rules"]),
+            Ok(_) => {}
+            Err(code) => return code,
+        }
+    }
+    let v = match admin_json(&args.admin, hyper::Method::GET, "/v1/rules", args.timeout).await {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    if args.json {
+        println!("{v}");
+        return ExitCode::SUCCESS;
+    }
+    let empty = Vec::new();
+    let rules = v["rules"].as_array().unwrap_or(&empty);
+    println!(
+        "{:<24} {:<15} {:>12} {:>8} {:>8} {:>5} {:<7} SHADOW",
+        "NAME", "ALGORITHM", "RATE", "BURST", "WINDOW", "COST", "FAILURE"
+    );
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    for r in rules {
+        println!(
+            "{:<24} {:<15} {:>12} {:>8} {:>8} {:>5} {:<7} {}",
+            text(&r["name"]),
+            text(&r["algorithm"]),
+            text(&r["rate"]),
+            text(&r["burst"]),
+            text(&r["window"]),
+            text(&r["default-cost"]),
+            text(&r["failure-mode"]),
+            text(&r["shadow"]),
+        );
+    }
+    if let Some(status) = v["last_reload"].as_object() {
+        if status.get("ok") == Some(&serde_json::Value::Bool(false)) {
+            eprintln!(
+                "warning: the last reload failed: {}",
+                text(&v["last_reload"]["error"])
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+async fn usage(args: UsageArgs) -> ExitCode {
+    let mut path = format!("/v1/limits/{}", segment(&args.key));
+    if let Some(rule) = &args.rule {
+        path.push_str(&format!("?rule={}", segment(rule)));
+    }
+    let v = match admin_json(&args.admin, hyper::Method::GET, &path, args.timeout).await {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    if args.json {
+        println!("{v}");
+        return ExitCode::SUCCESS;
+    }
+    if v["state"].is_null() {
+        println!("{}: no state (every limit is full)", args.key);
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "{} (slot {}): {} state, expires in {} ms",
+        args.key,
+        v["slot"],
+        v["state"]["algorithm"].as_str().unwrap_or("?"),
+        v["state"]["expires_in_ms"]
+    );
+    let empty = Vec::new();
+    for u in v["usage"].as_array().unwrap_or(&empty) {
+        println!(
+            "  {:<24} used {} of {}, remaining {}, full again in {} ms{}",
+            u["rule"].as_str().unwrap_or("?"),
+            u["used"],
+            u["limit"],
+            u["remaining"],
+            u["reset_after_ms"],
+            if u["shadow"] == true { " (shadow)" } else { "" },
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 async fn status(args: StatusArgs) -> ExitCode {
@@ -927,9 +1163,43 @@ mod tests {
     }
 
     #[test]
+    fn rule_flag_names_a_rule_instead_of_a_limit() {
+        let a = args(&["--rule", "search", "--cost", "0", "--refund"]).unwrap();
+        assert_eq!(
+            a.limit_ref(),
+            Ok(LimitRef::Rule(RuleName::from_static("search")))
+        );
+        let a = args(&["--rate", "5/s"]).unwrap();
+        assert!(matches!(a.limit_ref(), Ok(LimitRef::Inline(_))));
+        assert!(matches!(
+            args(&["--rule", &"x".repeat(65)]).unwrap().limit_ref(),
+            Err(UsageError::RuleName(_))
+        ));
+        // A rule carries its own numbers: no limit flag goes with it.
+        for flags in [
+            &["--rule", "r", "--rate", "5/s"][..],
+            &["--rule", "r", "--burst", "2"],
+            &["--rule", "r", "--window", "1s"],
+            &["--rule", "r", "--algorithm", "fixed-window"],
+            &["--rule", "r", "--max-in-flight", "2"],
+            &["--rule", "r", "--lease-ttl", "1s"],
+        ] {
+            assert!(args(flags).is_err(), "{flags:?}");
+        }
+        // Neither a rule nor a rate: said before anything is sent.
+        assert_eq!(
+            args(&[]).unwrap().limit_ref(),
+            Err(UsageError::MissingRate {
+                algorithm: "token-bucket"
+            })
+        );
+    }
+
+    #[test]
     fn json_rendering() {
         let d = Decision {
             allowed: false,
+            shadow_denied: false,
             pair: 0,
             limit: 10,
             remaining: 0,

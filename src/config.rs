@@ -5,10 +5,13 @@
 //! JSON. [`ServerConfig::validate`] only checks and returns a typed error; an
 //! impossible combination stops the server at start with that message.
 
-use crate::units::{format_duration, parse_duration, UnitError};
+use crate::units::{format_duration, parse_bytes, parse_duration, UnitError};
 use clap::Args;
 use serde::{Serialize, Serializer};
+use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 use tollgate_protocol::ServerLimits;
 
@@ -32,12 +35,18 @@ pub const DEFAULT_REPL_FLUSH: &str = "10ms";
 pub const DEFAULT_REPL_BUFFER_CAP: usize = crate::store::DEFAULT_CHANGE_BUFFER_CAP;
 pub const DEFAULT_REPL_BACKLOG: usize = 16 << 20;
 pub const DEFAULT_REPL_TIMEOUT: &str = "3s";
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:7701";
+pub const DEFAULT_RULES_POLL: &str = "1s";
+pub const DEFAULT_THROTTLED_KEYS: usize = 1024;
+pub const DEFAULT_THROTTLED_WINDOW: &str = "1m";
 
 /// Hard ceilings no flag may pass, so a typo cannot make the server reserve
 /// absurd buffers.
 pub const MAX_FRAME_CEILING: u32 = 64 << 20;
 /// 1M timestamps are 8 MB for one key: more is surely a typo.
 pub const MAX_LOG_ENTRIES_CEILING: u64 = 1 << 20;
+/// Most keys the throttled-keys sketch may track.
+pub const MAX_THROTTLED_KEYS: usize = 1 << 20;
 
 #[derive(Debug, Clone, Args, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -54,7 +63,8 @@ pub struct ServerConfig {
     #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
     pub max_frame: u32,
 
-    /// Most checks in one CHECK/PEEK frame (and keys in one RESET).
+    /// Most checks in one CHECK/PEEK/REFUND frame (and keys in one RESET,
+    /// leases in one RELEASE).
     #[arg(long, default_value_t = DEFAULT_MAX_BATCH)]
     pub max_batch: u16,
 
@@ -110,10 +120,46 @@ pub struct ServerConfig {
     #[arg(long, default_value_t = DEFAULT_MAX_LOG_ENTRIES)]
     pub max_log_entries: u64,
 
+    /// Rules file (YAML) naming the rules checks may refer to; reloaded on
+    /// change, on SIGHUP and by the admin API.
+    #[arg(long)]
+    pub rules: Option<PathBuf>,
+
+    /// How often the rules file is checked for changes (0s: never).
+    #[arg(long, default_value = DEFAULT_RULES_POLL, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub rules_poll: Duration,
+
+    /// Address of the admin HTTP API (health, rules, usage, metrics), or
+    /// `none`.
+    #[arg(long, default_value = DEFAULT_ADMIN)]
+    pub admin: AdminAddr,
+
+    /// Denied keys tracked for `GET /v1/throttled` (fixed memory).
+    #[arg(long, default_value_t = DEFAULT_THROTTLED_KEYS)]
+    pub throttled_keys: usize,
+
+    /// Window over which `GET /v1/throttled` counts denials (it reports the
+    /// current and the previous window).
+    #[arg(long, default_value = DEFAULT_THROTTLED_WINDOW, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub throttled_window: Duration,
+
     /// Shared secret clients must present in HELLO (none: no auth).
     #[arg(long, env = "TOLLGATE_AUTH_TOKEN", hide_env_values = true)]
     #[serde(serialize_with = "redacted")]
     pub auth_token: Option<String>,
+
+    /// Cap on the memory the counter tables reserve, e.g. `1GiB` (none: no
+    /// cap). Each stripe gets an equal share; see --on-full.
+    #[arg(long, value_parser = parse_bytes)]
+    pub max_memory: Option<usize>,
+
+    /// At the memory cap, a new key either evicts the keys closest to expiry
+    /// (`evict`) or is refused with StoreFull (`refuse`). Expired keys always
+    /// go first; keys that already hold state always keep working.
+    #[arg(long, value_enum, default_value_t = OnFull::Evict)]
+    pub on_full: OnFull,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -174,6 +220,60 @@ pub struct ServerConfig {
     pub repl_timeout: Duration,
 }
 
+/// Where the admin HTTP API listens: an address, or `none` for no admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAddr {
+    Off,
+    On(SocketAddr),
+}
+
+impl FromStr for AdminAddr {
+    type Err = std::net::AddrParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            Ok(Self::Off)
+        } else {
+            s.parse().map(Self::On)
+        }
+    }
+}
+
+impl fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Off => f.write_str("none"),
+            Self::On(addr) => addr.fmt(f),
+        }
+    }
+}
+
+impl Serialize for AdminAddr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFull {
+    Evict,
+    Refuse,
+}
+
+impl From<OnFull> for crate::store::Full {
+    fn from(v: OnFull) -> Self {
+        match v {
+            OnFull::Evict => crate::store::Full::Evict,
+            OnFull::Refuse => crate::store::Full::Refuse,
+        }
+    }
+}
+
+/// Smallest memory share of one stripe: below it a stripe could not hold a
+/// useful number of keys.
+pub const MIN_STRIPE_MEMORY: usize = 16 << 10;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LogFormat {
@@ -202,6 +302,13 @@ pub enum ConfigError {
         max_group: u8,
         max_key_len: u16,
         needed: u64,
+    },
+    #[error("max-memory {max_memory} gives each of the {stripes} stripes {share} bytes, under the {min} a stripe needs: raise --max-memory or lower --stripes")]
+    MemoryTooSmall {
+        max_memory: usize,
+        stripes: usize,
+        share: usize,
+        min: usize,
     },
     #[error("{name} must be non-zero")]
     ZeroDuration { name: &'static str },
@@ -252,11 +359,34 @@ impl ServerConfig {
         at_least("stripes", self.stripes as u64, 1)?;
         at_least("sweep-stripes", self.sweep_stripes as u64, 1)?;
         at_least("max-log-entries", self.max_log_entries, 1)?;
+        if let Some(max_memory) = self.max_memory {
+            let stripes = self
+                .stripes
+                .clamp(1, usize::from(crate::slot::SLOT_COUNT))
+                .next_power_of_two();
+            let share = max_memory / stripes;
+            if share < MIN_STRIPE_MEMORY {
+                return Err(ConfigError::MemoryTooSmall {
+                    max_memory,
+                    stripes,
+                    share,
+                    min: MIN_STRIPE_MEMORY,
+                });
+            }
+        }
         if self.max_log_entries > MAX_LOG_ENTRIES_CEILING {
             return Err(ConfigError::TooLarge {
                 name: "max-log-entries",
                 value: self.max_log_entries,
                 max: MAX_LOG_ENTRIES_CEILING,
+            });
+        }
+        at_least("throttled-keys", self.throttled_keys as u64, 1)?;
+        if self.throttled_keys > MAX_THROTTLED_KEYS {
+            return Err(ConfigError::TooLarge {
+                name: "throttled-keys",
+                value: self.throttled_keys as u64,
+                max: MAX_THROTTLED_KEYS as u64,
             });
         }
         if self.max_frame > MAX_FRAME_CEILING {
@@ -266,8 +396,9 @@ impl ServerConfig {
                 max: MAX_FRAME_CEILING.into(),
             });
         }
-        // header (5) + count (2) + group count (1) + pairs of the longest key.
-        let pair = 2 + u64::from(self.max_key_len) + 1 + 8 * 3 + 4;
+        // header (5) + count (2) + group count (1) + pairs of the longest key,
+        // each naming a rule of the longest name (larger than an inline limit).
+        let pair = 2 + u64::from(self.max_key_len) + 1 + 1 + 64 + 4;
         let needed = 5 + 2 + 1 + u64::from(self.max_group) * pair;
         if u64::from(self.max_frame) < needed {
             return Err(ConfigError::FrameTooSmallForGroup {
@@ -286,6 +417,7 @@ impl ServerConfig {
             ("heartbeat", self.heartbeat),
             ("repl-flush", self.repl_flush),
             ("repl-timeout", self.repl_timeout),
+            ("throttled-window", self.throttled_window),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration { name });
@@ -353,6 +485,15 @@ mod tests {
     #[test]
     fn impossible_settings_are_typed_errors() {
         let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+        let mut c = base.clone();
+        c.max_memory = Some(1 << 20);
+        c.stripes = 1024;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::MemoryTooSmall { share: 1024, .. })
+        ));
+        c.stripes = 64;
+        assert_eq!(c.validate(), Ok(()));
         let mut c = base.clone();
         c.max_batch = 0;
         assert!(matches!(

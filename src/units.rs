@@ -26,6 +26,8 @@ pub enum UnitError {
     Duration { input: String, reason: String },
     #[error("duration {0:?} must be at least 1ms and a whole number of milliseconds")]
     DurationRange(String),
+    #[error("size {0:?} must look like 1048576, 512KiB, 64MiB, 1GiB or 2GB")]
+    Bytes(String),
 }
 
 impl FromStr for Rate {
@@ -63,6 +65,32 @@ impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}ms", self.count, self.period_ms)
     }
+}
+
+/// Parses a byte size: `1048576`, `512KiB`, `64MiB`, `1GiB`, `2GB` (decimal
+/// units are powers of 1000, binary ones of 1024).
+pub fn parse_bytes(s: &str) -> Result<usize, UnitError> {
+    let t = s.trim();
+    let digits = t.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = t.split_at(digits);
+    let bad = || UnitError::Bytes(s.to_owned());
+    let number: u64 = number.parse().map_err(|_| bad())?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    number
+        .checked_mul(scale)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(bad)
 }
 
 /// Parses a human duration into whole milliseconds (>= 1).
@@ -167,6 +195,17 @@ mod tests {
             "5/0s".parse::<Rate>(),
             Err(UnitError::DurationRange(_))
         ));
+    }
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("1048576").unwrap(), 1 << 20);
+        assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_bytes("2 GB").unwrap(), 2_000_000_000);
+        for bad in ["", "GiB", "-1GiB", "1.5GiB", "1 parsec", "99999999999TiB"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -29,7 +29,8 @@ fn pair(
             count,
             period_ms,
             burst,
-        },
+        }
+        .into(),
         cost,
     }
 }

@@ -8,16 +8,28 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
-/// A `tollgate serve` child on 127.0.0.1:0; the port is read from its log.
+/// A `tollgate serve` child on 127.0.0.1:0 (admin API too); the ports are
+/// read from its log.
 struct ServeProcess {
     child: Child,
     addr: String,
+    admin: String,
+    /// Log lines after the "serving" one.
+    log: std::sync::mpsc::Receiver<String>,
 }
 
 impl ServeProcess {
     fn start(extra: &[&str]) -> Self {
         let mut child = Command::new(BIN)
-            .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+            ])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -31,16 +43,44 @@ impl ServeProcess {
                 let _ = tx.send(line);
             }
         });
-        let addr = loop {
+        let (addr, admin) = loop {
             let line = rx
                 .recv_timeout(Duration::from_secs(20))
                 .expect("server logs its address");
             let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
             if v["fields"]["message"] == "tollgate serving" {
-                break v["fields"]["listen"].as_str().unwrap().to_owned();
+                let field = |name: &str| v["fields"][name].as_str().unwrap().to_owned();
+                break (field("listen"), field("admin"));
             }
         };
-        ServeProcess { child, addr }
+        ServeProcess {
+            child,
+            addr,
+            admin,
+            log: rx,
+        }
+    }
+
+    /// Waits for a log line whose message is `message`; returns it as JSON.
+    fn wait_for_log(&self, message: &str) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .log
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no log line {message:?}"));
+            let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
+            if v["fields"]["message"] == message {
+                return v;
+            }
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args([name, &pid]).status().unwrap();
+        assert!(status.success());
     }
 
     fn terminate(mut self) -> std::process::ExitStatus {
@@ -356,4 +396,132 @@ fn print_config_shows_the_defaults() {
     assert_eq!(v["idle-timeout"], "5m");
     assert_eq!(v["auth-token"], serde_json::Value::Null);
     assert_eq!(v["max-log-entries"], 1000);
+}
+
+/// A temporary rules file, removed on drop.
+struct RulesFile(std::path::PathBuf);
+
+impl RulesFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("tollgate-cli-{name}-{}.yaml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+
+    /// Replaces the content by renaming a new file over it.
+    fn replace(&self, text: &str) {
+        let tmp = self.0.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.0).unwrap();
+    }
+}
+
+impl Drop for RulesFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn check_rule(
+    server: &ServeProcess,
+    key: &str,
+    rule: &str,
+    repeat: &str,
+) -> Vec<serde_json::Value> {
+    let (code, out, err) = tollgate(&[
+        "check",
+        "--server",
+        &server.addr,
+        "--key",
+        key,
+        "--rule",
+        rule,
+        "--cost",
+        "0",
+        "--repeat",
+        repeat,
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    decisions(&out)
+}
+
+#[test]
+fn sighup_reloads_the_rules_file_and_the_cli_shows_rules_and_usage() {
+    let rules = RulesFile::new(
+        "sighup",
+        "rules:\n  - name: api\n    rate: 1/s\n    burst: 3\n    failure-mode: closed\n",
+    );
+    // No polling: only the signal can reload.
+    let server = ServeProcess::start(&["--rules", rules.path(), "--rules-poll", "0s"]);
+
+    let d = check_rule(&server, "rl:{cli}:a", "api", "5");
+    assert_eq!(d.iter().filter(|d| d["allowed"] == true).count(), 3);
+
+    rules.replace("rules:\n  - name: api\n    rate: 1/s\n    burst: 2\n  - name: daily\n    algorithm: sliding-window\n    rate: 100/day\n");
+    server.signal("-HUP");
+    let logged = server.wait_for_log("rules loaded");
+    assert_eq!(logged["fields"]["source"], "signal");
+    assert_eq!(logged["fields"]["rules"], 2);
+
+    let d = check_rule(&server, "rl:{cli}:b", "api", "5");
+    assert_eq!(d.iter().filter(|d| d["allowed"] == true).count(), 2);
+    assert_eq!(d[0]["limit"], 2);
+
+    // `tollgate rules`: a table, or the API's JSON.
+    let (code, out, err) = tollgate(&["rules", "--admin", &server.admin]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("daily") && out.contains("sliding-window"),
+        "{out}"
+    );
+    let (code, out, _) = tollgate(&["rules", "--admin", &server.admin, "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["rules"].as_array().unwrap().len(), 2);
+    assert_eq!(v["last_reload"]["source"], "signal");
+
+    // A bad file on SIGHUP: logged, and the rules stay.
+    rules.replace("rules:\n  - name: api\n    rate: 1/s\n    burts: 2\n");
+    server.signal("-HUP");
+    let logged = server.wait_for_log("rules not reloaded; the previous rules stay in force");
+    let error = logged["fields"]["error"].as_str().unwrap();
+    assert!(error.contains(&format!("{}:4:", rules.path())), "{error}");
+    assert!(error.contains("unknown field `burts`"), "{error}");
+    let (code, _, err) = tollgate(&["rules", "--admin", &server.admin]);
+    assert_eq!(code, 0);
+    assert!(err.contains("the last reload failed"), "{err}");
+
+    // `tollgate usage`: the key's state under each rule of its algorithm.
+    let (code, out, err) = tollgate(&["usage", "rl:{cli}:b", "--admin", &server.admin, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["usage"][0]["rule"], "api");
+    assert_eq!(v["usage"][0]["used"], 2);
+    let (code, out, _) = tollgate(&["usage", "rl:{cli}:b", "--admin", &server.admin]);
+    assert_eq!(code, 0);
+    assert!(out.contains("api") && out.contains("used 2 of 2"), "{out}");
+    assert_eq!(server.terminate().code(), Some(0));
+}
+
+#[test]
+fn bad_rules_stop_the_server_at_start_with_file_and_line() {
+    let rules = RulesFile::new("bad-start", "rules:\n  - name: api\n    rate: 0/s\n");
+    let (code, _, err) = tollgate(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "none",
+        "--rules",
+        rules.path(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("{}:3:", rules.path())), "{err}");
+    assert!(err.contains("at least 1"), "{err}");
 }

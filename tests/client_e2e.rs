@@ -93,14 +93,14 @@ async fn server_outage_fails_open_then_the_client_reconnects() {
     let client = Client::connect(addr.to_string(), config()).await.unwrap();
     let p = tb("k", 5, 1000, 10, 1);
     assert!(client
-        .check(p.key.clone(), p.limit, 1)
+        .check(p.key.clone(), p.limit.clone(), 1)
         .await
         .decision()
         .is_some());
     server.stop().await;
 
     // Down: an undecided answer, well within the deadline, never an error.
-    let outcome = client.check(p.key.clone(), p.limit, 1).await;
+    let outcome = client.check(p.key.clone(), p.limit.clone(), 1).await;
     let Outcome::Undecided(why) = outcome else {
         panic!("decided without a server: {outcome:?}")
     };
@@ -113,12 +113,13 @@ async fn server_outage_fails_open_then_the_client_reconnects() {
 
     // Back on the same port: the client finds it again by itself.
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let server = tollgate::server::Server::new(tollgate::config::ServerConfig::with_listen(addr));
+    let server =
+        tollgate::server::Server::new(tollgate::config::ServerConfig::with_listen(addr)).unwrap();
     let shutdown = tokio_util::sync::CancellationToken::new();
     let join = tokio::spawn(server.run(listener, shutdown.clone()));
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
-        if let Outcome::Decided(d) = client.check(p.key.clone(), p.limit, 1).await {
+        if let Outcome::Decided(d) = client.check(p.key.clone(), p.limit.clone(), 1).await {
             assert!(d.allowed);
             break;
         }

@@ -42,7 +42,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tollgate_protocol::{
-    Announce, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, Limit, NodeStatus, Pair,
+    Announce, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, LimitRef, NodeStatus, Pair,
     ReplRequest, ReplResponse, Request, Response, ServerLimits,
 };
 
@@ -284,9 +284,17 @@ impl Client {
     }
 
     /// Checks `cost` units of `key` against `limit`, charging them if
-    /// allowed.
-    pub async fn check(&self, key: impl Into<Bytes>, limit: Limit, cost: u32) -> Outcome {
-        self.decide(BatchKind::Check, single(key.into(), limit, cost))
+    /// allowed. `limit` is an inline [`Limit`] or a [`RuleName`] configured
+    /// on the server (then `cost` 0 takes the rule's default cost).
+    ///
+    /// [`RuleName`]: tollgate_protocol::RuleName
+    pub async fn check(
+        &self,
+        key: impl Into<Bytes>,
+        limit: impl Into<LimitRef>,
+        cost: u32,
+    ) -> Outcome {
+        self.decide(BatchKind::Check, single(key.into(), limit.into(), cost))
             .await
     }
 
@@ -305,8 +313,13 @@ impl Client {
     }
 
     /// Like [`check`](Self::check), without charging anything.
-    pub async fn peek(&self, key: impl Into<Bytes>, limit: Limit, cost: u32) -> Outcome {
-        self.decide(BatchKind::Peek, single(key.into(), limit, cost))
+    pub async fn peek(
+        &self,
+        key: impl Into<Bytes>,
+        limit: impl Into<LimitRef>,
+        cost: u32,
+    ) -> Outcome {
+        self.decide(BatchKind::Peek, single(key.into(), limit.into(), cost))
             .await
     }
 
@@ -322,20 +335,26 @@ impl Client {
 
     /// Gives `amount` units of `key` back, e.g. the part of an up-front
     /// charge a request did not use (charged 4000 tokens, used 1200: refund
-    /// 2800). `limit` must be the one the units were charged under. Never
-    /// fills beyond the limit. Returns the decision after the refund
+    /// 2800). `limit` must be the one the units were charged under: the
+    /// same inline [`Limit`] or the same [`RuleName`] (then `amount` 0 gives
+    /// back the rule's default cost). Never fills beyond the limit. Returns
+    /// the decision after the refund
     /// (always allowed; `remaining` updated). A per-check refusal (say
     /// InvalidLimit, or a concurrency limit, whose slots are given back with
-    /// [`release`](Self::release)) is [`Error::Server`] with its code.
+    /// [`release`](Self::release), or UnknownRule) is [`Error::Server`] with
+    /// its code.
+    ///
+    /// [`Limit`]: tollgate_protocol::Limit
+    /// [`RuleName`]: tollgate_protocol::RuleName
     pub async fn refund(
         &self,
         key: impl Into<Bytes>,
-        limit: Limit,
+        limit: impl Into<LimitRef>,
         amount: u32,
     ) -> Result<Decision, Error> {
         self.refund_group(vec![Pair {
             key: key.into(),
-            limit,
+            limit: limit.into(),
             cost: amount,
         }])
         .await
@@ -697,7 +716,7 @@ impl Inner {
 }
 
 /// A batch of one single-pair check.
-fn single(key: Bytes, limit: Limit, cost: u32) -> CheckBatch {
+fn single(key: Bytes, limit: LimitRef, cost: u32) -> CheckBatch {
     let mut batch = CheckBatch::with_capacity(1);
     batch.push(Pair { key, limit, cost });
     batch
@@ -752,7 +771,7 @@ fn check_key(key: &[u8], limits: &ServerLimits) -> Result<(), Error> {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_protocol::Algorithm;
+    use tollgate_protocol::{Algorithm, Limit};
 
     use super::*;
 
@@ -764,7 +783,8 @@ mod tests {
                 count: 5,
                 period_ms: 1000,
                 burst: 10,
-            },
+            }
+            .into(),
             cost: 1,
         }
     }

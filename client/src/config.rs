@@ -49,6 +49,36 @@ pub enum FailMode {
     Closed,
 }
 
+impl FailMode {
+    /// The name used in rules files and by the admin API: `open`, `closed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Closed => "closed",
+        }
+    }
+}
+
+/// Parses a rule's `failure-mode` as the server's admin API reports it
+/// (`GET /v1/rules`), so a gateway can honour it when the server is
+/// unreachable.
+impl std::str::FromStr for FailMode {
+    type Err = UnknownFailMode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "open" => Ok(Self::Open),
+            "closed" => Ok(Self::Closed),
+            other => Err(UnknownFailMode(other.to_owned())),
+        }
+    }
+}
+
+/// A failure mode other than `open` or `closed`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown failure mode {0:?} (expected open or closed)")]
+pub struct UnknownFailMode(pub String);
+
 /// Settings of a [`Client`](crate::Client). Build with struct update syntax
 /// over [`ClientConfig::default()`].
 #[derive(Clone, PartialEq, Eq)]
@@ -199,6 +229,17 @@ mod tests {
         assert_eq!(config.validate(), Ok(()));
         assert_eq!(config.fail_mode, FailMode::Open);
         assert_eq!(config.deadline, Duration::from_millis(5));
+    }
+
+    #[test]
+    fn failure_modes_parse_as_the_admin_api_writes_them() {
+        assert_eq!("open".parse(), Ok(FailMode::Open));
+        assert_eq!("closed".parse(), Ok(FailMode::Closed));
+        assert_eq!(
+            "Closed".parse::<FailMode>(),
+            Err(UnknownFailMode("Closed".into()))
+        );
+        assert_eq!(FailMode::Closed.name(), "closed");
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use tollgate_client::{Algorithm, Client, ClientConfig, FailMode, Limit, Outcome};
+//! use tollgate_client::{Algorithm, Client, ClientConfig, FailMode, Limit, Outcome, RuleName};
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), tollgate_client::Error> {
@@ -36,6 +36,15 @@
 //!     } else {
 //!         // answer 429
 //!     }
+//!
+//!     // Or name a rule configured on the server (its rules file); cost 0
+//!     // takes the rule's default cost. An unknown name is
+//!     // `Undecided(Rejected(UnknownRule))`. A rule's failure mode
+//!     // ("open"/"closed", from the admin API's GET /v1/rules) parses as a
+//!     // FailMode for `allowed`.
+//!     let outcome = client.check("rl:{api-key-42}:search", RuleName::from_static("search"), 0).await;
+//!     let mode: FailMode = "closed".parse().expect("a failure mode");
+//!     let _ = outcome.allowed(mode);
 //!
 //!     // Administrative calls can take a longer deadline.
 //!     let rtt = client.with_deadline(Duration::from_secs(1)).ping().await?;
@@ -73,7 +82,7 @@ pub mod error;
 pub mod outcome;
 
 pub use client::Client;
-pub use config::{ClientConfig, ConfigError, FailMode};
+pub use config::{ClientConfig, ConfigError, FailMode, UnknownFailMode};
 pub use connection::ServerInfo;
 pub use error::Error;
 pub use outcome::{Outcome, Undecided};
@@ -81,6 +90,6 @@ pub use outcome::{Outcome, Undecided};
 /// The protocol types a caller needs, so a gateway depends on this crate
 /// alone.
 pub use tollgate_protocol::{
-    Algorithm, Announce, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, Limit, NodeStatus,
-    Pair, Role, ServerLimits, RETRY_NEVER,
+    Algorithm, Announce, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, Limit, LimitRef,
+    NodeStatus, Pair, Role, RuleName, ServerLimits, RETRY_NEVER,
 };

@@ -115,7 +115,8 @@ impl Undecided {
             | ErrorCode::KeyTooLong
             | ErrorCode::Malformed
             | ErrorCode::FrameTooLarge
-            | ErrorCode::UnknownOpcode => Self::Rejected(code),
+            | ErrorCode::UnknownOpcode
+            | ErrorCode::UnknownRule => Self::Rejected(code),
             ErrorCode::UnsupportedVersion
             | ErrorCode::AuthFailed
             | ErrorCode::HandshakeRequired
@@ -123,6 +124,7 @@ impl Undecided {
             | ErrorCode::NotPrimary
             | ErrorCode::StaleEpoch
             | ErrorCode::Internal
+            | ErrorCode::StoreFull
             | ErrorCode::Unknown(_) => Self::ServerError(code),
         }
     }
@@ -185,6 +187,7 @@ mod tests {
     fn decision(allowed: bool) -> Decision {
         Decision {
             allowed,
+            shadow_denied: false,
             pair: 0,
             limit: 10,
             remaining: if allowed { 9 } else { 0 },

@@ -61,7 +61,7 @@ fn limit() -> Limit {
 fn pair(key: &str) -> Pair {
     Pair {
         key: Bytes::copy_from_slice(key.as_bytes()),
-        limit: limit(),
+        limit: limit().into(),
         cost: 1,
     }
 }
@@ -88,6 +88,7 @@ fn decision_for(key: &[u8]) -> CheckResult {
     };
     CheckResult::Decision(Decision {
         allowed: true,
+        shadow_denied: false,
         pair: 0,
         limit: 10,
         remaining: number("k"),

@@ -17,7 +17,8 @@ fn pair(key: &'static str, burst: u64) -> Pair {
             count: 1,
             period_ms: 1000,
             burst,
-        },
+        }
+        .into(),
         cost: 1,
     }
 }
@@ -43,7 +44,8 @@ fn slots(key: &'static str, count: u64) -> Pair {
             count,
             period_ms: 30_000,
             burst: 0,
-        },
+        }
+        .into(),
         cost: 1,
     }
 }

@@ -108,14 +108,147 @@ pub struct Limit {
     pub burst: u64,
 }
 
+/// Longest rule name, in bytes (the wire's `name_len` is 1..=64).
+pub const MAX_RULE_NAME_LEN: usize = 64;
+
+/// `limit_kind` wire value of a pair that names a rule; values 1..=127 are
+/// inline algorithm codes.
+pub const LIMIT_KIND_RULE: u8 = 0x80;
+
+/// The name of a rule configured on the server: 1..=64 bytes of UTF-8.
+///
+/// Holds a slice of the received frame when decoded (no copy). The invariant
+/// (length and UTF-8) is checked by every constructor, so a `RuleName` always
+/// encodes.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RuleName(Bytes);
+
+/// Why a string is not a rule name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRuleName {
+    #[error("rule name must be 1 to {MAX_RULE_NAME_LEN} bytes, got {0}")]
+    Length(usize),
+    #[error("rule name is not valid UTF-8")]
+    Utf8,
+}
+
+impl RuleName {
+    /// Checks `name` (1..=64 bytes of UTF-8) and wraps it without copying.
+    pub fn new(name: impl Into<Bytes>) -> Result<Self, InvalidRuleName> {
+        let name = name.into();
+        if name.is_empty() || name.len() > MAX_RULE_NAME_LEN {
+            return Err(InvalidRuleName::Length(name.len()));
+        }
+        if std::str::from_utf8(&name).is_err() {
+            return Err(InvalidRuleName::Utf8);
+        }
+        Ok(Self(name))
+    }
+
+    /// A rule name from a static string; panics if it is not one (for
+    /// constants in code and tests).
+    pub fn from_static(name: &'static str) -> Self {
+        match Self::new(Bytes::from_static(name.as_bytes())) {
+            Ok(n) => n,
+            Err(e) => panic!("{name:?}: {e}"),
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Checked by every constructor; the fallback is unreachable.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Always false: a rule name has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for RuleName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for RuleName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<&str> for RuleName {
+    type Error = InvalidRuleName;
+    fn try_from(s: &str) -> Result<Self, Self::Error> {
+        Self::new(Bytes::copy_from_slice(s.as_bytes()))
+    }
+}
+
+impl TryFrom<String> for RuleName {
+    type Error = InvalidRuleName;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::new(Bytes::from(s))
+    }
+}
+
+/// The limit of a pair: carried inline, or a rule configured on the server.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LimitRef {
+    Inline(Limit),
+    /// Resolved by the server against its current rules; an unknown name is
+    /// a per-check [`ErrorCode::UnknownRule`].
+    Rule(RuleName),
+}
+
+impl From<Limit> for LimitRef {
+    fn from(limit: Limit) -> Self {
+        Self::Inline(limit)
+    }
+}
+
+impl From<RuleName> for LimitRef {
+    fn from(name: RuleName) -> Self {
+        Self::Rule(name)
+    }
+}
+
 /// One (key, limit, cost) pair of a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pair {
     pub key: Bytes,
-    pub limit: Limit,
-    /// How many units this request takes (>= 1; validated by the server);
-    /// in a REFUND, how many units to give back.
+    pub limit: LimitRef,
+    /// How many units this request takes (in a REFUND, how many units to
+    /// give back). Inline limits: >= 1 (validated by the server). Rule
+    /// references: 0 means the rule's default cost.
     pub cost: u32,
+}
+
+impl Pair {
+    /// A pair with an inline limit.
+    pub fn inline(key: impl Into<Bytes>, limit: Limit, cost: u32) -> Self {
+        Self {
+            key: key.into(),
+            limit: LimitRef::Inline(limit),
+            cost,
+        }
+    }
+
+    /// A pair naming a rule; `cost` 0 takes the rule's default cost.
+    pub fn rule(key: impl Into<Bytes>, rule: RuleName, cost: u32) -> Self {
+        Self {
+            key: key.into(),
+            limit: LimitRef::Rule(rule),
+            cost,
+        }
+    }
 }
 
 /// One lease to release: the key it was acquired on and its id.
@@ -282,9 +415,20 @@ pub enum CheckResult {
 ///
 /// For a group this reports one pair: when allowed, the pair with the least
 /// remaining; when denied, the denying pair with the longest retry-after.
+/// When a rule in shadow mode would have denied, the check is allowed
+/// (`allowed` and `shadow_denied` both true) and the other fields describe
+/// that would-be denial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     pub allowed: bool,
+    /// Allowed only because the denying rule is in shadow mode (wire status
+    /// 4). Meaningful only with `allowed`: a denial is encoded as a denial
+    /// whatever this says. Never set together with a `lease`: the wire has
+    /// no status for both, and the encoder writes such a decision as status
+    /// 3. A check whose enforced pairs acquired a lease while a shadow rule
+    /// would have denied is answered with the enforced decision and its
+    /// lease; the server counts the shadow denial in its metrics only.
+    pub shadow_denied: bool,
     /// Index, within the check, of the pair this decision describes.
     pub pair: u8,
     /// The limit of that pair (burst for a token bucket, count for a window).
@@ -357,6 +501,11 @@ pub enum ErrorCode {
     /// The node is not the primary (replication).
     NotPrimary,
     Internal,
+    /// Per check: a pair names a rule the server does not have.
+    UnknownRule,
+    /// Per check: the store is at its memory cap and refuses new keys
+    /// (policy `refuse`); existing keys keep working.
+    StoreFull,
     /// REPLICATE from a standby that knows a higher epoch than this
     /// primary's: this primary is stale and must not be followed.
     StaleEpoch,
@@ -364,6 +513,50 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// Every code this crate knows, in wire order (1..=16).
+    pub const KNOWN: [ErrorCode; 16] = [
+        Self::Malformed,
+        Self::UnknownOpcode,
+        Self::FrameTooLarge,
+        Self::BatchTooLarge,
+        Self::KeyTooLong,
+        Self::UnsupportedVersion,
+        Self::AuthFailed,
+        Self::HandshakeRequired,
+        Self::InvalidLimit,
+        Self::CrossSlot,
+        Self::ShuttingDown,
+        Self::NotPrimary,
+        Self::Internal,
+        Self::UnknownRule,
+        Self::StoreFull,
+        Self::StaleEpoch,
+    ];
+
+    /// The code's name as in the spec's error table (`"CrossSlot"`);
+    /// `"Unknown"` for codes this crate does not know.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Malformed => "Malformed",
+            Self::UnknownOpcode => "UnknownOpcode",
+            Self::FrameTooLarge => "FrameTooLarge",
+            Self::BatchTooLarge => "BatchTooLarge",
+            Self::KeyTooLong => "KeyTooLong",
+            Self::UnsupportedVersion => "UnsupportedVersion",
+            Self::AuthFailed => "AuthFailed",
+            Self::HandshakeRequired => "HandshakeRequired",
+            Self::InvalidLimit => "InvalidLimit",
+            Self::CrossSlot => "CrossSlot",
+            Self::ShuttingDown => "ShuttingDown",
+            Self::NotPrimary => "NotPrimary",
+            Self::Internal => "Internal",
+            Self::UnknownRule => "UnknownRule",
+            Self::StoreFull => "StoreFull",
+            Self::StaleEpoch => "StaleEpoch",
+            Self::Unknown(_) => "Unknown",
+        }
+    }
+
     pub fn to_wire(self) -> u16 {
         match self {
             Self::Malformed => 1,
@@ -379,6 +572,8 @@ impl ErrorCode {
             Self::ShuttingDown => 11,
             Self::NotPrimary => 12,
             Self::Internal => 13,
+            Self::UnknownRule => 14,
+            Self::StoreFull => 15,
             Self::StaleEpoch => 16,
             Self::Unknown(v) => v,
         }
@@ -399,6 +594,8 @@ impl ErrorCode {
             11 => Self::ShuttingDown,
             12 => Self::NotPrimary,
             13 => Self::Internal,
+            14 => Self::UnknownRule,
+            15 => Self::StoreFull,
             16 => Self::StaleEpoch,
             other => Self::Unknown(other),
         }
@@ -421,6 +618,8 @@ impl std::fmt::Display for ErrorCode {
             Self::ShuttingDown => "server shutting down",
             Self::NotPrimary => "not primary",
             Self::Internal => "internal error",
+            Self::UnknownRule => "unknown rule",
+            Self::StoreFull => "store full: new keys refused at the memory cap",
             Self::StaleEpoch => "stale epoch",
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };

@@ -59,6 +59,11 @@ pub struct LeaseSet {
 }
 
 impl LeaseSet {
+    /// Bytes these leases hold on the heap (for the store's memory accounting).
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.leases)
+    }
+
     /// A set of these leases (sorted here), the last id handed out being
     /// `last_id`.
     pub fn new(last_id: u64, mut leases: Vec<Lease>) -> Self {
@@ -100,6 +105,20 @@ impl Concurrency {
     pub fn evaluate(&self, set: Option<&LeaseSet>, now: Nanos, cost: u64) -> Verdict {
         let (last_id, live) = set.map_or((0, &[][..]), |s| (s.last_id, s.live(now)));
         let held: u64 = live.iter().map(|l| l.units).sum();
+        if cost == 0 {
+            // A query (the admin API's usage report): nothing to acquire,
+            // so no lease and nothing to store.
+            let all_free_at = live.last().map_or(now, |l| l.expires_at);
+            return Verdict {
+                decision: Decision::allow(
+                    self.max,
+                    self.max.saturating_sub(held),
+                    all_free_at - now,
+                ),
+                state: None,
+                expires_at: set.map_or(now, LeaseSet::expiry),
+            };
+        }
         if cost <= self.max && held + cost <= self.max {
             let lease = Lease {
                 id: now.max(last_id.saturating_add(1)),
@@ -195,6 +214,20 @@ mod tests {
             }
             None => false,
         }
+    }
+
+    #[test]
+    fn cost_zero_is_a_query_that_acquires_nothing() {
+        let c = Concurrency::new(3, 10 * S);
+        let mut set = None;
+        acquire(&c, &mut set, 0, 2);
+        let v = c.evaluate(set.as_ref(), 4 * S, 0);
+        assert!(v.decision.allowed);
+        assert_eq!(v.decision.lease, None);
+        assert_eq!(v.state, None);
+        assert_eq!((v.decision.remaining, v.decision.reset_after), (1, 6 * S));
+        let v = c.evaluate(None, 4 * S, 0);
+        assert_eq!((v.decision.remaining, v.decision.reset_after), (3, 0));
     }
 
     #[test]

@@ -106,6 +106,7 @@ impl Decision {
     pub fn to_wire(self, pair: u8) -> tollgate_protocol::Decision {
         tollgate_protocol::Decision {
             allowed: self.allowed,
+            shadow_denied: false,
             pair,
             limit: self.limit,
             remaining: self.remaining,
@@ -150,6 +151,29 @@ pub enum State {
         tat: Nanos,
     },
     Concurrency(LeaseSet),
+}
+
+impl State {
+    /// Bytes the state owns beyond its own size (logs and lease lists).
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            State::SlidingLog(log) => log.heap_bytes(),
+            State::Concurrency(leases) => leases.heap_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// The algorithm this state belongs to.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Self::TokenBucket { .. } => Algorithm::TokenBucket,
+            Self::SlidingWindow(_) => Algorithm::SlidingWindow,
+            Self::FixedWindow(_) => Algorithm::FixedWindow,
+            Self::SlidingLog(_) => Algorithm::SlidingLog,
+            Self::LeakyBucket { .. } => Algorithm::LeakyBucket,
+            Self::Concurrency(_) => Algorithm::Concurrency,
+        }
+    }
 }
 
 /// What evaluating (or refunding) one request yields.

@@ -42,6 +42,11 @@ pub struct LogState {
 }
 
 impl LogState {
+    /// Bytes this log holds on the heap (for the store's memory accounting).
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.entries)
+    }
+
     /// A log of these timestamps (sorted here, so any order will do).
     pub fn new(mut entries: Vec<Nanos>) -> Self {
         entries.sort_unstable();

@@ -17,11 +17,13 @@
 //! - [`primary`]: the sender (drains, backlog, the attached standby);
 //! - [`standby`]: the follower and the failover watchdog;
 //! - [`peer`]: start-up decision, peer probes, announces;
-//! - [`state`]: store states <-> records.
+//! - [`state`]: store states <-> records;
+//! - [`metrics`]: `tollgate_replication_*`, refreshed at each scrape.
 //!
 //! One supervisor task per server runs the current role's tasks and
 //! restarts them whenever the role changes.
 
+pub(crate) mod metrics;
 pub(crate) mod node;
 pub(crate) mod peer;
 pub(crate) mod primary;

@@ -16,10 +16,12 @@
 //! primary ends this task and hands the socket, with whatever was read past
 //! the REPLICATE, to the replication task.
 
+use super::check::{self, Op};
 use super::Shared;
 use crate::repl::primary::Handover;
 use crate::store::Mode;
 use bytes::BytesMut;
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,8 +29,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tollgate_protocol::{
-    decode_request, encode_checked, encode_response, ErrorCode, ReplRequest, ReplResponse, Request,
-    RequestId, Response, PROTOCOL_VERSION,
+    decode_request, encode_response, ErrorCode, ReplRequest, ReplResponse, Request, RequestId,
+    Response, PROTOCOL_VERSION,
 };
 
 /// Initial buffer sizes; both grow on demand (reads up to `max_frame`).
@@ -39,6 +41,75 @@ const WRITE_BUFFER: usize = 16 * 1024;
 const FLUSH_AT: usize = 256 * 1024;
 /// On drain, a connection quiet this long has nothing more in flight.
 const DRAIN_QUIET: Duration = Duration::from_millis(50);
+
+/// Errors answered, by code: every ERROR frame and every per-check error
+/// (`tollgate_protocol_errors_total{code}`). One pre-resolved handle per
+/// known code, indexed by wire value, so counting is one atomic add.
+#[derive(Debug, Clone)]
+pub(crate) struct ErrorCounters {
+    by_wire: Vec<IntCounter>,
+    unknown: IntCounter,
+}
+
+impl ErrorCounters {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let vec = IntCounterVec::new(
+            Opts::new(
+                "tollgate_protocol_errors_total",
+                "Errors answered (ERROR frames and per-check errors), by code.",
+            ),
+            &["code"],
+        )?;
+        registry.register(Box::new(vec.clone()))?;
+        let by_wire = ErrorCode::KNOWN
+            .iter()
+            .map(|c| vec.with_label_values(&[c.name()]))
+            .collect();
+        let unknown = vec.with_label_values(&["Unknown"]);
+        Ok(Self { by_wire, unknown })
+    }
+
+    pub fn count(&self, code: ErrorCode) {
+        let i = usize::from(code.to_wire()).wrapping_sub(1);
+        self.by_wire.get(i).unwrap_or(&self.unknown).inc();
+    }
+}
+
+/// Connections served now and accepted in all.
+#[derive(Debug, Clone)]
+pub(crate) struct ConnMetrics {
+    pub open: IntGauge,
+    pub accepted: IntCounter,
+}
+
+impl ConnMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let open = IntGauge::new("tollgate_connections", "Client connections open now.")?;
+        let accepted = IntCounter::new(
+            "tollgate_connections_accepted_total",
+            "Client connections accepted since the start.",
+        )?;
+        registry.register(Box::new(open.clone()))?;
+        registry.register(Box::new(accepted.clone()))?;
+        Ok(Self { open, accepted })
+    }
+}
+
+/// Keeps `tollgate_connections` right however a connection task ends.
+struct OpenConnection(IntGauge);
+
+impl OpenConnection {
+    fn new(gauge: &IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {
@@ -90,6 +161,8 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "set_nodelay failed");
     }
+    shared.metrics.conns.accepted.inc();
+    let _open = OpenConnection::new(&shared.metrics.conns.open);
     let mut conn = Connection {
         stream,
         peer,
@@ -246,36 +319,18 @@ impl Connection {
             Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
             Request::Repl(repl) => return self.replication(id, repl),
             Request::Check(batch) => {
-                let now = shared.clock.now();
-                let results = batch
-                    .iter()
-                    .map(|g| shared.store.check(g, now, Mode::Charge));
-                encode_checked(id, results, &mut self.wbuf)
+                check::answer(shared, id, &batch, Op::Check(Mode::Charge), &mut self.wbuf)
             }
             Request::Peek(batch) => {
-                let now = shared.clock.now();
-                let results = batch.iter().map(|g| shared.store.check(g, now, Mode::Peek));
-                encode_checked(id, results, &mut self.wbuf)
+                check::answer(shared, id, &batch, Op::Check(Mode::Peek), &mut self.wbuf)
             }
             Request::Reset(keys) => {
                 let now = shared.clock.now();
                 let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
                 encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
             }
-            Request::Refund(batch) => {
-                let now = shared.clock.now();
-                let results = batch.iter().map(|g| shared.store.refund(g, now));
-                encode_checked(id, results, &mut self.wbuf)
-            }
-            Request::Release(leases) => {
-                let now = shared.clock.now();
-                let released = leases
-                    .iter()
-                    .filter(|l| shared.store.release(&l.key, l.lease, now))
-                    .count();
-                // At most max_batch (a u16), so this fits.
-                encode_response(id, &Response::Released(released as u32), &mut self.wbuf)
-            }
+            Request::Refund(batch) => check::answer(shared, id, &batch, Op::Refund, &mut self.wbuf),
+            Request::Release(leases) => check::release(shared, id, &leases, &mut self.wbuf),
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
         if let Err(e) = encoded {
@@ -391,6 +446,7 @@ impl Connection {
     }
 
     fn error(&mut self, id: RequestId, code: ErrorCode, message: &str) {
+        self.shared.metrics.errors.count(code);
         let response = Response::Error {
             code,
             message: message.to_owned(),

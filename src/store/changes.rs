@@ -43,6 +43,8 @@ enum Resync {
     Full,
     /// This stripe's log hit its cap.
     Overflow,
+    /// The memory cap evicted live keys of this stripe.
+    Evicted,
 }
 
 /// What recording one key did.
@@ -156,6 +158,18 @@ impl Store {
         // Release, under the lock: the drain's `swap(Acquire)` before it
         // locks pairs with it (the lock alone already orders the keys; the
         // flag only spares the drain from locking idle stripes).
+        stripe.pending.store(true, Ordering::Release);
+    }
+
+    /// Records, under the stripe lock the caller holds, that the stripe
+    /// evicted live keys: it is sent whole.
+    pub(super) fn record_eviction(&self, stripe: &super::Stripe, log: &mut ChangeLog) {
+        if !self.capture.load(Ordering::Relaxed) || log.resync.is_some() {
+            return;
+        }
+        let dropped = std::mem::take(&mut log.keys).len();
+        self.buffered.fetch_sub(dropped, Ordering::Relaxed);
+        log.resync = Some(Resync::Evicted);
         stripe.pending.store(true, Ordering::Release);
     }
 
@@ -320,7 +334,7 @@ mod tests {
     use super::*;
     use crate::algorithm::State;
     use crate::store::{Mode, StoreConfig};
-    use tollgate_protocol::{Algorithm, Limit, Pair};
+    use tollgate_protocol::{Algorithm, Limit, LimitRef, Pair};
 
     const S: u64 = 1_000_000_000;
 
@@ -335,12 +349,12 @@ mod tests {
     fn tb(key: &str) -> Pair {
         Pair {
             key: Bytes::copy_from_slice(key.as_bytes()),
-            limit: Limit {
+            limit: LimitRef::Inline(Limit {
                 algorithm: Algorithm::TokenBucket,
                 count: 10,
                 period_ms: 1000,
                 burst: 10,
-            },
+            }),
             cost: 1,
         }
     }
@@ -348,12 +362,12 @@ mod tests {
     fn fw(key: &str) -> Pair {
         Pair {
             key: Bytes::copy_from_slice(key.as_bytes()),
-            limit: Limit {
+            limit: LimitRef::Inline(Limit {
                 algorithm: Algorithm::FixedWindow,
                 count: 10,
                 period_ms: 1000,
                 burst: 0,
-            },
+            }),
             cost: 1,
         }
     }

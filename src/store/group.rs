@@ -14,13 +14,14 @@
 //! A group holds at most one concurrency pair, so an allowed check acquires
 //! at most one lease, which the group's decision carries.
 
-use super::tables::Table;
-use super::{Entry, Store};
+use super::tables::{Table, Tables};
+use super::{Entry, Store, StoredKey};
 use crate::algorithm::{release_lease, Decision, Policy};
 use crate::clock::Nanos;
 use crate::slot::Slot;
+use crate::sync::Ordering;
 use smallvec::SmallVec;
-use tollgate_protocol::{CheckResult, ErrorCode, Pair};
+use tollgate_protocol::{CheckResult, ErrorCode, LimitRef, Pair};
 
 /// Whether a passing check is charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +63,8 @@ impl Store {
         let stripe = self.stripe(Slot::of(key));
         let mut locked = stripe.tables.lock();
         let super::Locked { tables, changes } = &mut *locked;
-        let Some(entry) = tables.live(Table::Others, hash, key, now) else {
+        let Some(entry) = tables.live(Table::Others, hash, key, now, &self.expired_on_access)
+        else {
             return false;
         };
         let Some((state, expires_at)) = release_lease(&entry.state, lease, now) else {
@@ -104,7 +106,12 @@ impl Store {
                 if p.cost == 0 {
                     return Err(ErrorCode::InvalidLimit);
                 }
-                Policy::from_limit_with(&p.limit, self.max_log_entries)
+                // Named rules are resolved to inline limits by the caller
+                // (the server's rule set); the store holds no configuration.
+                let LimitRef::Inline(limit) = &p.limit else {
+                    return Err(ErrorCode::UnknownRule);
+                };
+                Policy::from_limit_with(limit, self.max_log_entries)
                     .map_err(|_| ErrorCode::InvalidLimit)
             })
             .collect::<Result<SmallVec<[Policy; 4]>, _>>()?;
@@ -128,7 +135,7 @@ impl Store {
                 .find(|&j| pairs[j].key == pair.key && table_for(&policies[j]) == table);
             let current = match earlier {
                 Some(j) => after[j].clone(),
-                None => tables.live(table, hashes[i], &pair.key, now),
+                None => tables.live(table, hashes[i], &pair.key, now, &self.expired_on_access),
             };
             let state = current.as_ref().map(|e| &e.state);
             let verdict = match op {
@@ -150,6 +157,12 @@ impl Store {
         let all_allowed = decisions.iter().all(|d| d.allowed);
         let writes = matches!(op, Op::Check(Mode::Charge) | Op::Refund);
         if all_allowed && writes {
+            let evicted = self.make_room(tables, pairs, &after, &hashes, now)?;
+            if evicted > 0 {
+                // Evicted keys are not in any log: the standby gets the
+                // whole stripe (evictions come in batches of 1/8 of it).
+                self.record_eviction(stripe, changes);
+            }
             for (((pair, entry), &hash), policy) in
                 pairs.iter().zip(after).zip(&hashes).zip(&policies)
             {
@@ -172,6 +185,52 @@ impl Store {
             _ => None,
         };
         Ok(decision)
+    }
+}
+
+impl Store {
+    /// Before a charge adds keys, keeps the stripe within its memory share
+    /// (see `Tables::make_room`). A refusal is `StoreFull` and, like every
+    /// error, charges nothing. Returns how many live entries were evicted.
+    fn make_room(
+        &self,
+        tables: &mut Tables,
+        pairs: &[Pair],
+        after: &[Option<Entry>],
+        hashes: &[u64],
+        now: Nanos,
+    ) -> Result<usize, ErrorCode> {
+        if self.stripe_budget == usize::MAX {
+            return Ok(0);
+        }
+        let mut evicted = 0;
+        for table in [Table::Buckets, Table::Others] {
+            let (mut new, mut heap) = (0, 0);
+            for ((pair, entry), &hash) in pairs.iter().zip(after).zip(hashes) {
+                let Some(entry) = entry else { continue };
+                if Table::of(&entry.state) == table && tables.is_new(hash, &pair.key, &entry.state)
+                {
+                    new += 1;
+                    heap += StoredKey::new(&pair.key).heap_bytes() + entry.state.heap_bytes();
+                }
+            }
+            let room = tables.make_room(
+                &self.hasher,
+                table,
+                (new, heap),
+                (self.stripe_budget, self.on_full),
+                now,
+            );
+            // Relaxed: statistics.
+            self.evicted
+                .fetch_add(room.evicted as u64, Ordering::Relaxed);
+            evicted += room.evicted;
+            if !room.granted {
+                self.refused.fetch_add(new as u64, Ordering::Relaxed);
+                return Err(ErrorCode::StoreFull);
+            }
+        }
+        Ok(evicted)
     }
 }
 

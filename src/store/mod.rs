@@ -29,7 +29,8 @@ use changes::ChangeLog;
 pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
 pub use group::Mode;
 pub use key::StoredKey;
-use tables::Tables;
+pub use tables::Full;
+use tables::{Table, Tables};
 
 /// One key's state and the moment it may be forgotten.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +87,11 @@ pub struct StoreConfig {
     /// Most changed keys one stripe remembers for the replication sender
     /// before it drops them and marks the stripe for a resync.
     pub change_buffer_cap: usize,
+    /// Bytes the tables may reserve in all (None: no cap). Each stripe gets
+    /// an equal share.
+    pub max_memory: Option<usize>,
+    /// What a stripe at its share does with a new key.
+    pub on_full: Full,
 }
 
 impl Default for StoreConfig {
@@ -95,6 +101,8 @@ impl Default for StoreConfig {
             max_group: 16,
             max_log_entries: crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
             change_buffer_cap: DEFAULT_CHANGE_BUFFER_CAP,
+            max_memory: None,
+            on_full: Full::Evict,
         }
     }
 }
@@ -122,6 +130,16 @@ pub struct Store {
     overflows: AtomicU64,
     /// Stripes drained whole after an overflow.
     stripe_resyncs: AtomicU64,
+    /// Bytes one stripe's tables may reserve (`usize::MAX`: no cap).
+    stripe_budget: usize,
+    on_full: Full,
+    /// Live keys evicted to stay within `max_memory`.
+    evicted: AtomicU64,
+    /// New keys refused at the cap (policy `Refuse`).
+    refused: AtomicU64,
+    /// Expired entries dropped when a check, refund or release met them
+    /// (the sweeper's own count is what `sweep` returns). Read for metrics.
+    expired_on_access: AtomicU64,
 }
 
 impl Store {
@@ -147,7 +165,23 @@ impl Store {
             buffered: AtomicUsize::new(0),
             overflows: AtomicU64::new(0),
             stripe_resyncs: AtomicU64::new(0),
+            stripe_budget: config.max_memory.map_or(usize::MAX, |m| m / n),
+            on_full: config.on_full,
+            evicted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            expired_on_access: AtomicU64::new(0),
         }
+    }
+
+    /// Live keys evicted so far to stay within the memory cap.
+    pub fn evicted(&self) -> u64 {
+        // Relaxed: a statistic, read on its own.
+        self.evicted.load(Ordering::Relaxed)
+    }
+
+    /// New keys refused so far at the memory cap.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     pub fn stripe_count(&self) -> usize {
@@ -170,6 +204,19 @@ impl Store {
             .filter(|e| e.expires_at > now)
     }
 
+    /// Every live state of one key: its token bucket, then its state of
+    /// any other algorithm (a key may hold both, see `tables`). For the
+    /// admin API's usage report; charges nothing.
+    pub fn entries(&self, key: &[u8], now: Nanos) -> Vec<Entry> {
+        let hash = self.hash(key);
+        let tables = self.stripe(Slot::of(key)).tables.lock();
+        [Table::Buckets, Table::Others]
+            .into_iter()
+            .filter_map(|t| tables.find(t, hash, key))
+            .filter(|e| e.expires_at > now)
+            .collect()
+    }
+
     /// Forgets every state `key` holds. Returns whether any of it was live.
     pub fn remove(&self, key: &[u8], now: Nanos) -> bool {
         let stripe = self.stripe(Slot::of(key));
@@ -180,6 +227,13 @@ impl Store {
             self.record_change(stripe, changes, key);
         }
         removed
+    }
+
+    /// Expired entries dropped by checks, refunds and releases that met
+    /// them, since the start.
+    pub fn expired_on_access(&self) -> u64 {
+        // Relaxed: a statistic; no other memory is read through it.
+        self.expired_on_access.load(Ordering::Relaxed)
     }
 
     /// Number of entries held, expired-but-unswept ones included.

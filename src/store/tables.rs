@@ -1,4 +1,4 @@
-//! The tables inside one stripe, laid out for memory.
+//! The tables inside one stripe, laid out for memory and kept within a budget.
 //!
 //! Token buckets are the common case and their whole state is GCRA's `tat`,
 //! which is also their expiry, so they get a table of 32-byte entries (a
@@ -9,11 +9,19 @@
 //!
 //! Hashes are computed once per key by the caller (one `ahash` for every
 //! table of the store) and passed in; the tables never rehash keys except
-//! when they grow.
+//! when they grow or are compacted.
+//!
+//! Memory: [`Tables::memory_bytes`] is O(1): the slots both tables have
+//! reserved (entry + control byte each) plus `heap_bytes`, the long keys and
+//! the logs and lease lists owned by states, kept up to date on every change.
+//! Before a new key would make a table grow past the stripe's budget,
+//! [`Tables::make_room`] drops expired entries and then, by policy, evicts
+//! the entries closest to expiry or refuses the key.
 
 use super::{Entry, StoredKey};
 use crate::algorithm::State;
 use crate::clock::Nanos;
+use crate::sync::{AtomicU64, Ordering};
 use hashbrown::HashTable;
 
 /// A token bucket: the key and GCRA's theoretical arrival time.
@@ -30,6 +38,12 @@ struct Other {
     entry: Entry,
 }
 
+impl Other {
+    fn heap_bytes(&self) -> usize {
+        self.key.heap_bytes() + self.entry.state.heap_bytes()
+    }
+}
+
 /// Which table a state belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Table {
@@ -37,10 +51,73 @@ pub enum Table {
     Others,
 }
 
+impl Table {
+    pub fn of(state: &State) -> Self {
+        match state {
+            State::TokenBucket { .. } => Table::Buckets,
+            _ => Table::Others,
+        }
+    }
+}
+
+/// What a full stripe does with a new key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// Evict the entries closest to expiry (they carry the least state).
+    Evict,
+    /// Refuse the new key; existing keys keep working.
+    Refuse,
+}
+
+/// How [`Tables::make_room`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Room {
+    /// Expired entries dropped to make room.
+    pub expired: usize,
+    /// Live entries evicted to make room.
+    pub evicted: usize,
+    /// False when the new keys cannot be taken (policy `Refuse`).
+    pub granted: bool,
+}
+
+/// Fraction of a full table evicted at once (1/8): evicting in batches keeps
+/// the cost per new key O(1) amortized instead of a scan per insert.
+const EVICT_SHIFT: u32 = 3;
+
 #[derive(Debug, Default)]
 pub struct Tables {
     buckets: HashTable<Bucket>,
     others: HashTable<Other>,
+    /// Heap bytes owned by entries: long keys, logs, lease lists.
+    heap_bytes: usize,
+}
+
+fn bucket_entry(b: &Bucket) -> Entry {
+    Entry {
+        state: State::TokenBucket { tat: b.tat },
+        expires_at: b.tat,
+    }
+}
+
+/// Bytes of the slots a table with `capacity` reserves: hashbrown keeps 1/8
+/// of its buckets free (all but one when tiny), each bucket an entry plus a
+/// control byte.
+fn slot_bytes(capacity: usize, entry: usize) -> usize {
+    let buckets = match capacity {
+        0 => 0,
+        1..=7 => capacity + 1,
+        _ => capacity / 7 * 8,
+    };
+    buckets * (entry + 1)
+}
+
+/// What a table of `capacity` grows to when full (hashbrown doubles).
+fn grown(capacity: usize) -> usize {
+    match capacity {
+        0 => 3,
+        1..=3 => 7,
+        _ => (capacity / 7 * 8 * 2) / 8 * 7,
+    }
 }
 
 impl Tables {
@@ -50,10 +127,7 @@ impl Tables {
             Table::Buckets => self
                 .buckets
                 .find(hash, |b| b.key.as_bytes() == key)
-                .map(|b| Entry {
-                    state: State::TokenBucket { tat: b.tat },
-                    expires_at: b.tat,
-                }),
+                .map(bucket_entry),
             Table::Others => self
                 .others
                 .find(hash, |o| o.key.as_bytes() == key)
@@ -61,13 +135,23 @@ impl Tables {
         }
     }
 
-    /// The live entry of `key` in `table`; an expired one is dropped.
-    pub fn live(&mut self, table: Table, hash: u64, key: &[u8], now: Nanos) -> Option<Entry> {
+    /// The live entry of `key` in `table`; an expired one is dropped on the
+    /// spot and counted in `expired`.
+    pub fn live(
+        &mut self,
+        table: Table,
+        hash: u64,
+        key: &[u8],
+        now: Nanos,
+        expired: &AtomicU64,
+    ) -> Option<Entry> {
         let entry = self.find(table, hash, key)?;
         if entry.expires_at > now {
             return Some(entry);
         }
         self.remove(table, hash, key);
+        // Relaxed: a statistic, read by the metrics only.
+        expired.fetch_add(1, Ordering::Relaxed);
         None
     }
 
@@ -75,6 +159,11 @@ impl Tables {
     pub fn find_any(&self, hash: u64, key: &[u8]) -> Option<Entry> {
         self.find(Table::Buckets, hash, key)
             .or_else(|| self.find(Table::Others, hash, key))
+    }
+
+    /// Whether `put(.., entry)` for `key` would add an entry.
+    pub fn is_new(&self, hash: u64, key: &[u8], state: &State) -> bool {
+        self.find(Table::of(state), hash, key).is_none()
     }
 
     /// Stores `entry` for `key`, in the table its state belongs to.
@@ -85,21 +174,25 @@ impl Tables {
                 match self.buckets.find_mut(hash, |b| b.key.as_bytes() == key) {
                     Some(b) => b.tat = tat,
                     None => {
-                        let bucket = Bucket {
-                            key: StoredKey::new(key),
-                            tat,
-                        };
-                        self.buckets.insert_unique(hash, bucket, |b| rehash(&b.key));
+                        let key = StoredKey::new(key);
+                        self.heap_bytes += key.heap_bytes();
+                        self.buckets
+                            .insert_unique(hash, Bucket { key, tat }, |b| rehash(&b.key));
                     }
                 }
             }
             _ => match self.others.find_mut(hash, |o| o.key.as_bytes() == key) {
-                Some(o) => o.entry = entry,
+                Some(o) => {
+                    self.heap_bytes -= o.entry.state.heap_bytes();
+                    self.heap_bytes += entry.state.heap_bytes();
+                    o.entry = entry;
+                }
                 None => {
                     let other = Other {
                         key: StoredKey::new(key),
                         entry,
                     };
+                    self.heap_bytes += other.heap_bytes();
                     self.others.insert_unique(hash, other, |o| rehash(&o.key));
                 }
             },
@@ -108,22 +201,18 @@ impl Tables {
 
     pub fn remove(&mut self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
         match table {
-            Table::Buckets => self
-                .buckets
-                .find_entry(hash, |b| b.key.as_bytes() == key)
-                .ok()
-                .map(|e| {
-                    let (b, _) = e.remove();
-                    Entry {
-                        state: State::TokenBucket { tat: b.tat },
-                        expires_at: b.tat,
-                    }
-                }),
-            Table::Others => self
-                .others
-                .find_entry(hash, |o| o.key.as_bytes() == key)
-                .ok()
-                .map(|e| e.remove().0.entry),
+            Table::Buckets => {
+                let found = self.buckets.find_entry(hash, |b| b.key.as_bytes() == key);
+                let (b, _) = found.ok()?.remove();
+                self.heap_bytes -= b.key.heap_bytes();
+                Some(bucket_entry(&b))
+            }
+            Table::Others => {
+                let found = self.others.find_entry(hash, |o| o.key.as_bytes() == key);
+                let (o, _) = found.ok()?.remove();
+                self.heap_bytes -= o.heap_bytes();
+                Some(o.entry)
+            }
         }
     }
 
@@ -147,11 +236,7 @@ impl Tables {
     /// has state in).
     pub fn for_each(&self, mut f: impl FnMut(&StoredKey, Entry)) {
         for b in &self.buckets {
-            let entry = Entry {
-                state: State::TokenBucket { tat: b.tat },
-                expires_at: b.tat,
-            };
-            f(&b.key, entry);
+            f(&b.key, bucket_entry(b));
         }
         for o in &self.others {
             f(&o.key, o.entry.clone());
@@ -160,47 +245,202 @@ impl Tables {
 
     /// Keeps only the entries whose key satisfies `keep`.
     pub fn retain_keys(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
-        self.buckets.retain(|b| keep(b.key.as_bytes()));
-        self.others.retain(|o| keep(o.key.as_bytes()));
+        let mut freed = 0;
+        self.buckets.retain(|b| {
+            let kept = keep(b.key.as_bytes());
+            if !kept {
+                freed += b.key.heap_bytes();
+            }
+            kept
+        });
+        self.others.retain(|o| {
+            let kept = keep(o.key.as_bytes());
+            if !kept {
+                freed += o.heap_bytes();
+            }
+            kept
+        });
+        self.heap_bytes -= freed;
+    }
+
+    /// Drops every entry expiring at or before `cutoff`; returns how many.
+    fn retain_after(&mut self, cutoff: Nanos) -> usize {
+        let before = self.len();
+        let mut freed = 0;
+        self.buckets.retain(|b| {
+            let keep = b.tat > cutoff;
+            if !keep {
+                freed += b.key.heap_bytes();
+            }
+            keep
+        });
+        self.others.retain(|o| {
+            let keep = o.entry.expires_at > cutoff;
+            if !keep {
+                freed += o.heap_bytes();
+            }
+            keep
+        });
+        self.heap_bytes -= freed;
+        before - self.len()
     }
 
     /// Drops every expired entry; returns how many.
     pub fn retain_live(&mut self, now: Nanos) -> usize {
-        let before = self.len();
-        self.buckets.retain(|b| b.tat > now);
-        self.others.retain(|o| o.entry.expires_at > now);
-        before - self.len()
+        self.retain_after(now)
     }
 
     pub fn len(&self) -> usize {
         self.buckets.len() + self.others.len()
     }
 
-    /// Reserved bytes: one control byte plus one entry per bucket slot, and
-    /// the heap part of long keys.
+    /// Reserved bytes: slots of both tables and the heap bytes of entries.
     pub fn memory_bytes(&self) -> usize {
-        // hashbrown keeps 1/8 of its buckets free (all but one when tiny).
-        let slots = |cap: usize, size: usize| {
-            let buckets = match cap {
-                0 => 0,
-                1..=7 => cap + 1,
-                _ => cap / 7 * 8,
-            };
-            buckets * (size + 1)
+        slot_bytes(self.buckets.capacity(), std::mem::size_of::<Bucket>())
+            + slot_bytes(self.others.capacity(), std::mem::size_of::<Other>())
+            + self.heap_bytes
+    }
+
+    /// Bytes after adding `new` entries to `table` (growing it if needed),
+    /// `heap` of them on the heap.
+    fn memory_after(&self, table: Table, new: usize, heap: usize) -> usize {
+        let (len, cap, size) = match table {
+            Table::Buckets => (
+                self.buckets.len(),
+                self.buckets.capacity(),
+                std::mem::size_of::<Bucket>(),
+            ),
+            Table::Others => (
+                self.others.len(),
+                self.others.capacity(),
+                std::mem::size_of::<Other>(),
+            ),
         };
-        slots(self.buckets.capacity(), std::mem::size_of::<Bucket>())
-            + slots(self.others.capacity(), std::mem::size_of::<Other>())
-            + self
-                .buckets
-                .iter()
-                .map(|b| b.key.heap_bytes())
-                .sum::<usize>()
-            + self
-                .others
-                .iter()
-                .map(|o| o.key.heap_bytes())
-                .sum::<usize>()
+        let mut target = cap;
+        while len + new > target {
+            target = grown(target);
+        }
+        self.memory_bytes() - slot_bytes(cap, size) + slot_bytes(target, size) + heap
+    }
+
+    /// Makes sure `new` more entries (`heap` bytes of them on the heap) fit
+    /// in `table` within `budget` bytes (the stripe's share): expired entries go first, then, by
+    /// `full`, the live entries closest to expiry, or the request is refused.
+    pub fn make_room(
+        &mut self,
+        hasher: &ahash::RandomState,
+        table: Table,
+        (new, heap): (usize, usize),
+        (budget, full): (usize, Full),
+        now: Nanos,
+    ) -> Room {
+        let mut room = Room {
+            granted: true,
+            ..Room::default()
+        };
+        if new == 0 || self.memory_after(table, new, heap) <= budget {
+            return room;
+        }
+        room.expired = self.retain_after(now);
+        self.compact(hasher);
+        while self.memory_after(table, new, heap) > budget {
+            if full == Full::Refuse || self.len() == 0 {
+                room.granted = false;
+                return room;
+            }
+            room.evicted += self.evict_soonest(now);
+            self.compact(hasher);
+        }
+        room
+    }
+
+    /// Evicts the 1/8 of entries (at least one) expiring soonest.
+    fn evict_soonest(&mut self, now: Nanos) -> usize {
+        let mut expiries: Vec<Nanos> = self
+            .buckets
+            .iter()
+            .map(|b| b.tat)
+            .chain(self.others.iter().map(|o| o.entry.expires_at))
+            .collect();
+        let n = (expiries.len() >> EVICT_SHIFT).max(1);
+        let (_, cutoff, _) = expiries.select_nth_unstable(n - 1);
+        // Ties at the cutoff go too: slightly more than 1/8, never less.
+        self.retain_after((*cutoff).max(now))
+    }
+
+    /// Rebuilds the tables at their current size: removals leave tombstones
+    /// that hashbrown clears only by rehashing, and a rehash it starts on its
+    /// own (when tombstones use up its free slots) doubles a table this full,
+    /// past the budget. Rebuilding here keeps growth under our control.
+    /// O(n), after a batch removal only.
+    fn compact(&mut self, hasher: &ahash::RandomState) {
+        rebuild(&mut self.buckets, |b| hasher.hash_one(b.key.as_bytes()));
+        rebuild(&mut self.others, |o| hasher.hash_one(o.key.as_bytes()));
+    }
+}
+
+/// The capacity of a table of the same bucket count without tombstones: the
+/// smallest step of hashbrown's growth sequence at or above `capacity`.
+fn full_capacity(capacity: usize) -> usize {
+    let mut full = 0;
+    while full < capacity {
+        full = grown(full);
+    }
+    full
+}
+
+fn rebuild<T>(table: &mut HashTable<T>, hash: impl Fn(&T) -> u64) {
+    let capacity = full_capacity(table.capacity().max(table.len()));
+    let old = std::mem::replace(table, HashTable::with_capacity(capacity));
+    for item in old {
+        table.insert_unique(hash(&item), item, &hash);
     }
 }
 
 const _: () = assert!(std::mem::size_of::<Bucket>() == 32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rebuild_clears_tombstones_and_never_grows() {
+        let hasher = ahash::RandomState::new();
+        let h = |v: &u64| hasher.hash_one(v);
+        let mut t: HashTable<u64> = HashTable::new();
+        for i in 0..28u64 {
+            t.insert_unique(h(&i), i, h);
+        }
+        assert_eq!(t.capacity(), 28);
+        t.retain(|v| *v % 2 == 0);
+        rebuild(&mut t, h);
+        // Whether a removal left a tombstone (which lowers `capacity()`, so
+        // the rebuild may pick the smaller size) depends on where the
+        // hashes land; either way the rebuilt table has no tombstones (its
+        // capacity is a whole step of hashbrown's growth) and is no larger.
+        assert_eq!(t.len(), 14);
+        assert!([14, 28].contains(&t.capacity()), "{}", t.capacity());
+        assert_eq!(t.capacity(), full_capacity(t.capacity()));
+        for i in 0..14u64 {
+            assert!(t.find(h(&(i * 2)), |v| *v == i * 2).is_some());
+        }
+    }
+
+    #[test]
+    fn growth_follows_hashbrown() {
+        // The capacities hashbrown reports as a table doubles.
+        let hasher = ahash::RandomState::new();
+        let mut t: HashTable<u64> = HashTable::new();
+        let mut cap = t.capacity();
+        for i in 0..10_000u64 {
+            if t.len() == t.capacity() {
+                let predicted = grown(t.capacity());
+                t.insert_unique(hasher.hash_one(i), i, |v| hasher.hash_one(v));
+                assert_eq!(t.capacity(), predicted, "from {cap}");
+                cap = t.capacity();
+            } else {
+                t.insert_unique(hasher.hash_one(i), i, |v| hasher.hash_one(v));
+            }
+        }
+    }
+}

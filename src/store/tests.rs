@@ -15,7 +15,8 @@ fn tb(key: &str, count: u64, period_ms: u64, burst: u64, cost: u32) -> Pair {
             count,
             period_ms,
             burst,
-        },
+        }
+        .into(),
         cost,
     }
 }
@@ -28,7 +29,8 @@ fn sw(key: &str, count: u64, period_ms: u64, cost: u32) -> Pair {
             count,
             period_ms,
             burst: 0,
-        },
+        }
+        .into(),
         cost,
     }
 }
@@ -200,6 +202,74 @@ fn idle_keys_expire_lazily_and_by_the_sweeper() {
 }
 
 #[test]
+fn expired_entries_met_on_access_are_dropped_and_counted() {
+    let s = store();
+    decided(s.check(&[tb("b", 10, 1000, 10, 1)], S, Mode::Charge));
+    decided(s.check(&[sw("w", 10, 1000, 1)], S, Mode::Charge));
+    decided(s.check(&[cc("c", 1, 1000, 1)], S, Mode::Charge));
+    assert_eq!((s.len(), s.expired_on_access()), (3, 0));
+    // Live entries met by a check are not counted.
+    decided(s.check(&[tb("b", 10, 1000, 10, 1)], S, Mode::Charge));
+    assert_eq!(s.expired_on_access(), 0);
+    // Later every entry has expired: each table counts what it drops, for a
+    // check, a peek or a release alike; the sweeper finds nothing left.
+    let later = 10 * S;
+    decided(s.check(&[tb("b", 10, 1000, 10, 1)], later, Mode::Peek));
+    assert_eq!(s.expired_on_access(), 1);
+    decided(s.check(&[sw("w", 10, 1000, 1)], later, Mode::Charge));
+    assert_eq!(s.expired_on_access(), 2);
+    assert!(!s.release(b"c", 1, later));
+    assert_eq!(s.expired_on_access(), 3);
+    assert_eq!(s.sweep(s.stripe_count(), later), 0);
+    // Keys never seen are not expiries.
+    decided(s.check(&[tb("new", 10, 1000, 10, 1)], later, Mode::Charge));
+    assert_eq!(s.expired_on_access(), 3);
+}
+
+#[test]
+fn entries_lists_both_tables_of_a_key() {
+    let s = store();
+    assert!(s.entries(b"k", S).is_empty());
+    decided(s.check(&[sw("k", 10, 1000, 1)], S, Mode::Charge));
+    decided(s.check(&[tb("k", 10, 1000, 10, 1)], S, Mode::Charge));
+    let algorithms: Vec<_> = s
+        .entries(b"k", S)
+        .iter()
+        .map(|e| e.state.algorithm())
+        .collect();
+    assert_eq!(
+        algorithms,
+        [Algorithm::TokenBucket, Algorithm::SlidingWindow]
+    );
+    // The bucket is full again 100 ms later; the window lasts longer.
+    let algorithms: Vec<_> = s
+        .entries(b"k", S + 100 * MS)
+        .iter()
+        .map(|e| e.state.algorithm())
+        .collect();
+    assert_eq!(algorithms, [Algorithm::SlidingWindow]);
+}
+
+#[test]
+fn a_named_rule_must_be_resolved_before_the_store() {
+    let s = store();
+    let named = Pair::rule(
+        Bytes::from_static(b"k"),
+        tollgate_protocol::RuleName::from_static("api"),
+        1,
+    );
+    assert_eq!(
+        s.check(std::slice::from_ref(&named), S, Mode::Charge),
+        CheckResult::Error(ErrorCode::UnknownRule)
+    );
+    assert_eq!(
+        s.refund(std::slice::from_ref(&named), S),
+        CheckResult::Error(ErrorCode::UnknownRule)
+    );
+    assert!(s.is_empty());
+}
+
+#[test]
 fn remove_forgets_a_key() {
     let s = store();
     let p = [tb("r", 1, 1000, 1, 1)];
@@ -236,7 +306,8 @@ fn pair(
             count,
             period_ms,
             burst,
-        },
+        }
+        .into(),
         cost,
     }
 }
@@ -471,7 +542,7 @@ fn refund_on_each_algorithm() {
         let mut back = p.clone();
         back.cost = 2;
         let d = decided(s.refund(std::slice::from_ref(&back), S));
-        assert_eq!(d.remaining, 6, "{:?}", p.limit.algorithm);
+        assert_eq!(d.remaining, 6, "{:?}", p.limit);
         // The refunded units can be taken again, and no more.
         let mut again = p.clone();
         again.cost = 6;
@@ -559,4 +630,117 @@ fn new_algorithms_expire_when_their_state_stops_mattering() {
     assert_eq!(s.sweep(s.stripe_count(), 6 * S - 1), 0);
     assert_eq!(s.sweep(s.stripe_count(), 6 * S), 1);
     assert!(s.is_empty());
+}
+
+fn capped(max_memory: usize, on_full: Full) -> Store {
+    Store::new(StoreConfig {
+        stripes: 1,
+        max_memory: Some(max_memory),
+        on_full,
+        ..StoreConfig::default()
+    })
+}
+
+#[test]
+fn memory_cap_evicts_the_keys_closest_to_expiry() {
+    let budget = 64 << 10;
+    let s = capped(budget, Full::Evict);
+    // Long-lived keys first (a day to refill), then a flood of short-lived
+    // ones (full again after 1 s): the flood must evict its own kind.
+    for i in 0..100 {
+        let d = decided(s.check(
+            &[tb(&format!("day{i}"), 1, 86_400_000, 10, 1)],
+            S,
+            Mode::Charge,
+        ));
+        assert!(d.allowed);
+    }
+    for i in 0..20_000 {
+        let d = decided(s.check(&[tb(&format!("sec{i}"), 10, 1000, 10, 1)], S, Mode::Charge));
+        assert!(d.allowed, "a new key is always taken under evict");
+        assert!(
+            s.memory_bytes() <= budget,
+            "over budget after {i}: {}",
+            s.memory_bytes()
+        );
+    }
+    assert!(s.evicted() > 0);
+    assert_eq!(s.refused(), 0);
+    for i in 0..100 {
+        assert!(
+            s.get(format!("day{i}").as_bytes(), S).is_some(),
+            "day{i} was evicted"
+        );
+    }
+    // The newest key survived its own insertion.
+    assert!(s.get(b"sec19999", S).is_some());
+}
+
+#[test]
+fn memory_cap_refuses_new_keys_and_keeps_serving_old_ones() {
+    let budget = 16 << 10;
+    let s = capped(budget, Full::Refuse);
+    let mut admitted = Vec::new();
+    let mut refused_at = None;
+    for i in 0..10_000 {
+        match s.check(&[tb(&format!("k{i}"), 1, 1000, 5, 1)], S, Mode::Charge) {
+            CheckResult::Decision(d) => {
+                assert!(d.allowed);
+                admitted.push(i);
+            }
+            CheckResult::Error(ErrorCode::StoreFull) => {
+                refused_at = Some(i);
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let refused_at = refused_at.expect("the cap was reached");
+    assert!(s.memory_bytes() <= budget);
+    assert_eq!(s.refused(), 1);
+    assert_eq!(s.evicted(), 0);
+    // Refused: nothing charged, the key holds no state.
+    assert!(s.get(format!("k{refused_at}").as_bytes(), S).is_none());
+    // Keys with state keep working, at full accuracy.
+    let d = decided(s.check(&[tb("k0", 1, 1000, 5, 1)], S, Mode::Charge));
+    assert_eq!((d.allowed, d.remaining), (true, 3));
+    // A group adding a new key is refused whole: its old key is not charged.
+    // ("k1" and "{k1}new" share a slot through the hash tag.)
+    let before = s.get(b"k1", S).unwrap();
+    let group = [tb("k1", 1, 1000, 5, 1), tb("{k1}new", 1, 1000, 5, 1)];
+    assert_eq!(
+        s.check(&group, S, Mode::Charge),
+        CheckResult::Error(ErrorCode::StoreFull)
+    );
+    assert_eq!(s.get(b"k1", S).unwrap(), before);
+    // Once the old keys expire, they make room for new ones.
+    let later = S + 5 * S;
+    let d = decided(s.check(&[tb("fresh", 1, 1000, 5, 1)], later, Mode::Charge));
+    assert!(d.allowed);
+    assert!(s.len() < admitted.len());
+}
+
+#[test]
+fn memory_cap_counts_long_keys_and_logs() {
+    let budget = 32 << 10;
+    let s = capped(budget, Full::Evict);
+    let long = "x".repeat(200);
+    for i in 0..2_000 {
+        let key = format!("{long}{i}");
+        decided(s.check(&[tb(&key, 10, 1000, 10, 1)], S, Mode::Charge));
+        let log = Pair {
+            key: Bytes::from(format!("log{i}")),
+            limit: Limit {
+                algorithm: Algorithm::SlidingLog,
+                count: 100,
+                period_ms: 1000,
+                burst: 0,
+            }
+            .into(),
+            cost: 50,
+        };
+        decided(s.check(&[log], S, Mode::Charge));
+        assert!(s.memory_bytes() <= budget, "{}", s.memory_bytes());
+    }
+    assert!(s.evicted() > 0);
 }

@@ -24,6 +24,9 @@ pub const S: u64 = 1_000_000_000;
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// The admin API, when started with [`TestServer::start_admin`].
+    pub admin: Option<SocketAddr>,
+    pub rules: Arc<tollgate::rules::Rules>,
     pub store: Arc<Store>,
     pub clock: Arc<ManualClock>,
     pub shutdown: CancellationToken,
@@ -37,18 +40,37 @@ impl TestServer {
 
     /// A server on 127.0.0.1:0 with a manual clock at t = 1000 s.
     pub async fn start_with(tune: impl FnOnce(&mut ServerConfig)) -> Self {
+        Self::start_inner(tune, false).await
+    }
+
+    /// Like [`start_with`](Self::start_with), with the admin API on
+    /// 127.0.0.1:0 too.
+    pub async fn start_admin(tune: impl FnOnce(&mut ServerConfig)) -> Self {
+        Self::start_inner(tune, true).await
+    }
+
+    async fn start_inner(tune: impl FnOnce(&mut ServerConfig), admin: bool) -> Self {
         let mut config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
         tune(&mut config);
         config.validate().expect("test config is valid");
         let listener = TcpListener::bind(config.listen).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let clock = Arc::new(ManualClock::new(1000 * S));
-        let server = Server::with_clock(config, clock.clone());
+        let mut server = Server::with_clock(config, clock.clone()).expect("server starts");
+        let mut admin_addr = None;
+        if admin {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            admin_addr = Some(l.local_addr().unwrap());
+            server = server.with_admin(l);
+        }
         let store = server.store();
+        let rules = server.rules();
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(server.run(listener, shutdown.clone()));
         TestServer {
             addr,
+            admin: admin_addr,
+            rules,
             store,
             clock,
             shutdown,
@@ -75,8 +97,88 @@ pub fn tb(key: &str, count: u64, period_ms: u64, burst: u64, cost: u32) -> Pair 
             count,
             period_ms,
             burst,
-        },
+        }
+        .into(),
         cost,
+    }
+}
+
+/// A pair naming a rule.
+pub fn rule(key: &str, name: &str, cost: u32) -> Pair {
+    Pair::rule(
+        Bytes::copy_from_slice(key.as_bytes()),
+        tollgate_protocol::RuleName::try_from(name).unwrap(),
+        cost,
+    )
+}
+
+/// One admin API call over real HTTP.
+pub async fn http(
+    admin: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> tollgate::admin_client::Answer {
+    tollgate::admin_client::call(
+        &admin.to_string(),
+        method.parse().unwrap(),
+        path,
+        body.map(|b| b.as_bytes().to_vec()),
+        PATIENCE,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// Polls `probe` until it returns Some, or fails after [`PATIENCE`].
+pub async fn eventually<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut probe: impl FnMut() -> F,
+) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Writes `text` to `path` the way editors and config managers do: a new
+/// file renamed over the old one, so a reader never sees half of it.
+pub fn write_atomically(path: &std::path::Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A fresh directory under the system's temp dir, removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tollgate-test-{name}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    pub fn path(&self, file: &str) -> std::path::PathBuf {
+        self.0.join(file)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -84,7 +84,7 @@ impl TollgateServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let shutdown = CancellationToken::new();
-        let server = Server::new(ServerConfig::with_listen(addr));
+        let server = Server::new(ServerConfig::with_listen(addr)).expect("server starts");
         tokio::spawn(server.run(listener, shutdown.clone()));
         Self { addr, shutdown }
     }

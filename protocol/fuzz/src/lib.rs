@@ -11,7 +11,8 @@
 //! - a fatal error consumed nothing and names no request id;
 //! - a decoded message re-encodes to the exact bytes of its frame (the
 //!   encoding is canonical) and decodes back to an equal value;
-//! - a decoded request respects the limits it was decoded under.
+//! - a decoded request respects the limits it was decoded under (and rule
+//!   names their 1..=64-byte UTF-8 form).
 //!
 //! The protocol crate's tests include this file by path and replay the seed
 //! corpus (and proptest inputs) through it, so CI runs these checks on
@@ -20,8 +21,8 @@
 use bytes::BytesMut;
 use tollgate_protocol::{
     decode_request, decode_response, encode_request, encode_response, DecodeError, ErrorCode,
-    Request, RequestId, Response, ServerLimits, FRAME_HEADER_LEN, MAX_ERROR_MESSAGE_LEN,
-    PROTOCOL_VERSION,
+    LimitRef, Request, RequestId, Response, ServerLimits, FRAME_HEADER_LEN, MAX_ERROR_MESSAGE_LEN,
+    MAX_RULE_NAME_LEN, PROTOCOL_VERSION,
 };
 
 /// Small limits, so short fuzz inputs reach every limit check. The seed
@@ -203,6 +204,13 @@ fn check_request_limits(request: &Request, limits: &ServerLimits) {
                 );
                 for pair in check {
                     check_key(&pair.key);
+                    if let LimitRef::Rule(name) = &pair.limit {
+                        assert!(
+                            (1..=MAX_RULE_NAME_LEN).contains(&name.len()),
+                            "rule name length out of range decoded"
+                        );
+                        assert!(std::str::from_utf8(name.as_bytes()).is_ok());
+                    }
                 }
             }
         }

@@ -88,7 +88,17 @@ pub enum DecodeError {
         algorithm: u8,
     },
 
-    /// `field` names the text field ("client name", "error message").
+    /// A pair's `limit_kind` is neither an algorithm code (1..=127) nor a
+    /// rule reference (0x80).
+    #[error("request {request_id}: unknown limit kind {kind:#04x}")]
+    UnknownLimitKind { request_id: RequestId, kind: u8 },
+
+    /// A rule reference whose `name_len` is 0 or above 64.
+    #[error("request {request_id}: rule name of {len} bytes (must be 1 to 64)")]
+    RuleNameLength { request_id: RequestId, len: u8 },
+
+    /// `field` names the text field ("client name", "error message",
+    /// "rule name").
     #[error("request {request_id}: {field} is not valid UTF-8")]
     InvalidUtf8 {
         request_id: RequestId,
@@ -104,7 +114,7 @@ pub enum DecodeError {
     #[error("request {request_id}: unknown role {role}")]
     UnknownRole { request_id: RequestId, role: u8 },
 
-    /// (Responses) a CHECKED result whose status is not 0, 1, 2 or 3.
+    /// (Responses) a CHECKED result whose status is not 0, 1, 2, 3 or 4.
     #[error("request {request_id}: unknown result status {status}")]
     UnknownStatus { request_id: RequestId, status: u8 },
 
@@ -156,6 +166,8 @@ impl DecodeError {
             | Self::EmptyKey { request_id }
             | Self::KeyTooLong { request_id, .. }
             | Self::UnknownAlgorithm { request_id, .. }
+            | Self::UnknownLimitKind { request_id, .. }
+            | Self::RuleNameLength { request_id, .. }
             | Self::InvalidUtf8 { request_id, .. }
             | Self::UnsupportedVersion { request_id, .. }
             | Self::UnknownRole { request_id, .. }
@@ -183,6 +195,8 @@ impl DecodeError {
             | Self::EmptyGroup { .. }
             | Self::EmptyKey { .. }
             | Self::UnknownAlgorithm { .. }
+            | Self::UnknownLimitKind { .. }
+            | Self::RuleNameLength { .. }
             | Self::InvalidUtf8 { .. }
             | Self::UnknownRole { .. }
             | Self::UnknownStatus { .. }

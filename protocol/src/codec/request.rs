@@ -4,7 +4,9 @@
 //! The decoder enforces the server's [`ServerLimits`] while it reads: every
 //! count is checked against its limit before it sizes an allocation, and
 //! every key length before the key is sliced. It does not judge limit values
-//! (zero rates, overflow): that is the server's per-check `InvalidLimit`.
+//! (zero rates, overflow): that is the server's per-check `InvalidLimit`;
+//! nor whether a named rule exists: that is the server's `UnknownRule`. A
+//! rule name's length (1..=64) and UTF-8 are checked here.
 //!
 //! HELLO is read only as far as its version when the version is not
 //! [`PROTOCOL_VERSION`]: the rest of the payload belongs to that version's
@@ -15,15 +17,16 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::frame::{encode_frame, take_frame, wire_len, PayloadReader};
 use super::{opcode, DecodeError, EncodeError};
 use crate::message::{
-    Algorithm, CheckBatch, LeaseRef, Limit, Pair, Request, RequestId, ServerLimits,
-    PROTOCOL_VERSION,
+    Algorithm, CheckBatch, LeaseRef, Limit, LimitRef, Pair, Request, RequestId, RuleName,
+    ServerLimits, LIMIT_KIND_RULE, MAX_RULE_NAME_LEN, PROTOCOL_VERSION,
 };
 
 /// Smallest encoded check: n_pairs, then one pair with a 1-byte key.
 const MIN_CHECK_LEN: usize = 1 + MIN_PAIR_LEN;
-/// Smallest encoded pair: key_len, 1-byte key, algorithm, count, period,
-/// burst, cost.
-const MIN_PAIR_LEN: usize = 2 + 1 + 1 + 8 + 8 + 8 + 4;
+/// Smallest encoded pair: key_len, 1-byte key, limit_kind, then the smaller
+/// of the two limit forms (a rule: name_len and a 1-byte name; inline:
+/// count, period, burst), then cost.
+const MIN_PAIR_LEN: usize = 2 + 1 + 1 + 1 + 1 + 4;
 /// Smallest encoded RESET key: key_len and a 1-byte key.
 const MIN_KEY_LEN: usize = 2 + 1;
 /// Smallest encoded RELEASE entry: a 1-byte key and the lease id.
@@ -150,26 +153,45 @@ fn decode_batch(r: &mut PayloadReader, limits: &ServerLimits) -> Result<CheckBat
 
 fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, DecodeError> {
     let key = decode_key(r, limits)?;
-    let algorithm = r.u8()?;
-    let Some(algorithm) = Algorithm::from_wire(algorithm) else {
-        return Err(DecodeError::UnknownAlgorithm {
-            request_id: r.request_id,
+    let kind = r.u8()?;
+    let limit = if kind == LIMIT_KIND_RULE {
+        LimitRef::Rule(decode_rule_name(r)?)
+    } else if kind > 0 && kind < LIMIT_KIND_RULE {
+        let Some(algorithm) = Algorithm::from_wire(kind) else {
+            return Err(DecodeError::UnknownAlgorithm {
+                request_id: r.request_id,
+                algorithm: kind,
+            });
+        };
+        LimitRef::Inline(Limit {
             algorithm,
+            count: r.u64()?,
+            period_ms: r.u64()?,
+            burst: r.u64()?,
+        })
+    } else {
+        return Err(DecodeError::UnknownLimitKind {
+            request_id: r.request_id,
+            kind,
         });
     };
-    let count = r.u64()?;
-    let period_ms = r.u64()?;
-    let burst = r.u64()?;
     let cost = r.u32()?;
-    Ok(Pair {
-        key,
-        limit: Limit {
-            algorithm,
-            count,
-            period_ms,
-            burst,
-        },
-        cost,
+    Ok(Pair { key, limit, cost })
+}
+
+/// A name_len-prefixed rule name, its length checked before it is sliced.
+fn decode_rule_name(r: &mut PayloadReader) -> Result<RuleName, DecodeError> {
+    let len = r.u8()?;
+    if len == 0 || usize::from(len) > MAX_RULE_NAME_LEN {
+        return Err(DecodeError::RuleNameLength {
+            request_id: r.request_id,
+            len,
+        });
+    }
+    let raw = r.bytes(len.into())?;
+    RuleName::new(raw).map_err(|_| DecodeError::InvalidUtf8 {
+        request_id: r.request_id,
+        field: "rule name",
     })
 }
 
@@ -289,10 +311,20 @@ fn encode_batch(
             dst.put_u8(wire_len(check.len(), "pairs in a check", u8::MAX)?);
             for pair in check {
                 encode_key(&pair.key, dst)?;
-                dst.put_u8(pair.limit.algorithm as u8);
-                dst.put_u64(pair.limit.count);
-                dst.put_u64(pair.limit.period_ms);
-                dst.put_u64(pair.limit.burst);
+                match &pair.limit {
+                    LimitRef::Inline(limit) => {
+                        dst.put_u8(limit.algorithm as u8);
+                        dst.put_u64(limit.count);
+                        dst.put_u64(limit.period_ms);
+                        dst.put_u64(limit.burst);
+                    }
+                    LimitRef::Rule(name) => {
+                        dst.put_u8(LIMIT_KIND_RULE);
+                        // 1..=64 by RuleName's invariant.
+                        dst.put_u8(wire_len(name.len(), "rule name", u8::MAX)?);
+                        dst.put_slice(name.as_bytes());
+                    }
+                }
                 dst.put_u32(pair.cost);
             }
         }

@@ -23,8 +23,12 @@ const STATUS_DENIED: u8 = 1;
 const STATUS_ERROR: u8 = 2;
 /// Allowed, and the decision is followed by the lease it acquired.
 const STATUS_ALLOWED_WITH_LEASE: u8 = 3;
+/// Allowed because the denying rule is in shadow mode; the decision fields
+/// describe the would-be denial.
+const STATUS_SHADOW_DENIED: u8 = 4;
 
-/// Encoded size of a decision result: status, pair, four u64 fields.
+/// Encoded size of a decision result (any of statuses 0, 1, 4): status,
+/// pair, four u64 fields.
 const DECISION_LEN: usize = 1 + 1 + 4 * 8;
 /// Encoded size of an allowed-with-lease result: a decision and the lease.
 const LEASED_DECISION_LEN: usize = DECISION_LEN + 8;
@@ -103,9 +107,10 @@ fn decode_results(r: &mut PayloadReader) -> Result<Vec<CheckResult>, DecodeError
     for _ in 0..n {
         let status = r.u8()?;
         let result = match status {
-            STATUS_ALLOWED | STATUS_DENIED | STATUS_ALLOWED_WITH_LEASE => {
+            STATUS_ALLOWED | STATUS_DENIED | STATUS_ALLOWED_WITH_LEASE | STATUS_SHADOW_DENIED => {
                 CheckResult::Decision(Decision {
                     allowed: status != STATUS_DENIED,
+                    shadow_denied: status == STATUS_SHADOW_DENIED,
                     pair: r.u8()?,
                     limit: r.u64()?,
                     remaining: r.u64()?,
@@ -202,7 +207,11 @@ pub fn encode_response(
 ///
 /// An allowed decision with a lease is written with status 3 and the lease
 /// after the decision fields; a denied decision never carries a lease (one
-/// set there is dropped).
+/// set there is dropped). An allowed decision with `shadow_denied` and no
+/// lease is written with status 4. Status 3 wins when a decision has both:
+/// the lease must reach the client to be released, and status 3 has no
+/// room for the shadow flag (the server never answers with both, see
+/// [`Decision::shadow_denied`]).
 ///
 /// The result count is written from the results actually yielded, so an
 /// iterator whose `len()` is wrong still produces a well-formed frame;
@@ -225,11 +234,14 @@ where
             count += 1;
             match result {
                 CheckResult::Decision(d) => {
+                    // A denial stays a denial whatever shadow_denied or
+                    // lease say; a lease wins over shadow_denied.
                     let lease = d.lease.filter(|_| d.allowed);
                     dst.put_u8(match (d.allowed, lease) {
-                        (true, Some(_)) => STATUS_ALLOWED_WITH_LEASE,
-                        (true, None) => STATUS_ALLOWED,
                         (false, _) => STATUS_DENIED,
+                        (true, Some(_)) => STATUS_ALLOWED_WITH_LEASE,
+                        (true, None) if d.shadow_denied => STATUS_SHADOW_DENIED,
+                        (true, None) => STATUS_ALLOWED,
                     });
                     dst.put_u8(d.pair);
                     dst.put_u64(d.limit);

@@ -146,6 +146,29 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
             },
         ]),
     );
+    let check_rule = req(
+        10,
+        Request::Check(batch(vec![
+            vec![rule_pair("rl:{u42}:s", "api-per-second", 0)],
+            vec![
+                rule_pair("rl:{u42}:d", "api-per-day", 1),
+                pair("rl:{u42}:m", per_minute_window(100), 1),
+            ],
+        ])),
+    );
+    let bad_rule_name = raw_frame(
+        opcode::CHECK,
+        11,
+        &payload(|p| {
+            p.put_u16(1);
+            p.put_u8(1);
+            p.put_u16(1);
+            p.put_u8(b'k');
+            p.put_u8(LIMIT_KIND_RULE);
+            p.put_u8(0);
+            p.put_u32(1);
+        }),
+    );
     let ping = req(7, Request::Ping);
     let mut pipelined = hello.clone();
     pipelined.extend_from_slice(&ping);
@@ -197,6 +220,12 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
         ("check_group.bin", check_group, outcome(1, &[], None, 0)),
         ("check_batch.bin", check_batch, outcome(1, &[], None, 0)),
         ("peek.bin", peek, outcome(1, &[], None, 0)),
+        ("check_rule.bin", check_rule, outcome(1, &[], None, 0)),
+        (
+            "broken_rule_name.bin",
+            bad_rule_name,
+            outcome(0, &[Malformed], None, 0),
+        ),
         ("reset.bin", reset, outcome(1, &[], None, 0)),
         (
             "check_algorithms.bin",
@@ -287,6 +316,13 @@ fn response_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
         ]),
     );
     let released = resp(6, Response::Released(2));
+    let checked_shadow = resp(
+        6,
+        Response::Checked(vec![
+            shadow_denied(0, 0, 100),
+            CheckResult::Error(ErrorCode::UnknownRule),
+        ]),
+    );
     let error = resp(
         0,
         Response::Error {
@@ -302,6 +338,11 @@ fn response_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
     vec![
         ("hello_ok.bin", hello_ok, outcome(1, &[], None, 0)),
         ("checked.bin", checked, outcome(1, &[], None, 0)),
+        (
+            "checked_shadow.bin",
+            checked_shadow,
+            outcome(1, &[], None, 0),
+        ),
         ("error.bin", error, outcome(1, &[], None, 0)),
         ("released.bin", released, outcome(1, &[], None, 0)),
         ("pipelined.bin", pipelined, outcome(4, &[], None, 0)),

@@ -280,12 +280,143 @@ fn keys_over_max_key_len_are_refused_before_slicing() {
 }
 
 #[test]
-fn unknown_algorithms() {
-    for (op, algorithm) in [
+fn unknown_limit_kinds() {
+    // Neither an algorithm code (1..=127) nor a rule reference (0x80).
+    for (op, kind) in [
         (opcode::CHECK, 0),
-        (opcode::CHECK, 7),
+        (opcode::CHECK, 0x81),
+        (opcode::CHECK, 0xFE),
         (opcode::PEEK, 0xFF),
+        (opcode::REFUND, 0),
+    ] {
+        let frame = check_frame(op, |p| {
+            p.put_u16(1);
+            p.put_u8(1);
+            put_pair(p, b"k", kind);
+        });
+        rejects_request(
+            frame,
+            ErrorCode::Malformed,
+            |e| matches!(e, DecodeError::UnknownLimitKind { kind: k, .. } if *k == kind),
+        );
+    }
+}
+
+#[test]
+fn rule_names_out_of_range_are_refused_before_slicing() {
+    for len in [0u8, 65, 0xFF] {
+        let frame = check_frame(opcode::CHECK, |p| {
+            p.put_u16(1);
+            p.put_u8(1);
+            p.put_u16(1);
+            p.put_u8(b'k');
+            p.put_u8(LIMIT_KIND_RULE);
+            p.put_u8(len);
+            // Only 3 bytes follow: a length above them is still reported as
+            // a bad length, not as a truncation.
+            p.put_slice(b"abc");
+        });
+        rejects_request(
+            frame,
+            ErrorCode::Malformed,
+            |e| matches!(e, DecodeError::RuleNameLength { len: l, .. } if *l == len),
+        );
+    }
+}
+
+#[test]
+fn rule_names_must_be_utf8_and_whole() {
+    let frame = check_frame(opcode::PEEK, |p| {
+        p.put_u16(1);
+        p.put_u8(1);
+        put_rule_pair(p, b"k", &[b'r', 0xC3, 0x28]);
+    });
+    rejects_request(frame, ErrorCode::Malformed, |e| {
+        matches!(
+            e,
+            DecodeError::InvalidUtf8 {
+                field: "rule name",
+                ..
+            }
+        )
+    });
+    // name_len 10, only 4 name bytes and no cost.
+    let frame = check_frame(opcode::CHECK, |p| {
+        p.put_u16(1);
+        p.put_u8(1);
+        p.put_u16(1);
+        p.put_u8(b'k');
+        p.put_u8(LIMIT_KIND_RULE);
+        p.put_u8(10);
+        p.put_slice(b"rule");
+    });
+    rejects_request(frame, ErrorCode::Malformed, |e| {
+        matches!(
+            e,
+            DecodeError::Truncated {
+                offset: 8,
+                needed: 10,
+                available: 4,
+                ..
+            }
+        )
+    });
+    // A rule pair without its cost.
+    let frame = check_frame(opcode::CHECK, |p| {
+        p.put_u16(1);
+        p.put_u8(1);
+        p.put_u16(1);
+        p.put_u8(b'k');
+        p.put_u8(LIMIT_KIND_RULE);
+        p.put_u8(1);
+        p.put_u8(b'r');
+        p.put_u16(0);
+    });
+    rejects_request(frame, ErrorCode::Malformed, |e| {
+        matches!(
+            e,
+            DecodeError::Truncated {
+                needed: 4,
+                available: 2,
+                ..
+            }
+        )
+    });
+}
+
+#[test]
+fn rule_pairs_at_the_edges_are_accepted() {
+    let name = [b'n'; 64];
+    let mut frame = check_frame(opcode::CHECK, |p| {
+        p.put_u16(1);
+        p.put_u8(2);
+        put_rule_pair(p, b"{t}a", &name);
+        put_rule_pair(p, b"{t}b", b"r");
+    });
+    let (_, request) = decode_request(&mut frame, &limits())
+        .expect("valid")
+        .expect("whole");
+    let Request::Check(batch) = request else {
+        panic!("a CHECK")
+    };
+    let pairs: Vec<_> = batch.iter().flatten().collect();
+    assert!(matches!(&pairs[0].limit, LimitRef::Rule(n) if n.as_bytes() == name));
+    assert!(matches!(&pairs[1].limit, LimitRef::Rule(n) if n.as_str() == "r"));
+    assert_eq!(
+        pairs[1].cost, 0,
+        "cost 0 is the rule's default, not an error"
+    );
+}
+
+#[test]
+fn unknown_algorithms() {
+    // Codes 1..=127 are inline algorithms: 7 and up are not known (yet).
+    for (op, algorithm) in [
+        (opcode::CHECK, 7),
+        (opcode::CHECK, 0x7F),
+        (opcode::PEEK, 7),
         (opcode::REFUND, 7),
+        (opcode::REFUND, 0x7F),
     ] {
         let frame = check_frame(op, |p| {
             p.put_u16(1);
@@ -314,7 +445,10 @@ fn every_algorithm_code_decodes() {
         let Request::Check(batch) = request else {
             panic!("a CHECK")
         };
-        let algorithm = batch.iter().next().unwrap()[0].limit.algorithm;
+        let LimitRef::Inline(limit) = &batch.iter().next().unwrap()[0].limit else {
+            panic!("an inline limit")
+        };
+        let algorithm = limit.algorithm;
         assert_eq!(algorithm as u8, code);
         assert_eq!(Algorithm::from_wire(code), Some(algorithm));
         assert_eq!(Algorithm::from_name(algorithm.name()), Some(algorithm));
@@ -633,9 +767,9 @@ fn invalid_responses() {
     rejects_response(hello_ok, |e| {
         matches!(e, DecodeError::UnknownRole { role: 3, .. })
     });
-    let bad_status = raw_frame(opcode::CHECKED, BAD_ID, &[0, 1, 4]);
+    let bad_status = raw_frame(opcode::CHECKED, BAD_ID, &[0, 1, 5]);
     rejects_response(bad_status, |e| {
-        matches!(e, DecodeError::UnknownStatus { status: 4, .. })
+        matches!(e, DecodeError::UnknownStatus { status: 5, .. })
     });
     // Status 3 promises a lease after the decision.
     let mut leased_short = encode_resp(BAD_ID, &Response::Checked(vec![leased(0, 1, 9)]));

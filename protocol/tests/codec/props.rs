@@ -20,25 +20,35 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
     prop::sample::select(Algorithm::ALL.to_vec())
 }
 
+/// Any 1..=64-byte UTF-8 string (multi-byte chars included).
+fn rule_name() -> impl Strategy<Value = RuleName> {
+    "\\PC{1,64}".prop_filter_map("1..=64 bytes", |s: String| {
+        let mut end = s.len().min(MAX_RULE_NAME_LEN);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        RuleName::try_from(&s[..end]).ok()
+    })
+}
+
+fn limit_ref() -> impl Strategy<Value = LimitRef> {
+    prop_oneof![
+        (algorithm(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(
+            |(algorithm, count, period_ms, burst)| {
+                LimitRef::Inline(Limit {
+                    algorithm,
+                    count,
+                    period_ms,
+                    burst,
+                })
+            }
+        ),
+        rule_name().prop_map(LimitRef::Rule),
+    ]
+}
+
 fn pair() -> impl Strategy<Value = Pair> {
-    (
-        key(),
-        algorithm(),
-        any::<u64>(),
-        any::<u64>(),
-        any::<u64>(),
-        any::<u32>(),
-    )
-        .prop_map(|(key, algorithm, count, period_ms, burst, cost)| Pair {
-            key,
-            limit: Limit {
-                algorithm,
-                count,
-                period_ms,
-                burst,
-            },
-            cost,
-        })
+    (key(), limit_ref(), any::<u32>()).prop_map(|(key, limit, cost)| Pair { key, limit, cost })
 }
 
 fn check_batch() -> impl Strategy<Value = CheckBatch> {
@@ -81,22 +91,25 @@ fn error_code() -> impl Strategy<Value = ErrorCode> {
 
 fn check_result() -> impl Strategy<Value = CheckResult> {
     prop_oneof![
+        // (allowed, shadow_denied): the three combinations the wire carries.
         (
-            any::<bool>(),
+            prop::sample::select(vec![(true, false), (false, false), (true, true)]),
             any::<u8>(),
             any::<[u64; 4]>(),
             any::<Option<u64>>()
         )
-            .prop_map(|(allowed, pair, n, lease)| {
+            .prop_map(|((allowed, shadow_denied), pair, n, lease)| {
                 CheckResult::Decision(Decision {
                     allowed,
+                    shadow_denied,
                     pair,
                     limit: n[0],
                     remaining: n[1],
                     reset_after_ms: n[2],
                     retry_after_ms: n[3],
-                    // Only an allowed decision carries a lease on the wire.
-                    lease: lease.filter(|_| allowed),
+                    // Only an allowed decision carries a lease on the wire,
+                    // and status 3 has no room for the shadow flag.
+                    lease: lease.filter(|_| allowed && !shadow_denied),
                 })
             }),
         error_code().prop_map(CheckResult::Error),
@@ -201,6 +214,7 @@ proptest! {
     fn a_denied_decision_drops_its_lease(id in any::<u32>(), lease in any::<u64>(), n in any::<[u64; 4]>()) {
         let denied = |lease| CheckResult::Decision(Decision {
             allowed: false,
+            shadow_denied: false,
             pair: 0,
             limit: n[0],
             remaining: n[1],

@@ -255,7 +255,7 @@ fn values_that_do_not_fit_the_wire_are_encode_errors() {
     assert_too_long(&Request::Reset(vec![long_key.clone()]), "key", 65536, 65535);
     let big_pair = Pair {
         key: long_key,
-        limit: per_second(1),
+        limit: LimitRef::Inline(per_second(1)),
         cost: 1,
     };
     assert_too_long(
@@ -355,4 +355,84 @@ fn largest_v1_response_fits_the_default_client_cap() {
         .expect("decodes")
         .expect("whole");
     assert_eq!(got, (1, Response::Checked(results)));
+}
+
+#[test]
+fn a_denial_is_never_encoded_as_shadow_denied() {
+    // shadow_denied is meaningful only with allowed: a (wrongly) flagged
+    // denial must still reach the client as a denial.
+    let flagged = CheckResult::Decision(Decision {
+        allowed: false,
+        shadow_denied: true,
+        pair: 0,
+        limit: 1,
+        remaining: 0,
+        reset_after_ms: 1,
+        retry_after_ms: 1,
+        lease: None,
+    });
+    let mut src = encode_resp(1, &Response::Checked(vec![flagged]));
+    assert_eq!(src[FRAME_HEADER_LEN + 5 + 2], 1, "status: denied");
+    let (_, decoded) = decode_response(&mut src, DEFAULT_CLIENT_MAX_FRAME)
+        .expect("decodes")
+        .expect("whole");
+    let Response::Checked(results) = decoded else {
+        panic!("CHECKED")
+    };
+    assert!(matches!(
+        results[0],
+        CheckResult::Decision(Decision {
+            allowed: false,
+            shadow_denied: false,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_lease_wins_over_shadow_denied() {
+    // The wire has no status for both: the lease must reach the client (it
+    // has to release it), so such a decision is written as status 3.
+    let both = Decision {
+        allowed: true,
+        shadow_denied: true,
+        pair: 1,
+        limit: 8,
+        remaining: 3,
+        reset_after_ms: 30_000,
+        retry_after_ms: 0,
+        lease: Some(77),
+    };
+    let mut src = encode_resp(1, &Response::Checked(vec![CheckResult::Decision(both)]));
+    assert_eq!(
+        src[FRAME_HEADER_LEN + 5 + 2],
+        3,
+        "status: allowed with lease"
+    );
+    let (_, decoded) = decode_response(&mut src, DEFAULT_CLIENT_MAX_FRAME)
+        .expect("decodes")
+        .expect("whole");
+    assert_eq!(
+        decoded,
+        Response::Checked(vec![CheckResult::Decision(Decision {
+            shadow_denied: false,
+            ..both
+        })])
+    );
+}
+
+#[test]
+fn rule_names_refuse_what_the_wire_cannot_carry() {
+    assert_eq!(RuleName::try_from(""), Err(InvalidRuleName::Length(0)));
+    assert_eq!(
+        RuleName::try_from("x".repeat(65)),
+        Err(InvalidRuleName::Length(65))
+    );
+    assert_eq!(
+        RuleName::new(Bytes::from_static(b"\xff")),
+        Err(InvalidRuleName::Utf8)
+    );
+    let longest = RuleName::try_from("é".repeat(32)).expect("64 bytes");
+    assert_eq!(longest.len(), 64);
+    assert_eq!(longest.to_string(), "é".repeat(32));
 }

@@ -14,11 +14,16 @@ pub fn limit(algorithm: Algorithm, count: u64, period_ms: u64, burst: u64) -> Li
 }
 
 pub fn pair(key: &str, limit: Limit, cost: u32) -> Pair {
-    Pair {
-        key: Bytes::copy_from_slice(key.as_bytes()),
-        limit,
+    Pair::inline(Bytes::copy_from_slice(key.as_bytes()), limit, cost)
+}
+
+/// A pair naming a rule.
+pub fn rule_pair(key: &str, rule: &str, cost: u32) -> Pair {
+    Pair::rule(
+        Bytes::copy_from_slice(key.as_bytes()),
+        RuleName::try_from(rule).expect("a valid rule name"),
         cost,
-    }
+    )
 }
 
 pub fn per_second(n: u64) -> Limit {
@@ -163,6 +168,27 @@ pub fn requests() -> Vec<(RequestId, Request)> {
                 Bytes::from_static(b"\x00\xff binary key"),
             ]),
         ),
+        (
+            11,
+            Request::Check(batch(vec![
+                vec![rule_pair("rl:{acme}:s", "api-per-second", 0)],
+                vec![
+                    rule_pair("rl:{acme}:s", "api-per-second", 1),
+                    pair("rl:{acme}:m", per_minute_window(3000), 1),
+                    // 64 bytes, 16 four-byte chars: the longest name.
+                    rule_pair("rl:{acme}:d", &"𝄞".repeat(16), u32::MAX),
+                    rule_pair("rl:{acme}:x", "x", 7),
+                ],
+            ])),
+        ),
+        (
+            12,
+            Request::Peek(batch(vec![vec![rule_pair(
+                "rl:user:7",
+                "per-user.minute",
+                2,
+            )]])),
+        ),
     ]
     .into_iter()
     .chain(crate::replication::requests())
@@ -172,6 +198,7 @@ pub fn requests() -> Vec<(RequestId, Request)> {
 pub fn decision(allowed: bool, pair: u8, remaining: u64, retry_after_ms: u64) -> CheckResult {
     CheckResult::Decision(Decision {
         allowed,
+        shadow_denied: false,
         pair,
         limit: 100,
         remaining,
@@ -185,12 +212,27 @@ pub fn decision(allowed: bool, pair: u8, remaining: u64, retry_after_ms: u64) ->
 pub fn leased(pair: u8, remaining: u64, lease: u64) -> CheckResult {
     CheckResult::Decision(Decision {
         allowed: true,
+        shadow_denied: false,
         pair,
         limit: 8,
         remaining,
         reset_after_ms: 30_000,
         retry_after_ms: 0,
         lease: Some(lease),
+    })
+}
+
+/// An allowed result that a shadow-mode rule would have denied.
+pub fn shadow_denied(pair: u8, remaining: u64, retry_after_ms: u64) -> CheckResult {
+    CheckResult::Decision(Decision {
+        allowed: true,
+        shadow_denied: true,
+        pair,
+        limit: 100,
+        remaining,
+        reset_after_ms: 900,
+        retry_after_ms,
+        lease: None,
     })
 }
 
@@ -232,8 +274,12 @@ pub fn responses() -> Vec<(RequestId, Response)> {
                 CheckResult::Error(ErrorCode::CrossSlot),
                 CheckResult::Error(ErrorCode::InvalidLimit),
                 CheckResult::Error(ErrorCode::Unknown(999)),
+                CheckResult::Error(ErrorCode::UnknownRule),
+                shadow_denied(1, 0, 2500),
+                shadow_denied(0, 3, RETRY_NEVER),
                 CheckResult::Decision(Decision {
                     allowed: true,
+                    shadow_denied: false,
                     pair: u8::MAX,
                     limit: u64::MAX,
                     remaining: u64::MAX,
@@ -273,7 +319,7 @@ pub fn responses() -> Vec<(RequestId, Response)> {
             },
         ),
     ];
-    for wire in 1..=13 {
+    for wire in 1..=14 {
         out.push((
             100 + u32::from(wire),
             Response::Error {
@@ -313,6 +359,16 @@ pub fn payload(write: impl FnOnce(&mut BytesMut)) -> BytesMut {
     let mut p = BytesMut::new();
     write(&mut p);
     p
+}
+
+/// A well-formed rule pair: key, 0x80, the name, cost 0.
+pub fn put_rule_pair(p: &mut BytesMut, key: &[u8], name: &[u8]) {
+    p.put_u16(key.len() as u16);
+    p.put_slice(key);
+    p.put_u8(LIMIT_KIND_RULE);
+    p.put_u8(name.len() as u8);
+    p.put_slice(name);
+    p.put_u32(0);
 }
 
 /// A well-formed pair: key, algorithm byte, then fixed numbers.

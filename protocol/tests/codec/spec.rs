@@ -149,6 +149,7 @@ fn checked_example() {
         2,
         &Response::Checked(vec![CheckResult::Decision(Decision {
             allowed: true,
+            shadow_denied: false,
             pair: 0,
             limit: 20,
             remaining: 19,
@@ -181,6 +182,7 @@ fn checked_with_lease_example() {
         2,
         &Response::Checked(vec![CheckResult::Decision(Decision {
             allowed: true,
+            shadow_denied: false,
             pair: 0,
             limit: 8,
             remaining: 7,
@@ -235,6 +237,69 @@ fn release_example() {
     );
 }
 
+#[test]
+fn check_rule_example() {
+    let request = Request::Check(batch(vec![vec![rule_pair(
+        "rl:{acme}:s",
+        "api-per-second",
+        0,
+    )]]));
+    let frame = encode_req(3, &request);
+    assert_documented(
+        &protocol_md(),
+        &frame,
+        &[
+            ("00 00 00 29", "length: 41-byte body"),
+            ("03", "opcode: CHECK"),
+            ("00 00 00 03", "request id: 3"),
+            ("00 01", "n_checks: 1"),
+            ("01", "check 0, n_pairs: 1"),
+            ("00 0b", "key_len: 11"),
+            ("72 6c 3a 7b 61 63 6d 65 7d 3a 73", "key: `rl:{acme}:s`"),
+            ("80", "limit_kind: named rule"),
+            ("0e", "name_len: 14"),
+            (
+                "61 70 69 2d 70 65 72 2d 73 65 63 6f 6e 64",
+                "name: `api-per-second`",
+            ),
+            ("00 00 00 00", "cost: 0 (the rule's default cost)"),
+        ],
+    );
+}
+
+#[test]
+fn checked_shadow_denied_example() {
+    let frame = encode_resp(
+        3,
+        &Response::Checked(vec![CheckResult::Decision(Decision {
+            allowed: true,
+            shadow_denied: true,
+            pair: 0,
+            limit: 20,
+            remaining: 0,
+            reset_after_ms: 2000,
+            retry_after_ms: 100,
+            lease: None,
+        })]),
+    );
+    assert_documented(
+        &protocol_md(),
+        &frame,
+        &[
+            ("00 00 00 29", "length: 41-byte body"),
+            ("83", "opcode: CHECKED"),
+            ("00 00 00 03", "request id: 3"),
+            ("00 01", "n: 1"),
+            ("04", "result 0, status: allowed, shadow rule would deny"),
+            ("00", "pair: 0"),
+            ("00 00 00 00 00 00 00 14", "limit: 20"),
+            ("00 00 00 00 00 00 00 00", "remaining: 0"),
+            ("00 00 00 00 00 00 07 d0", "reset_after_ms: 2000"),
+            ("00 00 00 00 00 00 00 64", "retry_after_ms: 100"),
+        ],
+    );
+}
+
 /// The algorithm table of §5 lists every wire code with its name.
 #[test]
 fn algorithm_table_matches_the_names() {
@@ -270,6 +335,73 @@ fn opcode_table_lists_every_opcode() {
             .find(|l| l.starts_with(&row))
             .unwrap_or_else(|| panic!("PROTOCOL.md lacks opcode {row}"));
         assert!(line.contains(&format!("| {name}")), "{line}");
+    }
+}
+
+/// The status table of §6 lists every status the encoder writes, once,
+/// with the size of its result; a lease wins over the shadow flag.
+#[test]
+fn status_table_matches_the_encoder() {
+    let doc = protocol_md();
+    let allowed = Decision {
+        allowed: true,
+        shadow_denied: false,
+        pair: 0,
+        limit: 1,
+        remaining: 0,
+        reset_after_ms: 0,
+        retry_after_ms: 0,
+        lease: None,
+    };
+    let leased = Decision {
+        lease: Some(1),
+        ..allowed
+    };
+    let shadow = Decision {
+        shadow_denied: true,
+        ..allowed
+    };
+    for (result, status, meaning, size) in [
+        (CheckResult::Decision(allowed), 0u8, "allowed (", 34),
+        (
+            CheckResult::Decision(Decision {
+                allowed: false,
+                ..leased
+            }),
+            1,
+            "denied",
+            34,
+        ),
+        (CheckResult::Error(ErrorCode::CrossSlot), 2, "error", 3),
+        (CheckResult::Decision(leased), 3, "allowed with lease", 42),
+        (
+            CheckResult::Decision(Decision {
+                shadow_denied: true,
+                ..leased
+            }),
+            3,
+            "allowed with lease",
+            42,
+        ),
+        (
+            CheckResult::Decision(shadow),
+            4,
+            "allowed, but a rule in shadow mode would have denied",
+            34,
+        ),
+    ] {
+        let frame = encode_resp(1, &Response::Checked(vec![result]));
+        // Header (9 bytes) and n (2), then the one result.
+        assert_eq!(frame[11], status, "{result:?}");
+        assert_eq!(frame.len() - 11, size, "{result:?}");
+        let row = format!("| {status} | {meaning}");
+        let lines: Vec<&str> = doc.lines().filter(|l| l.starts_with(&row)).collect();
+        assert_eq!(lines.len(), 1, "PROTOCOL.md needs one row starting {row}");
+        assert!(
+            lines[0].ends_with(&format!("| {size} bytes |")),
+            "{}",
+            lines[0]
+        );
     }
 }
 
@@ -331,7 +463,7 @@ fn slot_numbers_quoted_in_the_spec() {
 #[test]
 fn error_code_table_matches_to_wire() {
     let doc = protocol_md();
-    for wire in 1..=13u16 {
+    for wire in 1..=15u16 {
         let code = ErrorCode::from_wire(wire);
         let row = format!("| {wire} | {code:?} |");
         assert!(

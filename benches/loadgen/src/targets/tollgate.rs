@@ -112,7 +112,7 @@ impl Connection for TollgateConn {
         for _ in 0..self.shape.batch {
             batch.push(Pair {
                 key: Bytes::from_static(self.shape.keys.key(picker.next_index())),
-                limit: self.limit,
+                limit: self.limit.into(),
                 cost: self.shape.rule.cost,
             });
         }
@@ -152,6 +152,7 @@ mod tests {
         let decision = |allowed| {
             CheckResult::Decision(Decision {
                 allowed,
+                shadow_denied: false,
                 pair: 0,
                 limit: 100,
                 remaining: 5,

@@ -1,0 +1,779 @@
+//! Rules as written: the YAML rules file and the admin API's JSON bodies.
+//!
+//! One [`RuleSpec`] per rule, in kebab-case with `deny_unknown_fields`, so a
+//! misspelt field is an error rather than a silently ignored setting. Every
+//! rule is validated while it is read ([`RuleSpec::validate`]), which is what
+//! lets a semantic error carry the line of the rule it is about: the YAML
+//! reader attaches the position of the mapping being read to any error raised
+//! inside it. Field-level errors (`rate: 0/s`) point at the field's value.
+//!
+//! The admin API's `PUT /v1/rules/{name}` takes the same fields as JSON and
+//! runs the same [`RuleSpec::validate`], so a rule is accepted by one exactly
+//! when it is accepted by the other.
+
+use crate::algorithm::Policy;
+use crate::units::{parse_millis, Rate};
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::HashSet;
+use std::fmt;
+use tollgate_protocol::{Algorithm, Limit, MAX_RULE_NAME_LEN};
+
+/// Most rules one server holds. Rule names become metric labels, so their
+/// number is bounded whatever the file says.
+pub const MAX_RULES: usize = 1024;
+
+/// The `rule` label of checks with inline limits; no rule may take it.
+pub const INLINE_LABEL: &str = "inline";
+
+/// Names no rule may take.
+const RESERVED_NAMES: [&str; 2] = [INLINE_LABEL, "reload"];
+
+/// Largest rules file read, in bytes.
+pub const MAX_RULES_FILE_LEN: u64 = 1 << 20;
+
+/// Algorithm names in rules files (the CLI's `--algorithm` names, the
+/// protocol's [`Algorithm::name`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AlgorithmName {
+    #[default]
+    TokenBucket,
+    SlidingWindow,
+    FixedWindow,
+    SlidingLog,
+    LeakyBucket,
+    Concurrency,
+}
+
+impl AlgorithmName {
+    pub fn wire(self) -> Algorithm {
+        match self {
+            Self::TokenBucket => Algorithm::TokenBucket,
+            Self::SlidingWindow => Algorithm::SlidingWindow,
+            Self::FixedWindow => Algorithm::FixedWindow,
+            Self::SlidingLog => Algorithm::SlidingLog,
+            Self::LeakyBucket => Algorithm::LeakyBucket,
+            Self::Concurrency => Algorithm::Concurrency,
+        }
+    }
+}
+
+/// What a client does with a rule's checks when the server cannot be
+/// reached. The server only stores and reports it (`GET /v1/rules`); the
+/// client applies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureMode {
+    /// Let requests through (the default: the limiter must never be the
+    /// reason the API is down).
+    #[default]
+    Open,
+    /// Refuse requests.
+    Closed,
+}
+
+/// A rate as written (`100/s`), kept verbatim for display.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateText {
+    pub text: String,
+    pub rate: Rate,
+}
+
+/// A duration as written (`60s`), in whole milliseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DurationText {
+    pub text: String,
+    pub ms: u64,
+}
+
+/// One named rule, as written in the rules file or a PUT body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct RuleSpec {
+    /// 1 to 64 characters out of `A-Z a-z 0-9 _ - . :`; what checks send.
+    /// Optional in a PUT body (the path names the rule).
+    #[serde(default)]
+    pub name: String,
+    /// `token-bucket` (default), `sliding-window`, `fixed-window`,
+    /// `sliding-log`, `leaky-bucket` or `concurrency`.
+    #[serde(default)]
+    pub algorithm: AlgorithmName,
+    /// Sustained rate, `COUNT/PERIOD`: `100/s`, `5000/min`, `50/10s`. For
+    /// `concurrency`, `N/TTL`: at most N in flight, each lease living TTL
+    /// unless released (`8/30s`).
+    pub rate: RateText,
+    /// Bucket capacity (`token-bucket`; default: the rate's count) or
+    /// tolerance (`leaky-bucket`; default 1). Those two only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u64>,
+    /// Window length (default: the rate's period). `sliding-window`,
+    /// `fixed-window` and `sliding-log` only; the rate scaled to it must be
+    /// a whole count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<DurationText>,
+    /// Units a check takes when it sends cost 0 (>= 1).
+    #[serde(default = "default_cost")]
+    pub default_cost: u32,
+    /// `open` (default) or `closed`: what clients do when the server is
+    /// unreachable.
+    #[serde(default)]
+    pub failure_mode: FailureMode,
+    /// Evaluate and count, never deny: a would-be denial is answered as
+    /// allowed with the shadow flag.
+    #[serde(default)]
+    pub shadow: bool,
+}
+
+fn default_cost() -> u32 {
+    1
+}
+
+/// Why a rule is refused (the position is added by the reader).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuleError {
+    #[error("rule name is missing")]
+    MissingName,
+    #[error(
+        "rule name {0:?} must be 1 to {MAX_RULE_NAME_LEN} characters out of A-Z a-z 0-9 _ - . :"
+    )]
+    BadName(String),
+    #[error("rule name {0:?} is reserved (\"inline\" labels inline limits in metrics, \"reload\" is an admin API path)")]
+    Reserved(String),
+    #[error("rule {name:?}: default-cost must be at least 1")]
+    ZeroCost { name: String },
+    /// `burst` or `window` on an algorithm without one.
+    #[error("rule {name:?}: {field} does not apply to {algorithm}")]
+    FieldNotFor {
+        name: String,
+        field: &'static str,
+        algorithm: &'static str,
+    },
+    #[error("rule {name:?}: rate {rate} over a {window_ms} ms window is not a whole count of at least 1")]
+    UnevenWindow {
+        name: String,
+        rate: String,
+        window_ms: u64,
+    },
+    #[error("rule {name:?}: {reason}")]
+    Impossible { name: String, reason: String },
+    #[error("duplicate rule name {0:?}")]
+    Duplicate(String),
+    #[error("more than {MAX_RULES} rules")]
+    TooMany,
+}
+
+impl RuleSpec {
+    /// Checks the rule and returns the wire limit it stands for, with the
+    /// server's cap on a sliding log's or a concurrency limit's count. Only
+    /// checks: nothing is loaded.
+    pub fn validate(&self, max_log_entries: u64) -> Result<Limit, RuleError> {
+        let name = || self.name.clone();
+        if self.name.is_empty() {
+            return Err(RuleError::MissingName);
+        }
+        if !valid_name(&self.name) {
+            return Err(RuleError::BadName(self.name.clone()));
+        }
+        if RESERVED_NAMES.contains(&self.name.as_str()) {
+            return Err(RuleError::Reserved(self.name.clone()));
+        }
+        if self.default_cost == 0 {
+            return Err(RuleError::ZeroCost { name: name() });
+        }
+        let algorithm = self.algorithm.wire();
+        let refuse = |field: &'static str, given: bool| {
+            if given {
+                Err(RuleError::FieldNotFor {
+                    name: name(),
+                    field,
+                    algorithm: algorithm.name(),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        let rate = self.rate.rate;
+        let limit = |count, period_ms, burst| Limit {
+            algorithm,
+            count,
+            period_ms,
+            burst,
+        };
+        // The numbers as PROTOCOL.md §5 reads them for each algorithm (and
+        // as `tollgate check` builds them from the same flags).
+        let limit = match algorithm {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+                refuse("window", self.window.is_some())?;
+                // A token bucket grants its rate's count at once by default;
+                // a leaky bucket spaces requests strictly by default.
+                let default_burst = if algorithm == Algorithm::TokenBucket {
+                    rate.count
+                } else {
+                    1
+                };
+                limit(
+                    rate.count,
+                    rate.period_ms,
+                    self.burst.unwrap_or(default_burst),
+                )
+            }
+            Algorithm::SlidingWindow | Algorithm::FixedWindow | Algorithm::SlidingLog => {
+                refuse("burst", self.burst.is_some())?;
+                let window_ms = self.window.as_ref().map_or(rate.period_ms, |w| w.ms);
+                let scaled = u128::from(rate.count) * u128::from(window_ms);
+                let period = u128::from(rate.period_ms);
+                let uneven = || RuleError::UnevenWindow {
+                    name: name(),
+                    rate: self.rate.text.clone(),
+                    window_ms,
+                };
+                if scaled % period != 0 || scaled < period {
+                    return Err(uneven());
+                }
+                let count = u64::try_from(scaled / period).map_err(|_| uneven())?;
+                limit(count, window_ms, 0)
+            }
+            Algorithm::Concurrency => {
+                refuse("burst", self.burst.is_some())?;
+                refuse("window", self.window.is_some())?;
+                limit(rate.count, rate.period_ms, 0)
+            }
+        };
+        // The same bounds as an inline limit (zero, overflow, rate too high,
+        // a log or a concurrency count above the server's cap).
+        Policy::from_limit_with(&limit, max_log_entries).map_err(|e| RuleError::Impossible {
+            name: name(),
+            reason: e.to_string(),
+        })?;
+        Ok(limit)
+    }
+}
+
+/// Rule names: short, and safe in a URL path, a metric label and a log line.
+pub fn valid_name(name: &str) -> bool {
+    (1..=MAX_RULE_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'))
+}
+
+/// Where a rules text went wrong: 1-based line and column when known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    pub line: Option<usize>,
+    pub column: Option<usize>,
+    pub reason: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{l}:{c}: {}", self.reason),
+            _ => f.write_str(&self.reason),
+        }
+    }
+}
+
+/// Reads a rules file's text: `rules:` and a list of rules, every rule
+/// validated (with the server's `max_log_entries`) and names unique.
+pub fn parse_yaml(text: &str, max_log_entries: u64) -> Result<Vec<RuleSpec>, SpecError> {
+    if text.trim().is_empty() {
+        return Err(SpecError {
+            line: None,
+            column: None,
+            reason: "the file is empty: expected `rules:` and a list of rules".into(),
+        });
+    }
+    let de = serde_norway::Deserializer::from_str(text);
+    FileSeed { max_log_entries }.deserialize(de).map_err(|e| {
+        let location = e.location();
+        let mut reason = e.to_string();
+        if let Some(loc) = &location {
+            let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+            if let Some(stripped) = reason.strip_suffix(&suffix) {
+                reason = stripped.to_owned();
+            }
+        }
+        SpecError {
+            line: location.as_ref().map(|l| l.line()),
+            column: location.as_ref().map(|l| l.column()),
+            reason,
+        }
+    })
+}
+
+/// Reads one rule from a JSON body (the admin API's PUT), with the same
+/// validation as the file. `name` comes from the path; a body naming
+/// another rule is refused.
+pub fn parse_json(
+    body: &[u8],
+    name: &str,
+    max_log_entries: u64,
+) -> Result<(RuleSpec, Limit), SpecError> {
+    let mut spec: RuleSpec = serde_json::from_slice(body).map_err(|e| SpecError {
+        line: Some(e.line()),
+        column: Some(e.column()),
+        reason: strip_json_location(&e),
+    })?;
+    if spec.name.is_empty() {
+        spec.name = name.to_owned();
+    } else if spec.name != name {
+        return Err(SpecError {
+            line: None,
+            column: None,
+            reason: format!(
+                "the body names rule {:?} but the path names {name:?}",
+                spec.name
+            ),
+        });
+    }
+    let limit = spec.validate(max_log_entries).map_err(|e| SpecError {
+        line: None,
+        column: None,
+        reason: e.to_string(),
+    })?;
+    Ok((spec, limit))
+}
+
+fn strip_json_location(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    text.strip_suffix(&suffix).unwrap_or(&text).to_owned()
+}
+
+/// The top level of the file: a mapping with `rules` only.
+struct FileSeed {
+    max_log_entries: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for FileSeed {
+    type Value = Vec<RuleSpec>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FileSeed {
+    type Value = Vec<RuleSpec>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a mapping with `rules:` and a list of rules")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut rules = None;
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "rules" if rules.is_some() => return Err(de::Error::duplicate_field("rules")),
+                "rules" => {
+                    rules = Some(map.next_value_seed(RulesSeed {
+                        max_log_entries: self.max_log_entries,
+                    })?)
+                }
+                other => return Err(de::Error::unknown_field(other, &["rules"])),
+            }
+        }
+        rules.ok_or_else(|| de::Error::missing_field("rules"))
+    }
+}
+
+/// The list of rules; names must be unique.
+struct RulesSeed {
+    max_log_entries: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for RulesSeed {
+    type Value = Vec<RuleSpec>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RulesSeed {
+    type Value = Vec<RuleSpec>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of rules")
+    }
+
+    /// `rules:` with nothing after it: no rules.
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(Vec::new())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut names = HashSet::new();
+        let mut rules = Vec::new();
+        while let Some(rule) = seq.next_element_seed(RuleSeed {
+            names: &mut names,
+            max_log_entries: self.max_log_entries,
+        })? {
+            if rules.len() == MAX_RULES {
+                return Err(de::Error::custom(RuleError::TooMany));
+            }
+            rules.push(rule);
+        }
+        Ok(rules)
+    }
+}
+
+/// One rule, validated inside its own mapping so that an error carries the
+/// mapping's position.
+struct RuleSeed<'a> {
+    names: &'a mut HashSet<String>,
+    max_log_entries: u64,
+}
+
+impl<'de> DeserializeSeed<'de> for RuleSeed<'_> {
+    type Value = RuleSpec;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for RuleSeed<'_> {
+    type Value = RuleSpec;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a rule (a mapping with name, rate, ...)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        let spec = RuleSpec::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        spec.validate(self.max_log_entries)
+            .map_err(de::Error::custom)?;
+        if !self.names.insert(spec.name.clone()) {
+            return Err(de::Error::custom(RuleError::Duplicate(spec.name)));
+        }
+        Ok(spec)
+    }
+}
+
+impl Serialize for RateText {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+/// Parses a string scalar inside the deserializer's visit, so that a parse
+/// error carries the scalar's own position (not its rule's).
+struct ParsedStr<T>(fn(&str) -> Result<T, String>, &'static str);
+
+impl<T> Visitor<'_> for ParsedStr<T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.1)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+        (self.0)(v).map_err(E::custom)
+    }
+}
+
+impl<'de> Deserialize<'de> for RateText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(ParsedStr(
+            |text| {
+                let rate: Rate = text
+                    .parse()
+                    .map_err(|e: crate::units::UnitError| e.to_string())?;
+                Ok(RateText {
+                    text: text.to_owned(),
+                    rate,
+                })
+            },
+            "a rate such as 100/s",
+        ))
+    }
+}
+
+impl Serialize for DurationText {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(ParsedStr(
+            |text| {
+                let ms = parse_millis(text).map_err(|e| e.to_string())?;
+                Ok(DurationText {
+                    text: text.to_owned(),
+                    ms,
+                })
+            },
+            "a duration such as 60s",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::DEFAULT_MAX_LOG_ENTRIES;
+
+    fn parse(text: &str) -> Result<Vec<RuleSpec>, SpecError> {
+        parse_yaml(text, DEFAULT_MAX_LOG_ENTRIES)
+    }
+
+    fn parse_json(body: &[u8], name: &str) -> Result<(RuleSpec, Limit), SpecError> {
+        super::parse_json(body, name, DEFAULT_MAX_LOG_ENTRIES)
+    }
+
+    const GOOD: &str = "\
+rules:
+  - name: api-per-second
+    rate: 100/s
+    burst: 200
+  - name: api-per-day
+    algorithm: sliding-window
+    rate: 10000/day
+    failure-mode: closed
+  - name: search
+    algorithm: sliding-window
+    rate: 100/min
+    window: 30s
+    default-cost: 2
+    shadow: true
+";
+
+    #[test]
+    fn a_good_file_gives_its_limits() {
+        let rules = parse(GOOD).unwrap();
+        assert_eq!(rules.len(), 3);
+        let limits: Vec<Limit> = rules
+            .iter()
+            .map(|r| r.validate(DEFAULT_MAX_LOG_ENTRIES).unwrap())
+            .collect();
+        assert_eq!(
+            limits[0],
+            Limit {
+                algorithm: Algorithm::TokenBucket,
+                count: 100,
+                period_ms: 1000,
+                burst: 200
+            }
+        );
+        assert_eq!(
+            limits[1],
+            Limit {
+                algorithm: Algorithm::SlidingWindow,
+                count: 10_000,
+                period_ms: 86_400_000,
+                burst: 0
+            }
+        );
+        assert_eq!((limits[2].count, limits[2].period_ms), (50, 30_000));
+        assert_eq!(rules[1].failure_mode, FailureMode::Closed);
+        assert_eq!(rules[0].failure_mode, FailureMode::Open);
+        assert!(rules[2].shadow && !rules[0].shadow);
+        assert_eq!((rules[0].default_cost, rules[2].default_cost), (1, 2));
+    }
+
+    fn error(text: &str) -> SpecError {
+        parse(text).expect_err("must be refused")
+    }
+
+    #[test]
+    fn errors_carry_the_line_and_the_reason() {
+        // Unknown field: at the field.
+        let e = error("rules:\n  - name: a\n    rate: 1/s\n    burts: 3\n");
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.reason.contains("unknown field `burts`"), "{e}");
+        // Impossible rate: at the value.
+        let e = error("rules:\n  - name: a\n    rate: 0/s\n");
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.reason.contains("whole number of at least 1"), "{e}");
+        // Semantic, across fields: at the rule.
+        let e = error("rules:\n  - name: a\n    rate: 1/s\n  - name: b\n    algorithm: sliding-window\n    rate: 1/s\n    burst: 4\n");
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(
+            e.reason.contains("burst does not apply to sliding-window"),
+            "{e}"
+        );
+        // Overflowing numbers: the limit's own bounds.
+        let e = error("rules:\n  - name: a\n    rate: 10000000000/ms\n");
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.reason.contains("rate too high"), "{e}");
+        // Duplicates: at the second one.
+        let e = error("rules:\n  - {name: a, rate: 1/s}\n  - {name: a, rate: 2/s}\n");
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.reason.contains("duplicate rule name"), "{e}");
+        // Unknown algorithm, bad names, bad YAML, wrong top level.
+        let e = error("rules:\n  - {name: a, rate: 1/s, algorithm: leaky}\n");
+        assert!(e.reason.contains("unknown variant `leaky`"), "{e}");
+        let e = error("rules:\n  - {name: 'a b', rate: 1/s}\n");
+        assert!(e.reason.contains("must be 1 to 64"), "{e}");
+        let e = error("rules:\n  - {rate: 1/s}\n");
+        assert!(e.reason.contains("name is missing"), "{e}");
+        let e = error("rules: [\n");
+        assert!(e.line.is_some(), "{e}");
+        let e = error("rule:\n  - {name: a, rate: 1/s}\n");
+        assert!(e.reason.contains("unknown field `rule`"), "{e}");
+        let e = error("rules:\n  - {name: a, rate: 1/s, default-cost: 0}\n");
+        assert!(e.reason.contains("default-cost"), "{e}");
+        let e =
+            error("rules:\n  - {name: a, rate: 5/s, algorithm: sliding-window, window: 1500ms}\n");
+        assert!(e.reason.contains("not a whole count"), "{e}");
+        assert!(error("").reason.contains("empty"));
+    }
+
+    #[test]
+    fn every_algorithm_maps_rate_burst_and_window_to_its_limit() {
+        let rules = parse(
+            "\
+rules:
+  - {name: tb, algorithm: token-bucket, rate: 100/min}
+  - {name: sw, algorithm: sliding-window, rate: 100/min, window: 30s}
+  - {name: fw, algorithm: fixed-window, rate: 10000/day}
+  - {name: sl, algorithm: sliding-log, rate: 5/min, window: 2m}
+  - {name: lb, algorithm: leaky-bucket, rate: 10/s}
+  - {name: lb3, algorithm: leaky-bucket, rate: 10/s, burst: 3}
+  - {name: cc, algorithm: concurrency, rate: 8/30s}
+",
+        )
+        .unwrap();
+        let got: Vec<(Algorithm, u64, u64, u64)> = rules
+            .iter()
+            .map(|r| {
+                let l = r.validate(DEFAULT_MAX_LOG_ENTRIES).unwrap();
+                (l.algorithm, l.count, l.period_ms, l.burst)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Algorithm::TokenBucket, 100, 60_000, 100),
+                (Algorithm::SlidingWindow, 50, 30_000, 0),
+                (Algorithm::FixedWindow, 10_000, 86_400_000, 0),
+                (Algorithm::SlidingLog, 10, 120_000, 0),
+                (Algorithm::LeakyBucket, 10, 1000, 1),
+                (Algorithm::LeakyBucket, 10, 1000, 3),
+                (Algorithm::Concurrency, 8, 30_000, 0),
+            ]
+        );
+        // The names are the protocol's.
+        for r in &rules {
+            let wire = r.algorithm.wire();
+            assert_eq!(Algorithm::from_name(wire.name()), Some(wire));
+        }
+    }
+
+    #[test]
+    fn fields_an_algorithm_does_not_take_are_refused() {
+        for (algorithm, field) in [
+            ("token-bucket", "window: 1m"),
+            ("leaky-bucket", "window: 1m"),
+            ("sliding-window", "burst: 2"),
+            ("fixed-window", "burst: 2"),
+            ("sliding-log", "burst: 2"),
+            ("concurrency", "burst: 2"),
+            ("concurrency", "window: 1m"),
+        ] {
+            let e = error(&format!(
+                "rules:\n  - {{name: a, algorithm: {algorithm}, rate: 5/s, {field}}}\n"
+            ));
+            let field = field.split(':').next().unwrap();
+            assert!(
+                e.reason
+                    .contains(&format!("{field} does not apply to {algorithm}")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn logs_and_concurrency_are_bounded_by_max_log_entries() {
+        let text = "rules:\n  - {name: a, algorithm: sliding-log, rate: 50/s}\n";
+        assert!(parse_yaml(text, 50).is_ok());
+        let e = parse_yaml(text, 49).unwrap_err();
+        assert!(e.reason.contains("max-log-entries (49)"), "{e}");
+        let text = "rules:\n  - {name: a, algorithm: concurrency, rate: 50/30s}\n";
+        assert!(parse_yaml(text, 50).is_ok());
+        let e = parse_yaml(text, 49).unwrap_err();
+        assert!(e.reason.contains("max-log-entries (49)"), "{e}");
+        let e = super::parse_json(
+            br#"{"rate": "2000/min", "algorithm": "sliding-log"}"#,
+            "x",
+            DEFAULT_MAX_LOG_ENTRIES,
+        )
+        .unwrap_err();
+        assert!(e.reason.contains("use sliding-window"), "{e}");
+    }
+
+    #[test]
+    fn no_rules_is_valid() {
+        assert!(parse("rules: []\n").unwrap().is_empty());
+        assert!(parse("rules:\n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn too_many_rules_are_refused() {
+        let mut text = String::from("rules:\n");
+        for i in 0..=MAX_RULES {
+            text.push_str(&format!("  - {{name: r{i}, rate: 1/s}}\n"));
+        }
+        assert!(error(&text).reason.contains("more than 1024 rules"));
+    }
+
+    #[test]
+    fn json_bodies_are_validated_like_the_file() {
+        let (spec, limit) = parse_json(br#"{"rate": "5/s", "burst": 10}"#, "x").unwrap();
+        assert_eq!(spec.name, "x");
+        assert_eq!((limit.count, limit.burst), (5, 10));
+        let e = parse_json(br#"{"rate": "5/s", "burts": 10}"#, "x").unwrap_err();
+        assert!(e.reason.contains("unknown field `burts`"), "{e}");
+        let e = parse_json(br#"{"name": "y", "rate": "5/s"}"#, "x").unwrap_err();
+        assert!(e.reason.contains("path names"), "{e}");
+        let e = parse_json(
+            br#"{"rate": "5/s", "algorithm": "sliding-window", "burst": 1}"#,
+            "x",
+        )
+        .unwrap_err();
+        assert!(e.reason.contains("does not apply to sliding-window"), "{e}");
+        assert!(parse_json(b"{", "x").is_err());
+    }
+}
+
+#[cfg(test)]
+mod example {
+    /// The checked-in example file is valid and shows every field.
+    #[test]
+    fn the_example_rules_file_loads() {
+        let text = include_str!("../../config/rules.example.yaml");
+        let rules = super::parse_yaml(text, crate::algorithm::DEFAULT_MAX_LOG_ENTRIES)
+            .expect("config/rules.example.yaml is valid");
+        assert_eq!(rules.len(), 9);
+        for algorithm in tollgate_protocol::Algorithm::ALL {
+            assert!(
+                rules.iter().any(|r| r.algorithm.wire() == algorithm),
+                "no {} rule",
+                algorithm.name()
+            );
+        }
+        assert!(rules.iter().any(|r| r.shadow));
+        assert!(rules.iter().any(|r| r.window.is_some()));
+        assert!(rules.iter().any(|r| r.default_cost > 1));
+    }
+
+    /// So is the README's example.
+    #[test]
+    fn the_readme_rules_example_loads() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("```yaml\n").expect("a yaml block") + 8;
+        let end = start + readme[start..].find("```").expect("its end");
+        let rules = super::parse_yaml(
+            &readme[start..end],
+            crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
+        )
+        .expect("README example is valid");
+        assert_eq!(rules.len(), 2);
+        assert_eq!(rules[1].window.as_ref().map(|w| w.ms), Some(86_400_000));
+    }
+}

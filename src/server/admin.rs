@@ -1,0 +1,361 @@
+//! The admin HTTP API: health, rules, usage, throttled keys, metrics.
+//!
+//! JSON in and out; every error is `{"error": "..."}` with a fitting status
+//! code (unknown paths and methods included). It runs on its own port
+//! (`--admin`), never on the protocol's, and reads the server's state
+//! without charging anything. See the README's "Admin API" for the shapes.
+//!
+//! Edits made here (`PUT`, `DELETE`) live in memory: the next reload of the
+//! rules file (a change to it, SIGHUP, `POST /v1/rules/reload`) replaces the
+//! whole set with the file's content.
+
+use super::Shared;
+use crate::algorithm::Policy;
+use crate::rules::{EditError, ReloadError, ReloadSource};
+use crate::slot::Slot;
+use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State as AxumState};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tollgate_protocol::RETRY_NEVER;
+
+type AppState = AxumState<Arc<Shared>>;
+
+/// Serves the admin API on `listener` until `stop`.
+pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    let addr = listener.local_addr().ok();
+    tracing::info!(admin = ?addr, "admin API serving");
+    let result = axum::serve(listener, router(shared))
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "admin API failed");
+    }
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/v1/rules", get(list_rules))
+        .route("/v1/rules/reload", post(reload))
+        .route(
+            "/v1/rules/{name}",
+            get(get_rule).put(put_rule).delete(delete_rule),
+        )
+        .route("/v1/limits/{key}", get(limits))
+        .route("/v1/throttled", get(throttled))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
+        .method_not_allowed_fallback(|| async {
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this endpoint",
+            )
+        })
+        .with_state(shared)
+}
+
+fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    (status, Json(json!({ "error": message.to_string() }))).into_response()
+}
+
+async fn healthz() -> Response {
+    Json(json!({ "status": "ok" })).into_response()
+}
+
+/// Ready once serving (listener bound, rules loaded); not ready once
+/// draining, so load balancers stop sending new clients first.
+async fn readyz(AxumState(shared): AppState) -> Response {
+    if shared.draining.is_cancelled() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "draining");
+    }
+    // Acquire: pairs with the Release store once the server serves.
+    if !shared.serving.load(Ordering::Acquire) {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "starting");
+    }
+    Json(json!({ "status": "ready", "rules": shared.rules.current().len() })).into_response()
+}
+
+async fn metrics(AxumState(shared): AppState) -> Response {
+    use prometheus::Encoder;
+    let encoder = prometheus::TextEncoder::new();
+    let mut out = Vec::new();
+    shared.metrics.repl.refresh(&shared);
+    if let Err(e) = encoder.encode(&shared.metrics.registry.gather(), &mut out) {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, e);
+    }
+    (
+        [(header::CONTENT_TYPE, encoder.format_type().to_owned())],
+        out,
+    )
+        .into_response()
+}
+
+async fn list_rules(AxumState(shared): AppState) -> Response {
+    let set = shared.rules.current();
+    let rules: Vec<_> = set.sorted().into_iter().map(|r| &r.spec).collect();
+    Json(json!({
+        "source": shared.rules.path().map(|p| p.display().to_string()),
+        "last_reload": shared.rules.status(),
+        "rules": rules,
+    }))
+    .into_response()
+}
+
+async fn get_rule(
+    AxumState(shared): AppState,
+    name: Result<Path<String>, PathRejection>,
+) -> Response {
+    let name = match name {
+        Ok(Path(n)) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    match shared.rules.current().get(name.as_bytes()) {
+        Some(rule) => Json(&rule.spec).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no rule named {name:?}")),
+    }
+}
+
+async fn put_rule(
+    AxumState(shared): AppState,
+    name: Result<Path<String>, PathRejection>,
+    body: Bytes,
+) -> Response {
+    let name = match name {
+        Ok(Path(n)) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    match shared.rules.put(&name, &body).await {
+        Ok((created, rule)) => {
+            let status = if created {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            (status, Json(&rule.spec)).into_response()
+        }
+        Err(EditError::Invalid(e)) => {
+            let mut body = json!({ "error": e.to_string(), "reason": e.reason });
+            if let (Some(line), Some(column)) = (e.line, e.column) {
+                body["line"] = json!(line);
+                body["column"] = json!(column);
+            }
+            (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response()
+        }
+        Err(e @ EditError::TooMany) => error(StatusCode::CONFLICT, e),
+    }
+}
+
+async fn delete_rule(
+    AxumState(shared): AppState,
+    name: Result<Path<String>, PathRejection>,
+) -> Response {
+    let name = match name {
+        Ok(Path(n)) => n,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    if shared.rules.delete(&name).await {
+        Json(json!({ "deleted": name })).into_response()
+    } else {
+        error(StatusCode::NOT_FOUND, format!("no rule named {name:?}"))
+    }
+}
+
+async fn reload(AxumState(shared): AppState) -> Response {
+    match shared.rules.reload(ReloadSource::AdminApi).await {
+        Ok(n) => Json(json!({
+            "status": "reloaded",
+            "rules": n,
+            "source": shared.rules.path().map(|p| p.display().to_string()),
+        }))
+        .into_response(),
+        Err(e @ ReloadError::NoFile) => error(StatusCode::CONFLICT, e),
+        Err(e) => {
+            let mut body = json!({
+                "error": e.to_string(),
+                "rules_in_force": shared.rules.current().len(),
+            });
+            if let ReloadError::Invalid { path, error } = &e {
+                body["file"] = json!(path);
+                body["line"] = json!(error.line);
+                body["column"] = json!(error.column);
+                body["reason"] = json!(error.reason);
+            }
+            (StatusCode::UNPROCESSABLE_ENTITY, Json(body)).into_response()
+        }
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsQuery {
+    /// Show the usage under this rule only.
+    rule: Option<String>,
+}
+
+/// The usage of one key under every rule of its state's algorithm (or the
+/// one `?rule=` names), computed from the stored state without charging.
+async fn limits(
+    AxumState(shared): AppState,
+    key: Result<Path<String>, PathRejection>,
+    query: Result<Query<LimitsQuery>, QueryRejection>,
+) -> Response {
+    let key = match key {
+        Ok(Path(k)) => k,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let only = match query {
+        Ok(Query(q)) => q.rule,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    if key.is_empty() || key.len() > usize::from(shared.config.max_key_len) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("keys are 1 to {} bytes", shared.config.max_key_len),
+        );
+    }
+    let rules = shared.rules.current();
+    if let Some(name) = &only {
+        if rules.get(name.as_bytes()).is_none() {
+            return error(StatusCode::NOT_FOUND, format!("no rule named {name:?}"));
+        }
+    }
+    let now = shared.clock.now();
+    // A key holds at most a token bucket and one state of another
+    // algorithm; each is read as every rule of its algorithm would see it.
+    let entries = shared.store.entries(key.as_bytes(), now);
+    let mut usage = Vec::new();
+    for entry in &entries {
+        let algorithm = entry.state.algorithm();
+        for rule in rules.sorted() {
+            if rule.limit.algorithm != algorithm
+                || only.as_deref().is_some_and(|n| n != rule.name())
+            {
+                continue;
+            }
+            // Rules are validated at load; an error here cannot happen.
+            let Ok(policy) = Policy::from_limit_with(&rule.limit, shared.config.max_log_entries)
+            else {
+                continue;
+            };
+            // Cost 0: what is available now, nothing taken, nothing stored.
+            let d = policy
+                .evaluate(Some(&entry.state), now, 0)
+                .decision
+                .to_wire(0);
+            usage.push(json!({
+                "rule": rule.name(),
+                "shadow": rule.shadow(),
+                "limit": d.limit,
+                "remaining": d.remaining,
+                "used": d.limit.saturating_sub(d.remaining),
+                "reset_after_ms": d.reset_after_ms,
+                "retry_after_ms": if d.allowed { Some(0) }
+                    else if d.retry_after_ms == RETRY_NEVER { None }
+                    else { Some(d.retry_after_ms) },
+            }));
+        }
+    }
+    let state_json = |e: &crate::store::Entry| {
+        json!({
+            "algorithm": e.state.algorithm().name(),
+            "expires_in_ms": e.expires_at.saturating_sub(now).div_ceil(crate::clock::NANOS_PER_MS),
+        })
+    };
+    // `state` is the first (the token bucket when there is one), `states`
+    // all of them.
+    let state = entries.first().map_or(Value::Null, state_json);
+    let states: Vec<Value> = entries.iter().map(state_json).collect();
+    Json(json!({
+        "key": key,
+        "slot": Slot::of(key.as_bytes()).get(),
+        "state": state,
+        "states": states,
+        "usage": usage,
+    }))
+    .into_response()
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopQuery {
+    top: Option<usize>,
+}
+
+async fn throttled(
+    AxumState(shared): AppState,
+    query: Result<Query<TopQuery>, QueryRejection>,
+) -> Response {
+    let top = match query {
+        Ok(Query(q)) => q.top.unwrap_or(10),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let sketch = &shared.throttled;
+    let keys: Vec<Value> = sketch
+        .top(top.min(sketch.capacity()), shared.clock.now())
+        .into_iter()
+        .map(|t| {
+            let mut v = json!({
+                "key": String::from_utf8_lossy(&t.key),
+                "denied": t.denied,
+                "error": t.error,
+            });
+            if std::str::from_utf8(&t.key).is_err() {
+                v["key_hex"] = json!(t.key.iter().map(|b| format!("{b:02x}")).collect::<String>());
+            }
+            v
+        })
+        .collect();
+    Json(json!({
+        "window_ms": sketch.window() / crate::clock::NANOS_PER_MS,
+        "capacity": sketch.capacity(),
+        "keys": keys,
+    }))
+    .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::ServerConfig;
+    use crate::server::Server;
+
+    async fn body(r: Response) -> Value {
+        let bytes = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn readyz_follows_serving_then_draining() {
+        let config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+        let server = Server::with_clock(config, Arc::new(ManualClock::new(0))).unwrap();
+        let shared = server.shared.clone();
+
+        let r = readyz(AxumState(shared.clone())).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body(r).await["error"], "starting");
+
+        shared.serving.store(true, Ordering::Release);
+        assert_eq!(
+            readyz(AxumState(shared.clone())).await.status(),
+            StatusCode::OK
+        );
+
+        shared.draining.cancel();
+        let r = readyz(AxumState(shared.clone())).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body(r).await["error"], "draining");
+        // Health is not readiness: the process is still up.
+        assert_eq!(healthz().await.status(), StatusCode::OK);
+    }
+}

@@ -1,0 +1,378 @@
+//! Answering CHECK, PEEK and REFUND frames (named rules, shadow mode,
+//! leases, metrics) and RELEASE frames.
+//!
+//! ```text
+//!  frame -> rules.current() (once) -> per check:
+//!     all pairs inline ----------------------------> store.check(pairs)
+//!     named rules: resolve (UnknownRule) -> no shadow -> store.check(resolved)
+//!                                        -> shadow    -> slots, one lease, then
+//!         enforced pairs as a group (deny / error ends it), then
+//!         shadow pairs as a group (a denial becomes allowed + shadow_denied,
+//!         unless the enforced pairs hold a lease: then their decision stands)
+//!  -> count the decision under the deciding pair's rule; record denied keys
+//!
+//!  REFUND: resolve (UnknownRule, cost 0 = default) -> store.refund(resolved)
+//!  RELEASE: store.release per lease
+//! ```
+//!
+//! The common check (inline limits, or rules without shadow) calls the store
+//! once, exactly as before rules existed. Resolving a rule costs one hash
+//! lookup by name and copies nothing but reference-counted key handles.
+//! Metric handles are resolved when rules are loaded, so counting a decision
+//! is one atomic add; latency and batch size are observed once per CHECK or
+//! PEEK frame. Refunds are not checks: they count only their errors.
+
+use super::Shared;
+use crate::clock::Nanos;
+use crate::rules::spec::INLINE_LABEL;
+use crate::rules::{DecisionCounters, Rule, RuleSet};
+use crate::slot::Slot;
+use crate::store::Mode;
+use bytes::BytesMut;
+use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use smallvec::SmallVec;
+use std::time::Instant;
+use tollgate_protocol::{
+    encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, Decision, EncodeError,
+    ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response,
+};
+
+/// What the check path counts.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckMetrics {
+    /// `tollgate_checks_total{rule, decision}`; rules take their handles
+    /// from it when they are loaded.
+    pub checks: IntCounterVec,
+    /// Handles of checks decided by inline limits.
+    inline: DecisionCounters,
+    latency: Histogram,
+    batch_size: Histogram,
+}
+
+impl CheckMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let checks = IntCounterVec::new(
+            Opts::new(
+                "tollgate_checks_total",
+                "Checks answered, by the rule of the pair that decided them \
+                 (\"inline\" for inline limits) and the decision.",
+            ),
+            &["rule", "decision"],
+        )?;
+        let latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_check_frame_duration_seconds",
+                "Time to evaluate one CHECK or PEEK frame, all its checks.",
+            )
+            .buckets(exponential_buckets(1e-6, 4.0, 10)?),
+        )?;
+        let batch_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_check_batch_size",
+                "Checks in one CHECK or PEEK frame.",
+            )
+            .buckets(exponential_buckets(1.0, 2.0, 11)?),
+        )?;
+        registry.register(Box::new(checks.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        registry.register(Box::new(batch_size.clone()))?;
+        Ok(Self {
+            inline: DecisionCounters::new(&checks, INLINE_LABEL),
+            checks,
+            latency,
+            batch_size,
+        })
+    }
+}
+
+/// What a CHECK-shaped frame does with its checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    /// CHECK (charge) or PEEK.
+    Check(Mode),
+    /// REFUND: give each pair's cost back.
+    Refund,
+}
+
+/// Evaluates every check of `batch` and appends the CHECKED answer to `dst`.
+pub(super) fn answer(
+    shared: &Shared,
+    id: RequestId,
+    batch: &CheckBatch,
+    op: Op,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let started = Instant::now();
+    let rules = shared.rules.current();
+    let frame = Frame {
+        shared,
+        rules: &rules,
+        now: shared.clock.now(),
+        op,
+    };
+    let encoded = encode_checked(id, batch.iter().map(|pairs| frame.check(pairs)), dst);
+    if let Op::Check(_) = op {
+        let metrics = &shared.metrics.checks;
+        metrics.batch_size.observe(batch.len() as f64);
+        metrics.latency.observe(started.elapsed().as_secs_f64());
+    }
+    encoded
+}
+
+/// Frees the leases of a RELEASE and appends the RELEASED answer to `dst`.
+pub(super) fn release(
+    shared: &Shared,
+    id: RequestId,
+    leases: &[LeaseRef],
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let now = shared.clock.now();
+    let released = leases
+        .iter()
+        .filter(|l| shared.store.release(&l.key, l.lease, now))
+        .count();
+    // At most max_batch (a u16), so this fits.
+    encode_response(id, &Response::Released(released as u32), dst)
+}
+
+/// One frame's view: the rules and the time every check of it sees.
+struct Frame<'a> {
+    shared: &'a Shared,
+    rules: &'a RuleSet,
+    now: Nanos,
+    op: Op,
+}
+
+/// A check's pairs with their rules resolved to inline limits, and the rule
+/// of each (None: inline).
+type Resolved<'r> = (SmallVec<[Pair; 4]>, SmallVec<[Option<&'r Rule>; 4]>);
+
+/// How a check ended, for counting.
+enum Decided<'r> {
+    Decision {
+        decision: Decision,
+        /// The rule the check is counted under: of the pair the decision
+        /// describes, or of the shadow pair that would have denied (None:
+        /// inline).
+        rule: Option<&'r Rule>,
+        /// Counted as shadow-denied. Usually `decision.shadow_denied`; also
+        /// set when a shadow rule would have denied a check whose enforced
+        /// pairs acquired a lease, which is answered with that lease (the
+        /// wire cannot carry both, and the client must be able to release
+        /// it).
+        shadow_denied: bool,
+    },
+    /// A refund's answer: not counted as a check.
+    Refunded(Decision),
+    Error(ErrorCode),
+}
+
+impl<'r> Decided<'r> {
+    fn decision(decision: Decision, rule: Option<&'r Rule>) -> Self {
+        Self::Decision {
+            shadow_denied: decision.shadow_denied,
+            decision,
+            rule,
+        }
+    }
+}
+
+impl Frame<'_> {
+    fn check(&self, pairs: &[Pair]) -> CheckResult {
+        let decided = match self.op {
+            Op::Check(mode) => self.evaluate(pairs, mode),
+            Op::Refund => self.refund(pairs),
+        };
+        match decided {
+            Decided::Decision {
+                decision,
+                rule,
+                shadow_denied,
+            } => {
+                let counters = rule.map_or(&self.shared.metrics.checks.inline, |r| &r.counters);
+                if !decision.allowed {
+                    counters.denied.inc();
+                    if let Some(pair) = pairs.get(usize::from(decision.pair)) {
+                        self.shared.throttled.record(&pair.key, self.now);
+                    }
+                } else if shadow_denied {
+                    counters.shadow_denied.inc();
+                } else {
+                    counters.allowed.inc();
+                }
+                CheckResult::Decision(decision)
+            }
+            Decided::Refunded(decision) => CheckResult::Decision(decision),
+            Decided::Error(code) => {
+                self.shared.metrics.errors.count(code);
+                CheckResult::Error(code)
+            }
+        }
+    }
+
+    fn store_check(&self, pairs: &[Pair], mode: Mode) -> Result<Decision, ErrorCode> {
+        match self.shared.store.check(pairs, self.now, mode) {
+            CheckResult::Decision(d) => Ok(d),
+            CheckResult::Error(code) => Err(code),
+        }
+    }
+
+    /// The pairs with their rules resolved to inline limits (`cost` 0 taking
+    /// the rule's default), and the rule of each; UnknownRule for a name the
+    /// frame's rules do not have.
+    fn resolve(&self, pairs: &[Pair]) -> Result<Resolved<'_>, ErrorCode> {
+        let mut resolved: SmallVec<[Pair; 4]> = SmallVec::with_capacity(pairs.len());
+        let mut rules: SmallVec<[Option<&Rule>; 4]> = SmallVec::with_capacity(pairs.len());
+        for pair in pairs {
+            match &pair.limit {
+                LimitRef::Inline(_) => {
+                    resolved.push(pair.clone());
+                    rules.push(None);
+                }
+                LimitRef::Rule(name) => {
+                    let rule = self
+                        .rules
+                        .get(name.as_bytes())
+                        .ok_or(ErrorCode::UnknownRule)?;
+                    resolved.push(Pair {
+                        key: pair.key.clone(),
+                        limit: LimitRef::Inline(rule.limit),
+                        cost: if pair.cost == 0 {
+                            rule.default_cost()
+                        } else {
+                            pair.cost
+                        },
+                    });
+                    rules.push(Some(rule));
+                }
+            }
+        }
+        Ok((resolved, rules))
+    }
+
+    /// A REFUND check: resolved like a CHECK, then refunded as one group
+    /// (shadow rules too: their units were charged when their part passed).
+    fn refund(&self, pairs: &[Pair]) -> Decided<'_> {
+        let result = if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
+            self.shared.store.refund(pairs, self.now)
+        } else {
+            match self.resolve(pairs) {
+                Ok((resolved, _)) => self.shared.store.refund(&resolved, self.now),
+                Err(code) => CheckResult::Error(code),
+            }
+        };
+        match result {
+            CheckResult::Decision(d) => Decided::Refunded(d),
+            CheckResult::Error(code) => Decided::Error(code),
+        }
+    }
+
+    fn evaluate(&self, pairs: &[Pair], mode: Mode) -> Decided<'_> {
+        if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
+            return match self.store_check(pairs, mode) {
+                Ok(decision) => Decided::decision(decision, None),
+                Err(code) => Decided::Error(code),
+            };
+        }
+
+        // Resolve names against this frame's rules; unknown names first.
+        let (resolved, rules) = match self.resolve(pairs) {
+            Ok(r) => r,
+            Err(code) => return Decided::Error(code),
+        };
+        let is_shadow = |i: usize| rules[i].is_some_and(Rule::shadow);
+        if !(0..pairs.len()).any(is_shadow) {
+            return match self.store_check(&resolved, mode) {
+                Ok(decision) => Decided::decision(decision, rules[usize::from(decision.pair)]),
+                Err(code) => Decided::Error(code),
+            };
+        }
+
+        // Shadow mode: the slot rule and the one-lease rule hold for the
+        // whole group (each part alone would pass them), then the enforced
+        // pairs decide, then the shadow pairs are evaluated as a group of
+        // their own.
+        let slot = Slot::of(&resolved[0].key);
+        if resolved[1..].iter().any(|p| Slot::of(&p.key) != slot) {
+            return Decided::Error(ErrorCode::CrossSlot);
+        }
+        let concurrency = resolved
+            .iter()
+            .filter(|p| {
+                matches!(&p.limit, LimitRef::Inline(l) if l.algorithm == Algorithm::Concurrency)
+            })
+            .count();
+        if concurrency > 1 {
+            return Decided::Error(ErrorCode::InvalidLimit);
+        }
+        let (shadow_idx, enforced_idx): (SmallVec<[usize; 4]>, SmallVec<[usize; 4]>) =
+            (0..pairs.len()).partition(|&i| is_shadow(i));
+        let subset = |idx: &[usize]| -> SmallVec<[Pair; 4]> {
+            idx.iter().map(|&i| resolved[i].clone()).collect()
+        };
+        // Decisions of a part describe its pairs by their index in the part.
+        let remap = |mut d: Decision, idx: &[usize]| {
+            let i = idx[usize::from(d.pair)];
+            d.pair = i as u8;
+            (d, rules[i])
+        };
+
+        let enforced = if enforced_idx.is_empty() {
+            None
+        } else {
+            match self.store_check(&subset(&enforced_idx), mode) {
+                Err(code) => return Decided::Error(code),
+                Ok(d) => {
+                    let (decision, rule) = remap(d, &enforced_idx);
+                    if !decision.allowed {
+                        return Decided::decision(decision, rule);
+                    }
+                    Some((decision, rule))
+                }
+            }
+        };
+        let shadow = match self.store_check(&subset(&shadow_idx), mode) {
+            Ok(d) => remap(d, &shadow_idx),
+            Err(code) => {
+                // Unreachable with validated rules and checked slots; the
+                // enforced answer stands if there is one.
+                tracing::error!(code = %code, "shadow pairs could not be evaluated");
+                return match enforced {
+                    Some((decision, rule)) => Decided::decision(decision, rule),
+                    None => Decided::Error(code),
+                };
+            }
+        };
+        match (enforced, shadow) {
+            // A would-be denial, but the enforced pairs hold a lease: their
+            // decision and its lease are the answer (status 3), the shadow
+            // denial is counted only.
+            (Some((e, _)), (s, rule)) if !s.allowed && e.lease.is_some() => Decided::Decision {
+                decision: e,
+                rule,
+                shadow_denied: true,
+            },
+            (_, (mut d, rule)) if !d.allowed => {
+                d.allowed = true;
+                d.shadow_denied = true;
+                d.lease = None;
+                Decided::decision(d, rule)
+            }
+            // Both passed: the pair with the least remaining, ties to the
+            // lower index (as for any group), with the lease either part
+            // acquired (at most one: the group has one concurrency pair).
+            (Some(e), s) => {
+                let lease = e.0.lease.or(s.0.lease);
+                let (mut decision, rule) = if (s.0.remaining, s.0.pair) < (e.0.remaining, e.0.pair)
+                {
+                    s
+                } else {
+                    e
+                };
+                decision.lease = lease;
+                Decided::decision(decision, rule)
+            }
+            (None, (decision, rule)) => Decided::decision(decision, rule),
+        }
+    }
+}

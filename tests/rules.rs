@@ -1,0 +1,778 @@
+//! Named rules end to end: the rules file (edited while clients check), the
+//! admin API (PUT / DELETE / reload, invalid reloads), shadow mode, rules of
+//! every algorithm with their leases and refunds, usage, throttled keys and
+//! the metrics exposition, all over real sockets and real HTTP. Reloads are awaited by polling with a generous deadline; no
+//! assertion depends on timing.
+
+mod common;
+
+use common::*;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_protocol::{CheckResult, Decision, ErrorCode, LeaseRef, Request, Response};
+
+const RULES: &str = "\
+# Test rules.
+rules:
+  - name: api
+    rate: 1/s
+    burst: 5
+  - name: per-minute
+    algorithm: sliding-window
+    rate: 3/min
+    failure-mode: closed
+";
+
+fn decision(r: &CheckResult) -> Decision {
+    match r {
+        CheckResult::Decision(d) => *d,
+        CheckResult::Error(e) => panic!("unexpected error {e}"),
+    }
+}
+
+/// A server with `text` as its rules file, polled every 20 ms, admin API on.
+async fn start_with_rules(dir: &TempDir, text: &str) -> (TestServer, std::path::PathBuf) {
+    let path = dir.path("rules.yaml");
+    std::fs::write(&path, text).unwrap();
+    let p = path.clone();
+    let server = TestServer::start_admin(move |c| {
+        c.rules = Some(p);
+        c.rules_poll = Duration::from_millis(20);
+    })
+    .await;
+    (server, path)
+}
+
+/// Checks `key` under `rule` n times in one batch; how many were allowed.
+async fn allowed_of(conn: &mut RawConn, id: u32, key: &str, rule_name: &str, n: usize) -> usize {
+    let checks = (0..n).map(|_| vec![rule(key, rule_name, 0)]).collect();
+    conn.check(id, batch_of(checks))
+        .await
+        .iter()
+        .filter(|r| decision(r).allowed)
+        .count()
+}
+
+async fn rule_burst(admin: std::net::SocketAddr, name: &str) -> Option<u64> {
+    let v = http(admin, "GET", &format!("/v1/rules/{name}"), None)
+        .await
+        .json();
+    v["burst"].as_u64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_the_file_applies_while_clients_check() {
+    let dir = TempDir::new("edit");
+    let (server, path) = start_with_rules(&dir, RULES).await;
+    let admin = server.admin.unwrap();
+    let mut conn = RawConn::ready(server.addr).await;
+
+    assert_eq!(allowed_of(&mut conn, 1, "rl:{a}:fresh1", "api", 7).await, 5);
+    // A key part-way through its bucket before the change: 4 of 5 taken.
+    assert_eq!(allowed_of(&mut conn, 2, "rl:{a}:carry", "api", 4).await, 4);
+
+    // A client checking in a loop through the whole reload.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let background = {
+        let (stop, done, addr) = (stop.clone(), done.clone(), server.addr);
+        tokio::spawn(async move {
+            let mut conn = RawConn::ready(addr).await;
+            let mut id = 100;
+            while !stop.load(Ordering::Relaxed) {
+                id += 1;
+                let results = conn
+                    .check(id, batch_of(vec![vec![rule("rl:{bg}:k", "api", 1)]]))
+                    .await;
+                // A decision every time: never an error, never a dropped
+                // connection (check() panics on either).
+                decision(&results[0]);
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    eventually("background checks", || async {
+        (done.load(Ordering::Relaxed) > 10).then_some(())
+    })
+    .await;
+
+    write_atomically(&path, &RULES.replace("burst: 5", "burst: 3"));
+    eventually("the edited rule", || async {
+        (rule_burst(admin, "api").await == Some(3)).then_some(())
+    })
+    .await;
+    let before = done.load(Ordering::Relaxed);
+    eventually("checks after the reload", || async {
+        (done.load(Ordering::Relaxed) > before + 10).then_some(())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    background
+        .await
+        .expect("the background client never failed");
+
+    // The new burst is in force for new keys...
+    assert_eq!(allowed_of(&mut conn, 3, "rl:{a}:fresh2", "api", 7).await, 3);
+    // ...and at once for existing ones: 4 taken is more than a burst of 3.
+    let d = decision(
+        &conn
+            .check(4, batch_of(vec![vec![rule("rl:{a}:carry", "api", 1)]]))
+            .await[0],
+    );
+    assert!(!d.allowed);
+    assert_eq!((d.limit, d.remaining), (3, 0));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_reloads_change_nothing_and_say_where() {
+    let dir = TempDir::new("invalid");
+    let (server, path) = start_with_rules(&dir, RULES).await;
+    let admin = server.admin.unwrap();
+    let mut conn = RawConn::ready(server.addr).await;
+    let shown = path.display().to_string();
+
+    let cases = [
+        // (file text, line, what the reason says)
+        // Not YAML: a tab in the indentation.
+        ("rules:\n  - name: api\n\trate: 1/s\n", 3, "tab character"),
+        (
+            "rules:\n  - name: api\n    rate: 1/s\n    burts: 3\n",
+            4,
+            "unknown field `burts`",
+        ),
+        (
+            "rules:\n  - name: api\n    rate: 1/s\n  - name: bad\n    rate: 0/s\n",
+            5,
+            "whole number of at least 1",
+        ),
+    ];
+    for (i, (text, line, reason)) in cases.iter().enumerate() {
+        // Through the file watcher: logged, counted, kept for the API.
+        write_atomically(&path, text);
+        let status = eventually("the failed reload", || async {
+            let v = http(admin, "GET", "/v1/rules", None).await.json();
+            let failed = v["last_reload"]["ok"] == false
+                && v["last_reload"]["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains(reason));
+            failed.then_some(v)
+        })
+        .await;
+        let error = status["last_reload"]["error"].as_str().unwrap();
+        assert!(
+            error.starts_with(&format!("{shown}:{line}:")),
+            "case {i}: {error}"
+        );
+        assert_eq!(status["last_reload"]["source"], "file-change");
+        assert_eq!(
+            status["rules"].as_array().unwrap().len(),
+            2,
+            "old rules kept"
+        );
+
+        // Through the API: the answer itself reports file, line and reason.
+        let answer = http(admin, "POST", "/v1/rules/reload", None).await;
+        assert_eq!(answer.status, 422, "case {i}: {}", answer.text());
+        let v = answer.json();
+        assert_eq!(v["line"], *line as u64, "case {i}: {v}");
+        assert_eq!(v["file"], shown);
+        assert!(v["reason"].as_str().unwrap().contains(reason), "{v}");
+        assert_eq!(v["rules_in_force"], 2);
+    }
+
+    // The old rules still serve, unchanged.
+    assert_eq!(allowed_of(&mut conn, 1, "rl:{i}:k", "api", 7).await, 5);
+    let metrics = scrape(admin).await;
+    let errors: f64 = metrics
+        .samples
+        .iter()
+        .filter(|s| {
+            s.metric == "tollgate_rule_reloads_total" && s.labels.get("outcome") == Some("error")
+        })
+        .map(|s| value(&s.value))
+        .sum();
+    assert!(errors >= 6.0, "{errors} failed reloads counted");
+
+    // A good file is picked up again.
+    write_atomically(&path, &RULES.replace("burst: 5", "burst: 2"));
+    eventually("the good file", || async {
+        (rule_burst(admin, "api").await == Some(2)).then_some(())
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn the_admin_api_edits_rules() {
+    let server = TestServer::start_admin(|_| {}).await;
+    let admin = server.admin.unwrap();
+    let mut conn = RawConn::ready(server.addr).await;
+
+    // Unknown rules are a per-check error; the other checks proceed.
+    let r = conn
+        .check(
+            1,
+            batch_of(vec![
+                vec![rule("k", "burst-2", 0)],
+                vec![tb("k2", 1, 1000, 1, 1)],
+            ]),
+        )
+        .await;
+    assert_eq!(r[0], CheckResult::Error(ErrorCode::UnknownRule));
+    assert!(allowed(&r[1]));
+
+    let created = http(
+        admin,
+        "PUT",
+        "/v1/rules/burst-2",
+        Some(r#"{"rate": "1/s", "burst": 2, "default-cost": 2, "failure-mode": "closed"}"#),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.text());
+    assert_eq!(created.json()["name"], "burst-2");
+    let got = http(admin, "GET", "/v1/rules/burst-2", None).await.json();
+    assert_eq!(got["failure-mode"], "closed");
+    assert_eq!(got["rate"], "1/s");
+    // Default cost 2 on a bucket of 2: one check at cost 0 takes all.
+    assert_eq!(allowed_of(&mut conn, 2, "rl:{p}:a", "burst-2", 2).await, 1);
+
+    // Invalid bodies change nothing and say why.
+    for (body, status, reason) in [
+        (
+            r#"{"rate": "1/s", "burts": 2}"#,
+            422,
+            "unknown field `burts`",
+        ),
+        (r#"{"rate": "0/s"}"#, 422, "at least 1"),
+        (
+            r#"{"rate": "1/s", "algorithm": "sliding-window", "burst": 1}"#,
+            422,
+            "burst does not apply to sliding-window",
+        ),
+        (r#"{"name": "other", "rate": "1/s"}"#, 422, "path names"),
+        ("not json", 422, "expected"),
+    ] {
+        let a = http(admin, "PUT", "/v1/rules/burst-2", Some(body)).await;
+        assert_eq!(a.status, status, "{body}: {}", a.text());
+        assert!(
+            a.json()["error"].as_str().unwrap().contains(reason),
+            "{body}: {}",
+            a.text()
+        );
+    }
+    let bad_name = http(admin, "PUT", "/v1/rules/a%20b", Some(r#"{"rate": "1/s"}"#)).await;
+    assert_eq!(bad_name.status, 422, "{}", bad_name.text());
+    assert_eq!(rule_burst(admin, "burst-2").await, Some(2));
+
+    // Replace: 200, and the new numbers apply.
+    let replaced = http(
+        admin,
+        "PUT",
+        "/v1/rules/burst-2",
+        Some(r#"{"rate": "1/s", "burst": 4}"#),
+    )
+    .await;
+    assert_eq!(replaced.status, 200);
+    assert_eq!(allowed_of(&mut conn, 3, "rl:{p}:b", "burst-2", 6).await, 4);
+
+    let list = http(admin, "GET", "/v1/rules", None).await.json();
+    assert_eq!(list["rules"].as_array().unwrap().len(), 1);
+    assert_eq!(list["source"], serde_json::Value::Null);
+
+    // Delete: the rule is gone for checks at once.
+    assert_eq!(
+        http(admin, "DELETE", "/v1/rules/burst-2", None)
+            .await
+            .status,
+        200
+    );
+    let r = conn
+        .check(4, batch_of(vec![vec![rule("k", "burst-2", 0)]]))
+        .await;
+    assert_eq!(r[0], CheckResult::Error(ErrorCode::UnknownRule));
+    assert_eq!(
+        http(admin, "DELETE", "/v1/rules/burst-2", None)
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        http(admin, "GET", "/v1/rules/burst-2", None).await.status,
+        404
+    );
+
+    // No rules file: nothing to reload. Errors are JSON everywhere.
+    let a = http(admin, "POST", "/v1/rules/reload", None).await;
+    assert_eq!(a.status, 409);
+    assert!(a.json()["error"].as_str().unwrap().contains("--rules"));
+    let a = http(admin, "GET", "/v2/nothing", None).await;
+    assert_eq!(a.status, 404);
+    assert!(a.json()["error"].is_string());
+    let a = http(admin, "POST", "/v1/rules", None).await;
+    assert_eq!(a.status, 405);
+    assert!(a.json()["error"].is_string());
+    let a = http(admin, "GET", "/v1/throttled?top=x", None).await;
+    assert_eq!(a.status, 400);
+    assert!(a.json()["error"].is_string());
+
+    assert_eq!(http(admin, "GET", "/healthz", None).await.status, 200);
+    assert_eq!(http(admin, "GET", "/readyz", None).await.status, 200);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reload_through_the_api_replaces_api_edits() {
+    let dir = TempDir::new("api-reload");
+    let (server, _path) = start_with_rules(&dir, RULES).await;
+    let admin = server.admin.unwrap();
+    let put = http(admin, "PUT", "/v1/rules/extra", Some(r#"{"rate": "5/s"}"#)).await;
+    assert_eq!(put.status, 201);
+    let a = http(admin, "POST", "/v1/rules/reload", None).await;
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.json()["rules"], 2);
+    assert_eq!(
+        http(admin, "GET", "/v1/rules/extra", None).await.status,
+        404
+    );
+    let status = http(admin, "GET", "/v1/rules", None).await.json();
+    assert_eq!(status["last_reload"]["ok"], true);
+    assert_eq!(status["last_reload"]["source"], "admin-api");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn shadow_rules_allow_and_say_they_would_deny() {
+    let dir = TempDir::new("shadow");
+    let text = "\
+rules:
+  - {name: enforced, rate: 1/s, burst: 10}
+  - {name: trial, rate: 1/s, burst: 2, shadow: true}
+";
+    let (server, _) = start_with_rules(&dir, text).await;
+    let admin = server.admin.unwrap();
+    let mut conn = RawConn::ready(server.addr).await;
+
+    // Alone: two pass, then allowed-but-shadow-denied with the denial's numbers.
+    let r = conn
+        .check(
+            1,
+            batch_of((0..4).map(|_| vec![rule("rl:{s}:t", "trial", 1)]).collect()),
+        )
+        .await;
+    let d: Vec<Decision> = r.iter().map(decision).collect();
+    assert!(d.iter().all(|d| d.allowed));
+    assert!(!d[0].shadow_denied && !d[1].shadow_denied);
+    assert!(d[2].shadow_denied && d[3].shadow_denied);
+    assert_eq!(
+        (d[2].limit, d[2].remaining, d[2].retry_after_ms),
+        (2, 0, 1000)
+    );
+
+    // In a group with an enforced rule: the enforced pair is charged, the
+    // answer names the shadow pair that would have denied.
+    let group = vec![
+        rule("rl:{s}:e", "enforced", 1),
+        rule("rl:{s}:t", "trial", 1),
+    ];
+    let d = decision(&conn.check(2, batch_of(vec![group.clone()])).await[0]);
+    assert!(d.allowed && d.shadow_denied);
+    assert_eq!(d.pair, 1);
+    // The enforced pair was charged: 10 - 1 - 1 = 8 left after another.
+    let d = decision(
+        &conn
+            .check(3, batch_of(vec![vec![rule("rl:{s}:e", "enforced", 1)]]))
+            .await[0],
+    );
+    assert_eq!(d.remaining, 8);
+
+    // Counted by rule and decision.
+    let m = scrape(admin).await;
+    assert_eq!(check_count(&m, "trial", "shadow_denied"), 3.0);
+    assert_eq!(check_count(&m, "trial", "allowed"), 2.0);
+    assert_eq!(check_count(&m, "enforced", "allowed"), 1.0);
+    // Shadow denials are not throttling: nothing in the top keys.
+    let top = http(admin, "GET", "/v1/throttled", None).await.json();
+    assert!(top["keys"].as_array().unwrap().is_empty(), "{top}");
+    server.stop().await;
+}
+
+/// REFUND frames, answered with the CHECKED results.
+async fn refund(
+    conn: &mut RawConn,
+    id: u32,
+    checks: Vec<Vec<tollgate_protocol::Pair>>,
+) -> Vec<CheckResult> {
+    conn.send(id, &Request::Refund(batch_of(checks))).await;
+    match conn.recv().await {
+        (rid, Response::Checked(results)) if rid == id => results,
+        other => panic!("expected CHECKED {id}, got {other:?}"),
+    }
+}
+
+async fn release(conn: &mut RawConn, id: u32, key: &str, lease: u64) -> u32 {
+    let lease = LeaseRef {
+        key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+        lease,
+    };
+    conn.send(id, &Request::Release(vec![lease])).await;
+    match conn.recv().await {
+        (rid, Response::Released(n)) if rid == id => n,
+        other => panic!("expected RELEASED {id}, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn rules_of_every_algorithm_with_leases_and_refunds() {
+    let dir = TempDir::new("algorithms");
+    let text = "\
+rules:
+  - {name: jobs, algorithm: concurrency, rate: 2/30s}
+  - {name: daily, algorithm: fixed-window, rate: 3/day, default-cost: 1}
+  - {name: exact, algorithm: sliding-log, rate: 2/min}
+  - {name: drip, algorithm: leaky-bucket, rate: 1/s, burst: 2}
+  - {name: trial, rate: 1/s, burst: 1, shadow: true}
+  - {name: trial-jobs, algorithm: concurrency, rate: 1/30s, shadow: true}
+";
+    let (server, _) = start_with_rules(&dir, text).await;
+    let admin = server.admin.unwrap();
+    let mut conn = RawConn::ready(server.addr).await;
+    let count_allowed = |r: &[CheckResult]| r.iter().filter(|r| allowed(r)).count();
+
+    // Concurrency under a rule: leases on the wire, released by id.
+    let r = conn
+        .check(
+            1,
+            batch_of(
+                (0..3)
+                    .map(|_| vec![rule("cc:{a}:jobs", "jobs", 0)])
+                    .collect(),
+            ),
+        )
+        .await;
+    let d: Vec<Decision> = r.iter().map(decision).collect();
+    assert!(d[0].allowed && d[1].allowed && !d[2].allowed, "{d:?}");
+    let (first, second) = (d[0].lease.unwrap(), d[1].lease.unwrap());
+    assert_ne!(first, second);
+    assert_eq!(d[2].lease, None);
+    assert_eq!(release(&mut conn, 2, "cc:{a}:jobs", first).await, 1);
+    assert_eq!(release(&mut conn, 3, "cc:{a}:jobs", first).await, 0);
+    let d = decision(
+        &conn
+            .check(4, batch_of(vec![vec![rule("cc:{a}:jobs", "jobs", 1)]]))
+            .await[0],
+    );
+    assert!(d.allowed && d.lease.is_some());
+    // What the admin API sees of that key: two of two in flight.
+    let v = http(
+        admin,
+        "GET",
+        "/v1/limits/cc%3A%7Ba%7D%3Ajobs?rule=jobs",
+        None,
+    )
+    .await
+    .json();
+    assert_eq!(v["state"]["algorithm"], "concurrency", "{v}");
+    assert_eq!(
+        (
+            v["usage"][0]["used"].as_u64(),
+            v["usage"][0]["remaining"].as_u64()
+        ),
+        (Some(2), Some(0)),
+        "{v}"
+    );
+
+    // The window and log algorithms, and the leaky bucket's tolerance.
+    for (id, key, name, n, passing) in [
+        (5, "rl:{a}:daily", "daily", 4, 3),
+        (6, "rl:{a}:exact", "exact", 3, 2),
+        (7, "rl:{a}:drip", "drip", 3, 2),
+    ] {
+        let r = conn
+            .check(
+                id,
+                batch_of((0..n).map(|_| vec![rule(key, name, 0)]).collect()),
+            )
+            .await;
+        assert_eq!(count_allowed(&r), passing, "{name}: {r:?}");
+    }
+
+    // REFUND naming a rule works as inline: cost 0 is the default cost.
+    let r = refund(&mut conn, 8, vec![vec![rule("rl:{a}:daily", "daily", 0)]]).await;
+    let d = decision(&r[0]);
+    assert!(d.allowed);
+    assert_eq!((d.limit, d.remaining), (3, 1));
+    let r = conn
+        .check(9, batch_of(vec![vec![rule("rl:{a}:daily", "daily", 1)]]))
+        .await;
+    assert!(allowed(&r[0]));
+    // Unknown names and leases are refused per check, like inline pairs.
+    let r = refund(
+        &mut conn,
+        10,
+        vec![
+            vec![rule("rl:{a}:daily", "no-such-rule", 1)],
+            vec![rule("cc:{a}:jobs", "jobs", 1)],
+            vec![rule("rl:{a}:exact", "exact", 2)],
+        ],
+    )
+    .await;
+    assert_eq!(r[0], CheckResult::Error(ErrorCode::UnknownRule));
+    assert_eq!(r[1], CheckResult::Error(ErrorCode::InvalidLimit));
+    assert_eq!(decision(&r[2]).remaining, 2);
+
+    // A key holding a bucket beside its window: the admin API reads both.
+    let r = conn
+        .check(30, batch_of(vec![vec![rule("rl:{a}:daily", "trial", 1)]]))
+        .await;
+    assert!(allowed(&r[0]));
+    let v = http(admin, "GET", "/v1/limits/rl%3A%7Ba%7D%3Adaily", None)
+        .await
+        .json();
+    let states: Vec<&str> = v["states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["algorithm"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["token-bucket", "fixed-window"], "{v}");
+    assert_eq!(v["state"]["algorithm"], "token-bucket", "{v}");
+    let usage: Vec<(&str, u64)> = v["usage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| (u["rule"].as_str().unwrap(), u["used"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(usage, [("trial", 1), ("daily", 3)], "{v}");
+
+    // Shadow mode with a lease: the enforced concurrency pair's lease is
+    // the answer even when the shadow rule would deny (status 3 wins), and
+    // the would-be denial is counted.
+    let group = || vec![rule("cc:{g}:jobs", "jobs", 1), rule("rl:{g}:t", "trial", 1)];
+    let d = decision(&conn.check(11, batch_of(vec![group()])).await[0]);
+    assert!(d.allowed && !d.shadow_denied && d.lease.is_some(), "{d:?}");
+    let d = decision(&conn.check(12, batch_of(vec![group()])).await[0]);
+    assert!(d.allowed && !d.shadow_denied, "{d:?}");
+    let lease = d.lease.expect("the enforced pair's lease");
+    assert_eq!(d.pair, 0, "the enforced decision");
+    assert_eq!(release(&mut conn, 13, "cc:{g}:jobs", lease).await, 1);
+    // Without a lease the shadow denial is status 4 as usual.
+    let d = decision(
+        &conn
+            .check(14, batch_of(vec![vec![rule("rl:{g}:t", "trial", 1)]]))
+            .await[0],
+    );
+    assert!(d.allowed && d.shadow_denied && d.lease.is_none(), "{d:?}");
+
+    // A shadow concurrency rule that passes hands out its lease too.
+    let d = decision(
+        &conn
+            .check(
+                15,
+                batch_of(vec![vec![
+                    rule("rl:{h}:d", "daily", 1),
+                    rule("cc:{h}:t", "trial-jobs", 1),
+                ]]),
+            )
+            .await[0],
+    );
+    let lease = d.lease.expect("the shadow part's lease");
+    assert_eq!(release(&mut conn, 16, "cc:{h}:t", lease).await, 1);
+    // One lease per check, across the enforced and the shadow part.
+    let r = conn
+        .check(
+            17,
+            batch_of(vec![vec![
+                rule("cc:{i}:a", "jobs", 1),
+                rule("cc:{i}:b", "trial-jobs", 1),
+            ]]),
+        )
+        .await;
+    assert_eq!(r[0], CheckResult::Error(ErrorCode::InvalidLimit));
+
+    let m = scrape(admin).await;
+    assert_eq!(check_count(&m, "trial", "shadow_denied"), 2.0);
+    assert_eq!(check_count(&m, "jobs", "denied"), 1.0);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn usage_and_throttled_keys() {
+    let dir = TempDir::new("usage");
+    let (server, _) = start_with_rules(&dir, RULES).await;
+    let admin = server.admin.unwrap();
+    let mut conn = RawConn::ready(server.addr).await;
+
+    assert_eq!(allowed_of(&mut conn, 1, "rl:{u}:a", "api", 2).await, 2);
+    let v = http(admin, "GET", "/v1/limits/rl%3A%7Bu%7D%3Aa", None)
+        .await
+        .json();
+    assert_eq!(v["key"], "rl:{u}:a");
+    assert_eq!(v["state"]["algorithm"], "token-bucket");
+    let usage = v["usage"].as_array().unwrap();
+    assert_eq!(usage.len(), 1, "only rules of the key's algorithm: {v}");
+    assert_eq!(usage[0]["rule"], "api");
+    assert_eq!(
+        (usage[0]["used"].as_u64(), usage[0]["remaining"].as_u64()),
+        (Some(2), Some(3))
+    );
+    // Reading is free: the same numbers again.
+    let again = http(admin, "GET", "/v1/limits/rl%3A%7Bu%7D%3Aa?rule=api", None)
+        .await
+        .json();
+    assert_eq!(again["usage"][0]["remaining"], 3);
+    let none = http(admin, "GET", "/v1/limits/never-seen", None)
+        .await
+        .json();
+    assert_eq!(none["state"], serde_json::Value::Null);
+    assert_eq!(
+        http(admin, "GET", "/v1/limits/k?rule=nope", None)
+            .await
+            .status,
+        404
+    );
+
+    // Denials: key b three times, key c once.
+    for (id, key, n) in [(2, "rl:{u}:b", 8), (3, "rl:{u}:c", 6)] {
+        allowed_of(&mut conn, id, key, "api", n).await;
+    }
+    let top = http(admin, "GET", "/v1/throttled?top=2", None).await.json();
+    let keys = top["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(
+        (keys[0]["key"].as_str(), keys[0]["denied"].as_u64()),
+        (Some("rl:{u}:b"), Some(3))
+    );
+    assert_eq!(
+        (keys[1]["key"].as_str(), keys[1]["denied"].as_u64()),
+        (Some("rl:{u}:c"), Some(1))
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_parse_are_unique_and_move() {
+    let server = TestServer::start_admin(|_| {}).await;
+    let admin = server.admin.unwrap();
+    let mut conn = RawConn::ready(server.addr).await;
+    let before = scrape(admin).await;
+    assert_eq!(check_count(&before, "inline", "allowed"), 0.0);
+
+    let checks = (0..3).map(|_| vec![tb("m", 1, 1000, 2, 1)]).collect();
+    conn.check(1, batch_of(checks)).await;
+    conn.check(2, batch_of(vec![vec![rule("m", "nope", 1)]]))
+        .await;
+
+    let after = scrape(admin).await;
+    assert_eq!(check_count(&after, "inline", "allowed"), 2.0);
+    assert_eq!(check_count(&after, "inline", "denied"), 1.0);
+    let sample = |name: &str, label: Option<(&str, &str)>| -> f64 {
+        after
+            .samples
+            .iter()
+            .filter(|s| s.metric == name)
+            .filter(|s| label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+            .map(|s| value(&s.value))
+            .sum()
+    };
+    assert_eq!(
+        sample(
+            "tollgate_protocol_errors_total",
+            Some(("code", "UnknownRule"))
+        ),
+        1.0
+    );
+    assert_eq!(sample("tollgate_connections", None), 1.0);
+    assert!(sample("tollgate_connections_accepted_total", None) >= 1.0);
+    // Two frames: one of 3 checks, one of 1.
+    let histogram_count = |name: &str| match &after
+        .samples
+        .iter()
+        .find(|s| s.metric == name)
+        .unwrap_or_else(|| panic!("{name} missing"))
+        .value
+    {
+        prometheus_parse::Value::Histogram(buckets) => buckets.last().map_or(0.0, |b| b.count),
+        other => panic!("{name} is not a histogram: {other:?}"),
+    };
+    assert_eq!(histogram_count("tollgate_check_batch_size"), 2.0);
+    assert_eq!(
+        histogram_count("tollgate_check_frame_duration_seconds"),
+        2.0
+    );
+    for name in [
+        "tollgate_keys",
+        "tollgate_keys_expired_total",
+        "tollgate_rules",
+        "tollgate_rule_reloads_total",
+    ] {
+        assert!(
+            after.docs.contains_key(name),
+            "{name} is not exposed: {:?}",
+            after.docs.keys()
+        );
+    }
+    server.stop().await;
+}
+
+/// Scrapes `/metrics` over HTTP and parses it with a Prometheus text-format
+/// parser; fails on malformed or duplicate metric names.
+async fn scrape(admin: std::net::SocketAddr) -> prometheus_parse::Scrape {
+    let a = http(admin, "GET", "/metrics", None).await;
+    assert_eq!(a.status, 200);
+    let text = a.text();
+    let mut typed = HashSet::new();
+    let mut names = HashMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let name = rest.split_whitespace().next().unwrap();
+            assert!(typed.insert(name.to_owned()), "duplicate metric {name}");
+            assert!(valid_metric_name(name), "malformed metric name {name:?}");
+            assert!(name.starts_with("tollgate_"), "unprefixed metric {name}");
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(valid_metric_name(name), "malformed sample name {name:?}");
+            *names
+                .entry(line.split(' ').next().unwrap().to_owned())
+                .or_insert(0) += 1;
+        }
+    }
+    for (series, n) in names {
+        assert_eq!(n, 1, "series {series} exposed {n} times");
+    }
+    let lines = text.lines().map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text format");
+    assert!(!scrape.samples.is_empty());
+    scrape
+}
+
+fn valid_metric_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn value(v: &prometheus_parse::Value) -> f64 {
+    match v {
+        prometheus_parse::Value::Counter(x)
+        | prometheus_parse::Value::Gauge(x)
+        | prometheus_parse::Value::Untyped(x) => *x,
+        _ => 0.0,
+    }
+}
+
+fn check_count(m: &prometheus_parse::Scrape, rule: &str, decision: &str) -> f64 {
+    m.samples
+        .iter()
+        .filter(|s| {
+            s.metric == "tollgate_checks_total"
+                && s.labels.get("rule") == Some(rule)
+                && s.labels.get("decision") == Some(decision)
+        })
+        .map(|s| value(&s.value))
+        .sum()
+}
