@@ -130,6 +130,7 @@ pub(crate) fn status(shared: &Shared) -> NodeStatus {
             }
         }
         Role::Primary => {
+            put("passes", get(&stats.passes));
             put("replica_connected", get(&stats.replica_connected));
             put("replica_offset", get(&stats.replica_offset));
             put(

@@ -72,6 +72,8 @@ pub(crate) struct Stats {
     /// Primary: the offset the standby last acknowledged.
     pub replica_offset: AtomicU64,
     pub backlog_bytes: AtomicU64,
+    /// Primary: drain passes completed (each reads every stripe once).
+    pub passes: AtomicU64,
     pub backlog_resets: AtomicU64,
     /// Standby: the primary's last numbered offset, from its heartbeats.
     pub primary_offset: AtomicU64,

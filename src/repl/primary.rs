@@ -60,20 +60,25 @@ pub(crate) struct Handover {
     pub advertise: String,
 }
 
-/// Recent frames, for standbys that reconnect.
+/// Recent frames, for standbys that reconnect; also the window of frames
+/// the attached standby has not acknowledged yet.
 #[derive(Debug, Default)]
 struct Backlog {
-    frames: VecDeque<(u64, Bytes)>,
+    /// (offset, frame, bytes pushed up to and including this frame).
+    frames: VecDeque<(u64, Bytes, u64)>,
     bytes: usize,
     cap: usize,
+    /// Bytes pushed since the backlog was created or cleared.
+    pushed: u64,
 }
 
 impl Backlog {
     fn push(&mut self, offset: u64, frame: Bytes) {
         self.bytes += frame.len();
-        self.frames.push_back((offset, frame));
+        self.pushed += frame.len() as u64;
+        self.frames.push_back((offset, frame, self.pushed));
         while self.bytes > self.cap {
-            let Some((_, old)) = self.frames.pop_front() else {
+            let Some((_, old, _)) = self.frames.pop_front() else {
                 break;
             };
             self.bytes -= old.len();
@@ -82,12 +87,32 @@ impl Backlog {
 
     /// The first offset still held (`last + 1` when empty).
     fn first(&self, last: u64) -> u64 {
-        self.frames.front().map_or(last + 1, |(o, _)| *o)
+        self.frames.front().map_or(last + 1, |(o, _, _)| *o)
+    }
+
+    /// Bytes of the frames after `offset` (a standby's acknowledged
+    /// position); `None` when frames after it are no longer held.
+    fn bytes_after(&self, offset: u64, last: u64) -> Option<u64> {
+        if offset >= last {
+            return Some(0);
+        }
+        let first = self.frames.front()?.0;
+        if offset + 1 < first {
+            return None;
+        }
+        // Offsets are consecutive: the acknowledged frame is at a known
+        // index (or just before the front).
+        let upto = match (offset + 1 - first) as usize {
+            0 => self.pushed - self.bytes as u64,
+            i => self.frames.get(i - 1)?.2,
+        };
+        Some(self.pushed - upto)
     }
 
     fn clear(&mut self) {
         self.frames.clear();
         self.bytes = 0;
+        self.pushed = 0;
     }
 }
 
@@ -114,6 +139,10 @@ pub(crate) struct Source {
     capturing: bool,
     /// A full sync is being sent: the next complete pass ends it.
     syncing: bool,
+    /// The attached standby has a whole backlog of frames unacknowledged:
+    /// nothing more is drained for it until it acknowledges (the stripes'
+    /// buffers hold the changes meanwhile, up to their cap).
+    held: bool,
 }
 
 impl Source {
@@ -133,6 +162,7 @@ impl Source {
             acked: offset,
             capturing: false,
             syncing: false,
+            held: false,
         }
     }
 
@@ -200,8 +230,8 @@ impl Source {
                 .backlog
                 .frames
                 .iter()
-                .filter(|(o, _)| *o > h.offset)
-                .map(|(_, f)| f.clone())
+                .filter(|(o, _, _)| *o > h.offset)
+                .map(|(_, f, _)| f.clone())
                 .collect();
             for frame in frames {
                 self.send(frame).await;
@@ -301,7 +331,7 @@ impl Source {
 
     /// One pass over every stripe: what changed, or whole stripes.
     async fn flush(&mut self) {
-        if !self.capturing {
+        if !self.capturing || self.hold_for_standby() {
             return;
         }
         let store = self.shared.store.clone();
@@ -335,6 +365,7 @@ impl Source {
         if !records.is_empty() {
             self.emit_changes(records, now).await;
         }
+        self.node().stats.passes.fetch_add(1, Ordering::Relaxed);
         if self.syncing {
             self.syncing = false;
             tracing::info!(offset = self.offset, "full sync sent");
@@ -342,6 +373,34 @@ impl Source {
             self.heartbeat().await;
         }
         self.trim_capture();
+    }
+
+    /// Flow control: a standby that leaves a whole backlog of frames
+    /// unacknowledged (stuck, or its link backed up) gets nothing more until
+    /// it acknowledges; the changes wait in the stripes' buffers, which
+    /// overflow into whole-stripe resyncs. So neither the backlog nor the
+    /// socket grows, and a standby that stays stuck is dropped after
+    /// `--repl-timeout` without acknowledgements.
+    fn hold_for_standby(&mut self) -> bool {
+        if self.standby.is_none() {
+            self.held = false;
+            return false;
+        }
+        let unacked = self.backlog.bytes_after(self.acked, self.offset);
+        let full = unacked.is_none_or(|b| b >= self.backlog.cap as u64);
+        if full != self.held {
+            self.held = full;
+            if full {
+                tracing::warn!(
+                    acked = self.acked,
+                    offset = self.offset,
+                    "the standby is a whole backlog behind; holding its changes"
+                );
+            } else {
+                tracing::info!(acked = self.acked, "the standby caught up; streaming again");
+            }
+        }
+        full
     }
 
     /// Without a standby, keeps capturing only while the last one could
