@@ -83,6 +83,25 @@ impl ChangeLog {
     }
 }
 
+impl super::Stripe {
+    /// Tells the sender this stripe has something, under its lock. A busy
+    /// stripe is flagged already: then only a load, no write to the shared
+    /// line on every check. If the load still reads `true` although the
+    /// sender has just cleared the flag, the sender has not taken the lock
+    /// yet (we hold it, and it locks after clearing), so it finds this key
+    /// in the log. Setting it is a swap, not a store: the same here, and an
+    /// RMW always sits last in the flag's modification order, which keeps
+    /// the loom model's reasoning (and ours) simple.
+    fn flag_pending(&self) {
+        // Acquire/AcqRel: pair with the drain's `swap(false, Acquire)`; the
+        // lock already orders the keys, the flag only spares the drain
+        // from locking idle stripes.
+        if !self.pending.load(Ordering::Acquire) {
+            self.pending.swap(true, Ordering::AcqRel);
+        }
+    }
+}
+
 /// One key's states after a change (`None`: the key holds no such state).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyState {
@@ -155,10 +174,7 @@ impl Store {
                 self.overflows.fetch_add(1, Ordering::Relaxed);
             }
         }
-        // Release, under the lock: the drain's `swap(Acquire)` before it
-        // locks pairs with it (the lock alone already orders the keys; the
-        // flag only spares the drain from locking idle stripes).
-        stripe.pending.store(true, Ordering::Release);
+        stripe.flag_pending();
     }
 
     /// Records, under the stripe lock the caller holds, that the stripe
@@ -170,7 +186,7 @@ impl Store {
         let dropped = std::mem::take(&mut log.keys).len();
         self.buffered.fetch_sub(dropped, Ordering::Relaxed);
         log.resync = Some(Resync::Evicted);
-        stripe.pending.store(true, Ordering::Release);
+        stripe.flag_pending();
     }
 
     /// Starts recording changes and marks every stripe for a resync, so the
