@@ -19,7 +19,7 @@
 //! the entries closest to expiry or refuses the key.
 
 use super::{Entry, StoredKey};
-use crate::algorithm::State;
+use crate::algorithm::{State, Verdict};
 use crate::clock::Nanos;
 use crate::sync::{AtomicU64, Ordering};
 use hashbrown::HashTable;
@@ -213,6 +213,56 @@ impl Tables {
         // Relaxed: a statistic, read by the metrics only.
         expired.fetch_add(1, Ordering::Relaxed);
         None
+    }
+
+    /// Evaluates the token bucket of `key` with one lookup: `evaluate` sees
+    /// its live state (None when absent or expired) and, when `charge` and
+    /// allowed, the new `tat` is written in place (or a new entry inserted).
+    /// An expired entry counts in `expired` like one dropped by [`live`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn bucket_in_place(
+        &mut self,
+        hasher: &ahash::RandomState,
+        hash: u64,
+        key: &[u8],
+        now: Nanos,
+        charge: bool,
+        expired: &AtomicU64,
+        evaluate: impl FnOnce(Option<&State>) -> Verdict,
+    ) -> Verdict {
+        let found = self
+            .buckets
+            .table
+            .find_mut(hash, |b| b.key.as_bytes() == key);
+        let Some(bucket) = found else {
+            let verdict = evaluate(None);
+            if let (true, true, Some(state)) = (charge, verdict.decision.allowed, &verdict.state) {
+                let entry = Entry {
+                    state: state.clone(),
+                    expires_at: verdict.expires_at,
+                };
+                self.put(hasher, hash, key, entry);
+            }
+            return verdict;
+        };
+        let live = bucket.tat > now;
+        let current = live.then_some(State::TokenBucket { tat: bucket.tat });
+        let verdict = evaluate(current.as_ref());
+        let written = match (&verdict.state, charge && verdict.decision.allowed) {
+            (Some(State::TokenBucket { tat }), true) => {
+                bucket.tat = *tat;
+                true
+            }
+            _ => false,
+        };
+        if !live {
+            // Relaxed: a statistic, read by the metrics only.
+            expired.fetch_add(1, Ordering::Relaxed);
+            if !written {
+                self.remove(Table::Buckets, hash, key);
+            }
+        }
+        verdict
     }
 
     /// The entry of `key` in whichever table holds it (buckets first).
