@@ -2,7 +2,8 @@
 //! primary every heartbeat, and heard from when it announces itself.
 //!
 //! Rules (the README's "Replication and failover" states what they buy):
-//! - **at start**, a node with a peer serves nothing until it has asked it:
+//! - **at start**, a node with a peer serves nothing until it has asked it
+//!   (asking again until `--repl-timeout` if it does not answer):
 //!   a peer that is primary is followed (a restarted ex-primary comes back
 //!   as standby at the new epoch); a peer that is a standby holding a
 //!   complete copy while its own primary is gone (or is this very node) is
@@ -52,9 +53,22 @@ pub(crate) async fn start(shared: &Arc<Shared>) {
         return;
     };
     let me = node.advertise();
-    let client = peer_client(shared, &peer);
-    let status = client.status().await;
-    client.close();
+    // A peer that is slow to answer (busy, restarting too) is asked again
+    // until --repl-timeout: taking the primary role on a missed answer
+    // would serve checks beside the real primary until the next probe.
+    let give_up = tokio::time::Instant::now() + shared.config.repl_timeout;
+    let status = loop {
+        let client = peer_client(shared, &peer);
+        let status = client.status().await;
+        client.close();
+        match status {
+            Err(e) if tokio::time::Instant::now() < give_up => {
+                tracing::debug!(%peer, error = %e, "start: no answer from the peer yet");
+                tokio::time::sleep(shared.config.heartbeat).await;
+            }
+            status => break status,
+        }
+    };
     let fallback = |known_epoch: u64, why: &'static str| match &shared.config.replica_of {
         Some(primary) => node.step_down(primary.clone(), known_epoch, why),
         None => node.start_as_primary(known_epoch, why),

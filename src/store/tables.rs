@@ -19,7 +19,7 @@
 //! the entries closest to expiry or refuses the key.
 
 use super::{Entry, StoredKey};
-use crate::algorithm::State;
+use crate::algorithm::{State, Verdict};
 use crate::clock::Nanos;
 use crate::sync::{AtomicU64, Ordering};
 use hashbrown::HashTable;
@@ -84,10 +84,68 @@ pub struct Room {
 /// the cost per new key O(1) amortized instead of a scan per insert.
 const EVICT_SHIFT: u32 = 3;
 
+/// A hash table and the capacity of its allocation. hashbrown's
+/// `capacity()` counts only the free slots left, which removals turn into
+/// tombstones, so the allocated size is tracked here: it changes only when an
+/// insert grows the table and when [`Slots::rebuild`] runs.
+#[derive(Debug)]
+struct Slots<T> {
+    table: HashTable<T>,
+    /// Capacity of the allocation, as hashbrown reports it when fresh.
+    full: usize,
+}
+
+impl<T> Default for Slots<T> {
+    fn default() -> Self {
+        Self {
+            table: HashTable::new(),
+            full: 0,
+        }
+    }
+}
+
+impl<T> Slots<T> {
+    fn insert(&mut self, hash: u64, item: T, rehash: impl Fn(&T) -> u64) {
+        self.table.insert_unique(hash, item, rehash);
+        self.full = self.full.max(self.table.capacity());
+    }
+
+    /// Bytes the allocation holds: an entry and a control byte per bucket.
+    fn bytes(&self) -> usize {
+        slot_bytes(self.full, std::mem::size_of::<T>())
+    }
+
+    /// Bytes once `new` more entries are in: an insert past the free slots
+    /// makes hashbrown grow (or rehash in place; counting it as growth only
+    /// errs on the safe side).
+    fn bytes_after(&self, new: usize) -> usize {
+        let needed = self.table.len() + new;
+        if needed <= self.table.capacity() {
+            return self.bytes();
+        }
+        let mut target = grown(self.full);
+        while needed > target {
+            target = grown(target);
+        }
+        slot_bytes(target, std::mem::size_of::<T>())
+    }
+
+    /// Rebuilds the table in an allocation of the same size, without the
+    /// tombstones removals left.
+    fn rebuild(&mut self, hash: impl Fn(&T) -> u64) {
+        let fresh = HashTable::with_capacity(self.full.max(self.table.len()));
+        let old = std::mem::replace(&mut self.table, fresh);
+        for item in old {
+            self.table.insert_unique(hash(&item), item, &hash);
+        }
+        self.full = self.table.capacity();
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Tables {
-    buckets: HashTable<Bucket>,
-    others: HashTable<Other>,
+    buckets: Slots<Bucket>,
+    others: Slots<Other>,
     /// Heap bytes owned by entries: long keys, logs, lease lists.
     heap_bytes: usize,
 }
@@ -126,10 +184,12 @@ impl Tables {
         match table {
             Table::Buckets => self
                 .buckets
+                .table
                 .find(hash, |b| b.key.as_bytes() == key)
                 .map(bucket_entry),
             Table::Others => self
                 .others
+                .table
                 .find(hash, |o| o.key.as_bytes() == key)
                 .map(|o| o.entry.clone()),
         }
@@ -155,6 +215,56 @@ impl Tables {
         None
     }
 
+    /// Evaluates the token bucket of `key` with one lookup: `evaluate` sees
+    /// its live state (None when absent or expired) and, when `charge` and
+    /// allowed, the new `tat` is written in place (or a new entry inserted).
+    /// An expired entry counts in `expired` like one dropped by [`live`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn bucket_in_place(
+        &mut self,
+        hasher: &ahash::RandomState,
+        hash: u64,
+        key: &[u8],
+        now: Nanos,
+        charge: bool,
+        expired: &AtomicU64,
+        evaluate: impl FnOnce(Option<&State>) -> Verdict,
+    ) -> Verdict {
+        let found = self
+            .buckets
+            .table
+            .find_mut(hash, |b| b.key.as_bytes() == key);
+        let Some(bucket) = found else {
+            let verdict = evaluate(None);
+            if let (true, true, Some(state)) = (charge, verdict.decision.allowed, &verdict.state) {
+                let entry = Entry {
+                    state: state.clone(),
+                    expires_at: verdict.expires_at,
+                };
+                self.put(hasher, hash, key, entry);
+            }
+            return verdict;
+        };
+        let live = bucket.tat > now;
+        let current = live.then_some(State::TokenBucket { tat: bucket.tat });
+        let verdict = evaluate(current.as_ref());
+        let written = match (&verdict.state, charge && verdict.decision.allowed) {
+            (Some(State::TokenBucket { tat }), true) => {
+                bucket.tat = *tat;
+                true
+            }
+            _ => false,
+        };
+        if !live {
+            // Relaxed: a statistic, read by the metrics only.
+            expired.fetch_add(1, Ordering::Relaxed);
+            if !written {
+                self.remove(Table::Buckets, hash, key);
+            }
+        }
+        verdict
+    }
+
     /// The entry of `key` in whichever table holds it (buckets first).
     pub fn find_any(&self, hash: u64, key: &[u8]) -> Option<Entry> {
         self.find(Table::Buckets, hash, key)
@@ -171,17 +281,25 @@ impl Tables {
         let rehash = |k: &StoredKey| hasher.hash_one(k.as_bytes());
         match entry.state {
             State::TokenBucket { tat } => {
-                match self.buckets.find_mut(hash, |b| b.key.as_bytes() == key) {
+                match self
+                    .buckets
+                    .table
+                    .find_mut(hash, |b| b.key.as_bytes() == key)
+                {
                     Some(b) => b.tat = tat,
                     None => {
                         let key = StoredKey::new(key);
                         self.heap_bytes += key.heap_bytes();
                         self.buckets
-                            .insert_unique(hash, Bucket { key, tat }, |b| rehash(&b.key));
+                            .insert(hash, Bucket { key, tat }, |b| rehash(&b.key));
                     }
                 }
             }
-            _ => match self.others.find_mut(hash, |o| o.key.as_bytes() == key) {
+            _ => match self
+                .others
+                .table
+                .find_mut(hash, |o| o.key.as_bytes() == key)
+            {
                 Some(o) => {
                     self.heap_bytes -= o.entry.state.heap_bytes();
                     self.heap_bytes += entry.state.heap_bytes();
@@ -193,7 +311,7 @@ impl Tables {
                         entry,
                     };
                     self.heap_bytes += other.heap_bytes();
-                    self.others.insert_unique(hash, other, |o| rehash(&o.key));
+                    self.others.insert(hash, other, |o| rehash(&o.key));
                 }
             },
         }
@@ -202,13 +320,19 @@ impl Tables {
     pub fn remove(&mut self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
         match table {
             Table::Buckets => {
-                let found = self.buckets.find_entry(hash, |b| b.key.as_bytes() == key);
+                let found = self
+                    .buckets
+                    .table
+                    .find_entry(hash, |b| b.key.as_bytes() == key);
                 let (b, _) = found.ok()?.remove();
                 self.heap_bytes -= b.key.heap_bytes();
                 Some(bucket_entry(&b))
             }
             Table::Others => {
-                let found = self.others.find_entry(hash, |o| o.key.as_bytes() == key);
+                let found = self
+                    .others
+                    .table
+                    .find_entry(hash, |o| o.key.as_bytes() == key);
                 let (o, _) = found.ok()?.remove();
                 self.heap_bytes -= o.heap_bytes();
                 Some(o.entry)
@@ -235,10 +359,10 @@ impl Tables {
     /// Calls `f` with every entry, live or not (one call per table a key
     /// has state in).
     pub fn for_each(&self, mut f: impl FnMut(&StoredKey, Entry)) {
-        for b in &self.buckets {
+        for b in &self.buckets.table {
             f(&b.key, bucket_entry(b));
         }
-        for o in &self.others {
+        for o in &self.others.table {
             f(&o.key, o.entry.clone());
         }
     }
@@ -246,14 +370,14 @@ impl Tables {
     /// Keeps only the entries whose key satisfies `keep`.
     pub fn retain_keys(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
         let mut freed = 0;
-        self.buckets.retain(|b| {
+        self.buckets.table.retain(|b| {
             let kept = keep(b.key.as_bytes());
             if !kept {
                 freed += b.key.heap_bytes();
             }
             kept
         });
-        self.others.retain(|o| {
+        self.others.table.retain(|o| {
             let kept = keep(o.key.as_bytes());
             if !kept {
                 freed += o.heap_bytes();
@@ -267,14 +391,14 @@ impl Tables {
     fn retain_after(&mut self, cutoff: Nanos) -> usize {
         let before = self.len();
         let mut freed = 0;
-        self.buckets.retain(|b| {
+        self.buckets.table.retain(|b| {
             let keep = b.tat > cutoff;
             if !keep {
                 freed += b.key.heap_bytes();
             }
             keep
         });
-        self.others.retain(|o| {
+        self.others.table.retain(|o| {
             let keep = o.entry.expires_at > cutoff;
             if !keep {
                 freed += o.heap_bytes();
@@ -291,36 +415,22 @@ impl Tables {
     }
 
     pub fn len(&self) -> usize {
-        self.buckets.len() + self.others.len()
+        self.buckets.table.len() + self.others.table.len()
     }
 
     /// Reserved bytes: slots of both tables and the heap bytes of entries.
     pub fn memory_bytes(&self) -> usize {
-        slot_bytes(self.buckets.capacity(), std::mem::size_of::<Bucket>())
-            + slot_bytes(self.others.capacity(), std::mem::size_of::<Other>())
-            + self.heap_bytes
+        self.buckets.bytes() + self.others.bytes() + self.heap_bytes
     }
 
     /// Bytes after adding `new` entries to `table` (growing it if needed),
     /// `heap` of them on the heap.
     fn memory_after(&self, table: Table, new: usize, heap: usize) -> usize {
-        let (len, cap, size) = match table {
-            Table::Buckets => (
-                self.buckets.len(),
-                self.buckets.capacity(),
-                std::mem::size_of::<Bucket>(),
-            ),
-            Table::Others => (
-                self.others.len(),
-                self.others.capacity(),
-                std::mem::size_of::<Other>(),
-            ),
+        let (before, after) = match table {
+            Table::Buckets => (self.buckets.bytes(), self.buckets.bytes_after(new)),
+            Table::Others => (self.others.bytes(), self.others.bytes_after(new)),
         };
-        let mut target = cap;
-        while len + new > target {
-            target = grown(target);
-        }
-        self.memory_bytes() - slot_bytes(cap, size) + slot_bytes(target, size) + heap
+        self.memory_bytes() - before + after + heap
     }
 
     /// Makes sure `new` more entries (`heap` bytes of them on the heap) fit
@@ -358,9 +468,10 @@ impl Tables {
     fn evict_soonest(&mut self, now: Nanos) -> usize {
         let mut expiries: Vec<Nanos> = self
             .buckets
+            .table
             .iter()
             .map(|b| b.tat)
-            .chain(self.others.iter().map(|o| o.entry.expires_at))
+            .chain(self.others.table.iter().map(|o| o.entry.expires_at))
             .collect();
         let n = (expiries.len() >> EVICT_SHIFT).max(1);
         let (_, cutoff, _) = expiries.select_nth_unstable(n - 1);
@@ -374,26 +485,8 @@ impl Tables {
     /// past the budget. Rebuilding here keeps growth under our control.
     /// O(n), after a batch removal only.
     fn compact(&mut self, hasher: &ahash::RandomState) {
-        rebuild(&mut self.buckets, |b| hasher.hash_one(b.key.as_bytes()));
-        rebuild(&mut self.others, |o| hasher.hash_one(o.key.as_bytes()));
-    }
-}
-
-/// The capacity of a table of the same bucket count without tombstones: the
-/// smallest step of hashbrown's growth sequence at or above `capacity`.
-fn full_capacity(capacity: usize) -> usize {
-    let mut full = 0;
-    while full < capacity {
-        full = grown(full);
-    }
-    full
-}
-
-fn rebuild<T>(table: &mut HashTable<T>, hash: impl Fn(&T) -> u64) {
-    let capacity = full_capacity(table.capacity().max(table.len()));
-    let old = std::mem::replace(table, HashTable::with_capacity(capacity));
-    for item in old {
-        table.insert_unique(hash(&item), item, &hash);
+        self.buckets.rebuild(|b| hasher.hash_one(b.key.as_bytes()));
+        self.others.rebuild(|o| hasher.hash_one(o.key.as_bytes()));
     }
 }
 
@@ -404,26 +497,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rebuild_clears_tombstones_and_never_grows() {
+    fn rebuild_keeps_the_allocation_and_clears_tombstones() {
         let hasher = ahash::RandomState::new();
         let h = |v: &u64| hasher.hash_one(v);
-        let mut t: HashTable<u64> = HashTable::new();
+        let mut t: Slots<u64> = Slots::default();
         for i in 0..28u64 {
-            t.insert_unique(h(&i), i, h);
+            t.insert(h(&i), i, h);
         }
-        assert_eq!(t.capacity(), 28);
-        t.retain(|v| *v % 2 == 0);
-        rebuild(&mut t, h);
-        // Whether a removal left a tombstone (which lowers `capacity()`, so
-        // the rebuild may pick the smaller size) depends on where the
-        // hashes land; either way the rebuilt table has no tombstones (its
-        // capacity is a whole step of hashbrown's growth) and is no larger.
-        assert_eq!(t.len(), 14);
-        assert!([14, 28].contains(&t.capacity()), "{}", t.capacity());
-        assert_eq!(t.capacity(), full_capacity(t.capacity()));
+        assert_eq!((t.table.capacity(), t.full), (28, 28));
+        let bytes = t.bytes();
+        t.table.retain(|v| *v % 2 == 0);
+        // Tombstones may hide free slots; the allocation is unchanged.
+        assert!(t.table.capacity() <= 28);
+        assert_eq!(t.bytes(), bytes);
+        t.rebuild(h);
+        assert_eq!((t.table.len(), t.table.capacity(), t.full), (14, 28, 28));
+        assert_eq!(t.bytes(), bytes);
         for i in 0..14u64 {
-            assert!(t.find(h(&(i * 2)), |v| *v == i * 2).is_some());
+            assert!(t.table.find(h(&(i * 2)), |v| *v == i * 2).is_some());
         }
+        // 14 free slots now: no growth predicted until they are used.
+        assert_eq!(t.bytes_after(14), bytes);
+        assert!(t.bytes_after(15) > bytes);
     }
 
     #[test]

@@ -744,3 +744,41 @@ fn memory_cap_counts_long_keys_and_logs() {
     }
     assert!(s.evicted() > 0);
 }
+
+#[test]
+fn single_bucket_fast_path_answers_like_the_general_path() {
+    // An uncapped store takes the fast path for single token-bucket pairs;
+    // a store with a (never reached) cap takes the general one.
+    let fast = store();
+    let general = Store::new(StoreConfig {
+        stripes: 16,
+        max_memory: Some(1 << 30),
+        ..StoreConfig::default()
+    });
+    let script: Vec<(&str, u64, u32, Mode)> = vec![
+        ("a", 0, 1, Mode::Charge),
+        ("a", 0, 9, Mode::Charge),
+        ("a", 0, 1, Mode::Peek),
+        ("a", 0, 1, Mode::Charge),
+        ("a", 150, 1, Mode::Charge),
+        ("a", 5_000, 1, Mode::Peek),
+        ("a", 5_000, 11, Mode::Charge),
+        ("b", 10, 3, Mode::Charge),
+        ("b", 3_000, 1, Mode::Charge),
+    ];
+    for (key, at_ms, cost, mode) in script {
+        let now = S + at_ms * MS;
+        let p = [tb(key, 5, 1000, 10, cost)];
+        assert_eq!(
+            fast.check(&p, now, mode),
+            general.check(&p, now, mode),
+            "{key} at {at_ms} ms"
+        );
+        assert_eq!(
+            fast.get(key.as_bytes(), now),
+            general.get(key.as_bytes(), now)
+        );
+    }
+    assert_eq!(fast.len(), general.len());
+    assert_eq!(fast.expired_on_access(), general.expired_on_access());
+}

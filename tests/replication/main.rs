@@ -244,7 +244,12 @@ async fn sigkill_of_the_primary_promotes_the_standby_and_the_old_primary_returns
         .iter()
         .map(|f| f["reason"].as_str().unwrap_or_default().to_owned())
         .collect();
-    assert_eq!(reasons, ["start: the peer is primary"]);
+    assert_eq!(
+        reasons,
+        ["start: the peer is primary"],
+        "{:#?}",
+        a.logged("role change")
+    );
     assert!(matches!(
         client(&a_addr).check(hot_key, hot, 1).await,
         Outcome::Undecided(Undecided::ServerError(ErrorCode::NotPrimary))
