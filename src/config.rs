@@ -33,7 +33,7 @@ pub const DEFAULT_MAX_LOG_ENTRIES: u64 = crate::algorithm::DEFAULT_MAX_LOG_ENTRI
 pub const DEFAULT_HEARTBEAT: &str = "100ms";
 pub const DEFAULT_REPL_FLUSH: &str = "10ms";
 pub const DEFAULT_REPL_BUFFER_CAP: usize = crate::store::DEFAULT_CHANGE_BUFFER_CAP;
-pub const DEFAULT_REPL_BACKLOG: usize = 16 << 20;
+pub const DEFAULT_REPL_BACKLOG: &str = "16MiB";
 pub const DEFAULT_REPL_TIMEOUT: &str = "3s";
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:7701";
 pub const DEFAULT_RULES_POLL: &str = "1s";
@@ -209,8 +209,9 @@ pub struct ServerConfig {
     pub repl_buffer_cap: usize,
 
     /// Bytes of recent stream frames kept so a standby that reconnects can
-    /// resume instead of syncing everything again.
-    #[arg(long, default_value_t = DEFAULT_REPL_BACKLOG, help_heading = "Replication")]
+    /// resume instead of syncing everything again; also the most a standby
+    /// may leave unacknowledged before the primary holds its changes.
+    #[arg(long, default_value = DEFAULT_REPL_BACKLOG, value_parser = parse_bytes, help_heading = "Replication")]
     pub repl_backlog: usize,
 
     /// A replication connection that cannot be written to, or from which
@@ -537,5 +538,35 @@ mod tests {
                 name: "frame-timeout"
             })
         );
+    }
+
+    #[test]
+    fn replication_timeouts_must_outlast_the_heartbeat() {
+        let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+        assert_eq!(base.heartbeat, Duration::from_millis(100));
+        assert_eq!(base.repl_flush, Duration::from_millis(10));
+        assert_eq!(base.repl_backlog, 16 << 20);
+        assert_eq!(base.failover_after, None);
+        let mut c = base.clone();
+        c.failover_after = Some(Duration::from_millis(100));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::NotLongerThan {
+                name: "failover-after",
+                ..
+            })
+        ));
+        let mut c = base.clone();
+        c.repl_timeout = Duration::from_millis(50);
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::NotLongerThan {
+                name: "repl-timeout",
+                ..
+            })
+        ));
+        let mut c = base;
+        c.repl_buffer_cap = 0;
+        assert!(c.validate().is_err());
     }
 }

@@ -159,6 +159,17 @@ impl Client {
     /// primary with the highest epoch; on connection loss or NotPrimary the
     /// client probes the list again (see the module docs). Does not connect:
     /// the first call does.
+    ///
+    /// ```no_run
+    /// # async fn demo() {
+    /// use tollgate_client::{Client, ClientConfig};
+    /// let client = Client::new_shard(
+    ///     vec!["10.0.0.1:7700".into(), "10.0.0.2:7700".into()],
+    ///     ClientConfig::default(),
+    /// );
+    /// let pong = client.ping().await; // to whichever is primary
+    /// # }
+    /// ```
     pub fn new_shard(addrs: Vec<String>, config: ClientConfig) -> Self {
         let deadline = config.deadline;
         Self {
