@@ -124,8 +124,6 @@ pub struct Store {
     capture: AtomicBool,
     /// `StoreConfig::change_buffer_cap`, at least 1.
     change_cap: usize,
-    /// Keys waiting in the change logs, over all stripes (a statistic).
-    buffered: AtomicUsize,
     /// Times a change log overflowed.
     overflows: AtomicU64,
     /// Stripes drained whole after an overflow.
@@ -162,7 +160,6 @@ impl Store {
             max_log_entries: config.max_log_entries,
             capture: AtomicBool::new(false),
             change_cap: config.change_buffer_cap.max(1),
-            buffered: AtomicUsize::new(0),
             overflows: AtomicU64::new(0),
             stripe_resyncs: AtomicU64::new(0),
             stripe_budget: config.max_memory.map_or(usize::MAX, |m| m / n),
