@@ -780,17 +780,7 @@ pub fn render_status(s: &tollgate_protocol::NodeStatus, json: bool) -> String {
         tollgate_protocol::Role::Standby => "standby",
     };
     if json {
-        let mut v = serde_json::json!({
-            "role": role,
-            "epoch": s.epoch,
-            "offset": s.offset,
-            "addr": s.addr,
-            "primary": (!s.primary.is_empty()).then_some(&s.primary),
-        });
-        for (name, value) in &s.fields {
-            v[name] = (*value).into();
-        }
-        v.to_string()
+        crate::repl::status_json(s).to_string()
     } else {
         let mut out = format!(
             "role: {role}\nepoch: {}\noffset: {}\naddr: {}\nprimary: {}",

@@ -102,6 +102,26 @@ async fn standby_duties(shared: &Arc<Shared>, handovers: &mut mpsc::Receiver<Han
     std::future::pending::<()>().await
 }
 
+/// A STATUS answer as one JSON object: `role`, `epoch`, `offset`, `addr`,
+/// `primary` (null on a primary) and every named field.
+pub(crate) fn status_json(s: &NodeStatus) -> serde_json::Value {
+    let role = match s.role {
+        Role::Primary => "primary",
+        Role::Standby => "standby",
+    };
+    let mut v = serde_json::json!({
+        "role": role,
+        "epoch": s.epoch,
+        "offset": s.offset,
+        "addr": s.addr,
+        "primary": (!s.primary.is_empty()).then_some(&s.primary),
+    });
+    for (name, value) in &s.fields {
+        v[name] = (*value).into();
+    }
+    v
+}
+
 /// This node's answer to STATUS.
 pub(crate) fn status(shared: &Shared) -> NodeStatus {
     let node = &shared.node;

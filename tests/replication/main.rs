@@ -145,6 +145,21 @@ async fn a_standby_started_later_holds_the_same_counters_after_a_full_sync() {
     let a_status = status(&a.addr).await.unwrap();
     assert_eq!(a_status.field("full_syncs"), Some(1));
     assert_eq!(a_status.field("replica_connected"), Some(1));
+    // The admin API reports the same.
+    let v = tollgate::admin_client::call(
+        &b.admin,
+        hyper::Method::GET,
+        "/v1/replication",
+        None,
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("/v1/replication")
+    .json();
+    assert_eq!(v["role"], "standby");
+    assert_eq!(v["primary"], a.addr.as_str());
+    assert_eq!(v["epoch"], 1);
+    assert_eq!(v["synced"], 1);
 
     // The standby refuses checks and names its primary.
     let mut batch = CheckBatch::default();
