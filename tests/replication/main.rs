@@ -520,3 +520,29 @@ async fn promote_by_command_keeps_leases_and_windows() {
     );
     assert_eq!(peek(&ca, "rl:{w}:day", window).await.remaining, 50 - 7 - 1);
 }
+
+/// A standby whose connection breaks (its process lives on) resumes from
+/// the primary's backlog instead of syncing everything again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnecting_standby_resumes_from_the_backlog() {
+    let a = Node::start(&free_addr(), &["--serve-stale-reads"]);
+    let to_a = Proxy::start(&a.addr).await;
+    let b = Node::start(
+        &free_addr(),
+        &["--replica-of", &to_a.addr(), "--serve-stale-reads"],
+    );
+    let keys = keyset("resume", 200);
+    let ca = client(&a.addr);
+    charge(&ca, &keys).await;
+    caught_up(&a.addr, &b.addr).await;
+    for _ in 0..5 {
+        to_a.sever();
+        charge(&ca, &keys[..50]).await;
+        caught_up(&a.addr, &b.addr).await;
+    }
+    let s = status(&a.addr).await.unwrap();
+    assert_eq!(s.field("full_syncs"), Some(1), "{s:?}");
+    let resumed = a.logged("standby attached; resuming from the backlog");
+    assert!(!resumed.is_empty());
+    assert_same_counters(&a.addr, &b.addr, &keys).await;
+}

@@ -5,6 +5,7 @@
 //! without closing anything: like a partition, the senders' buffers fill
 //! and nothing arrives (the nodes' own timeouts must notice). [`Proxy::heal`]
 //! lets bytes flow again; connections still open resume where they stopped.
+//! [`Proxy::sever`] closes every open connection (new ones are forwarded).
 //!
 //! The listening socket has a small receive buffer (inherited by accepted
 //! connections), so a cut backs up the sender after a few kilobytes instead
@@ -18,6 +19,8 @@ use tokio::sync::watch;
 pub struct Proxy {
     pub addr: SocketAddr,
     flowing: watch::Sender<bool>,
+    /// Bumped by `sever`: connections opened before it close.
+    severed: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -32,6 +35,7 @@ impl Proxy {
         let listener = socket.listen(64).expect("listen");
         let addr = listener.local_addr().unwrap();
         let (flowing, watch) = watch::channel(true);
+        let (severed, sever_rx) = watch::channel(0u64);
         let upstream = upstream.to_owned();
         let task = tokio::spawn(async move {
             loop {
@@ -39,6 +43,8 @@ impl Proxy {
                     return;
                 };
                 let (upstream, watch) = (upstream.clone(), watch.clone());
+                let mut sever_rx = sever_rx.clone();
+                sever_rx.borrow_and_update();
                 tokio::spawn(async move {
                     let mut watch_up = watch.clone();
                     // A cut proxy does not even connect on; the client waits.
@@ -56,13 +62,22 @@ impl Proxy {
                     let (sr, sw) = server.into_split();
                     let a = tokio::spawn(pump(cr, sw, watch.clone()));
                     let b = tokio::spawn(pump(sr, cw, watch));
-                    let _ = tokio::join!(a, b);
+                    let (abort_a, abort_b) = (a.abort_handle(), b.abort_handle());
+                    tokio::select! {
+                        _ = async { let _ = tokio::join!(a, b); } => {}
+                        _ = sever_rx.changed() => {
+                            // Dropping both halves of both sockets closes them.
+                            abort_a.abort();
+                            abort_b.abort();
+                        }
+                    }
                 });
             }
         });
         Proxy {
             addr,
             flowing,
+            severed,
             task,
         }
     }
@@ -79,6 +94,11 @@ impl Proxy {
     /// Lets bytes flow again.
     pub fn heal(&self) {
         self.flowing.send_replace(true);
+    }
+
+    /// Closes every connection open now.
+    pub fn sever(&self) {
+        self.severed.send_modify(|g| *g += 1);
     }
 }
 
