@@ -66,6 +66,10 @@ impl Counter {
 /// Runs `target` under `plan`; returns the merged recorder and the window
 /// it covers.
 pub async fn run<T: Target>(target: Arc<T>, plan: Plan) -> Result<Recorder, TargetError> {
+    let mut pickers = (0..plan.connections as usize)
+        .map(|i| picker(&plan, i))
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter();
     let mut conns = Vec::with_capacity(plan.connections as usize);
     for _ in 0..plan.connections {
         conns.push(target.connect().await?);
@@ -86,11 +90,10 @@ pub async fn run<T: Target>(target: Arc<T>, plan: Plan) -> Result<Recorder, Targ
     match plan.rate {
         None => {
             for (i, conn) in conns.into_iter().enumerate() {
-                let picker = picker(&plan, i)?;
                 let counter = Arc::clone(&counters[i]);
                 workers.push(tokio::spawn(closed_loop(
                     conn,
-                    picker,
+                    pickers.next().expect("one picker per connection"),
                     plan.pipeline as usize,
                     start,
                     window,
@@ -113,11 +116,10 @@ pub async fn run<T: Target>(target: Arc<T>, plan: Plan) -> Result<Recorder, Targ
                     released: Arc::clone(&released),
                     wake: Arc::clone(&wakers[i]),
                 };
-                let picker = picker(&plan, i)?;
                 let counter = Arc::clone(&counters[i]);
                 workers.push(tokio::spawn(open_loop(
                     conn,
-                    picker,
+                    pickers.next().expect("one picker per connection"),
                     plan.pipeline as usize,
                     window,
                     open,
@@ -134,6 +136,7 @@ pub async fn run<T: Target>(target: Arc<T>, plan: Plan) -> Result<Recorder, Targ
     }
 
     let bar = progress_bar(&plan);
+    bar.set_prefix(target.name());
     let total = plan.warmup + plan.duration;
     let mut last = (Instant::now(), 0u64);
     while !workers.iter().all(|w| w.is_finished()) {
@@ -261,7 +264,9 @@ async fn open_loop<C: Connection>(
         if sending && in_flight.len() < pipeline && k < open.released.load(Ordering::Acquire) {
             let due = open.schedule.due(k);
             let request = conn.build(&mut picker);
-            in_flight.push(async move { (due, conn.send(request).await) });
+            let sent = Instant::now();
+            recorder.record_send_lag(due, sent);
+            in_flight.push(async move { (due, sent, conn.send(request).await) });
             next += 1;
             continue;
         }
@@ -282,10 +287,11 @@ async fn open_loop<C: Connection>(
         }
         let can_send = sending && in_flight.len() < pipeline;
         tokio::select! {
-            Some((due, answer)) = in_flight.next(), if !in_flight.is_empty() => {
+            Some((due, sent, answer)) = in_flight.next(), if !in_flight.is_empty() => {
                 let done = Instant::now();
                 counter.add(answer.allowed + answer.denied);
                 recorder.record(due, done, &answer);
+                recorder.record_service(sent, done, &answer);
             }
             // A permit stored by an earlier notify_one completes at once, so
             // a release between the load above and this wait is not lost.

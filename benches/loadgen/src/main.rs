@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use mimalloc::MiMalloc;
 
 use crate::driver::Plan;
 use crate::report::{Summary, WorkloadFields};
@@ -44,6 +45,14 @@ use crate::targets::redis::RespTarget;
 use crate::targets::tollgate::TollgateTarget;
 use crate::targets::{RequestShape, Target, TargetError, TargetKind, TargetSpec};
 use crate::workload::{KeyDistribution, KeySpace, LimitRate, Rule};
+
+/// The generator shares the machine with the server it measures, so every
+/// cycle it spends is taken from the server. glibc's allocator showed as
+/// ~12% of the generator's profile (malloc_consolidate on each request's
+/// task of over 1 KiB); mimalloc is a drop-in fix. It changes only this
+/// binary, never the servers under test.
+#[global_allocator]
+static GLOBAL: MiMalloc = MiMalloc;
 
 /// Load generator for Tollgate, with Redis + Lua (and throttlecrab) as
 /// baselines under the same workload.

@@ -46,7 +46,13 @@ impl Window {
 pub struct Recorder {
     window: Window,
     /// Request latency in ns.
-    latency: Histogram<u64>,
+    latency: Histogram<u32>,
+    /// Open loop: how late each request was sent after its due time, in
+    /// ns (the generator's own lag, or a full pipeline). Part of `latency`.
+    send_lag: Histogram<u32>,
+    /// Open loop: latency from the actual send, in ns (what the server and
+    /// the network took, without the generator's lag).
+    service: Histogram<u32>,
     requests: u64,
     allowed: u64,
     denied: u64,
@@ -62,6 +68,10 @@ impl Recorder {
         Self {
             window,
             latency: Histogram::new_with_bounds(1, MAX_TRACKED_NS, 3)
+                .expect("valid histogram bounds"),
+            send_lag: Histogram::new_with_bounds(1, MAX_TRACKED_NS, 3)
+                .expect("valid histogram bounds"),
+            service: Histogram::new_with_bounds(1, MAX_TRACKED_NS, 3)
                 .expect("valid histogram bounds"),
             requests: 0,
             allowed: 0,
@@ -96,6 +106,25 @@ impl Recorder {
         }
     }
 
+    /// Open loop: a request sent at `sent` was answered at `done` (its
+    /// latency from the due time goes through [`record`](Self::record)).
+    pub fn record_service(&mut self, sent: Instant, done: Instant, answer: &Answer) {
+        if self.window.contains(done) && answer.allowed + answer.denied > 0 {
+            let ns = done.saturating_duration_since(sent).as_nanos();
+            self.service
+                .saturating_record(u64::try_from(ns).unwrap_or(u64::MAX).max(1));
+        }
+    }
+
+    /// Open loop: a request due at `due` went out at `sent`.
+    pub fn record_send_lag(&mut self, due: Instant, sent: Instant) {
+        if self.window.contains(sent) {
+            let ns = sent.saturating_duration_since(due).as_nanos();
+            self.send_lag
+                .saturating_record(u64::try_from(ns).unwrap_or(u64::MAX).max(1));
+        }
+    }
+
     pub fn add_unsent(&mut self, n: u64) {
         self.unsent += n;
     }
@@ -103,6 +132,12 @@ impl Recorder {
     pub fn merge(&mut self, other: Recorder) {
         self.latency
             .add(&other.latency)
+            .expect("same histogram bounds");
+        self.send_lag
+            .add(&other.send_lag)
+            .expect("same histogram bounds");
+        self.service
+            .add(&other.service)
             .expect("same histogram bounds");
         self.requests += other.requests;
         self.allowed += other.allowed;
@@ -169,12 +204,23 @@ pub struct Summary {
     pub requests: u64,
     /// Open loop: requests due in the run but never sent (behind schedule).
     pub unsent: u64,
+    /// Open loop: how late requests left after their due time (generator
+    /// lag or a full pipeline), p50/p99/max in µs; `null` in closed loop.
+    pub send_lag_p50_us: Option<f64>,
+    pub send_lag_p99_us: Option<f64>,
+    pub send_lag_max_us: Option<f64>,
+    /// Open loop: latency from the actual send (server and network only),
+    /// p50/p99/p99.9 in µs; `null` in closed loop, whose `p50_us` and
+    /// others are already measured from the actual send.
+    pub service_p50_us: Option<f64>,
+    pub service_p99_us: Option<f64>,
+    pub service_p999_us: Option<f64>,
     #[serde(flatten)]
     pub workload: WorkloadFields,
 }
 
 /// Latency quantile in µs, one decimal.
-fn quantile_us(h: &Histogram<u64>, q: f64) -> f64 {
+fn quantile_us(h: &Histogram<u32>, q: f64) -> f64 {
     if h.is_empty() {
         return 0.0;
     }
@@ -196,6 +242,7 @@ impl Summary {
         let secs = recorder.window.length().as_secs_f64();
         let h = &recorder.latency;
         let checks = recorder.allowed + recorder.denied;
+        let open = workload.mode == "open";
         Self {
             target,
             addr,
@@ -216,7 +263,7 @@ impl Summary {
             } else {
                 round1(h.mean() / 1_000.0)
             },
-            latency: if workload.mode == "open" {
+            latency: if open {
                 "per request, from its intended send time"
             } else {
                 "per request, from send to answer"
@@ -228,6 +275,12 @@ impl Summary {
             errors_by_reason: recorder.errors_by_reason.clone(),
             requests: recorder.requests,
             unsent: recorder.unsent,
+            send_lag_p50_us: open.then(|| quantile_us(&recorder.send_lag, 0.5)),
+            send_lag_p99_us: open.then(|| quantile_us(&recorder.send_lag, 0.99)),
+            send_lag_max_us: open.then(|| quantile_us(&recorder.send_lag, 1.0)),
+            service_p50_us: open.then(|| quantile_us(&recorder.service, 0.5)),
+            service_p99_us: open.then(|| quantile_us(&recorder.service, 0.99)),
+            service_p999_us: open.then(|| quantile_us(&recorder.service, 0.999)),
             workload,
         }
     }
@@ -316,6 +369,26 @@ pub fn table(summaries: &[Summary]) -> String {
         }
         for (reason, n) in &s.errors_by_reason {
             let _ = writeln!(out, "  {} errors: {n} x {reason}", s.target);
+        }
+        if let (Some(p50), Some(p99), Some(max)) =
+            (s.send_lag_p50_us, s.send_lag_p99_us, s.send_lag_max_us)
+        {
+            let _ = writeln!(
+                out,
+                "  {}: requests left after their due time by p50 {p50:.1} µs, p99 {p99:.1} µs, \
+                 max {max:.1} µs (generator lag or a full pipeline; included in the latency)",
+                s.target
+            );
+        }
+        if let (Some(p50), Some(p99), Some(p999)) =
+            (s.service_p50_us, s.service_p99_us, s.service_p999_us)
+        {
+            let _ = writeln!(
+                out,
+                "  {}: latency from the actual send (without that lag): \
+                 p50 {p50:.1} µs, p99 {p99:.1} µs, p99.9 {p999:.1} µs",
+                s.target
+            );
         }
         if s.unsent > 0 {
             let _ = writeln!(

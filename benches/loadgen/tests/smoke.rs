@@ -133,6 +133,7 @@ async fn closed_loop_against_tollgate_prints_a_json_line() {
     assert_eq!(line["connections"], 2);
     assert_eq!(line["distribution"], "uniform");
     assert!(line["rate"].is_null());
+    assert!(line["send_lag_p99_us"].is_null());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,6 +175,9 @@ async fn open_loop_zipf_against_tollgate_prints_a_json_line() {
     assert_eq!(line["rate"], 2000.0);
     assert_eq!(line["distribution"], "zipf");
     assert_eq!(line["zipf_skew"], 1.1);
+    for field in ["send_lag_p99_us", "service_p50_us", "service_p99_us"] {
+        assert!(line[field].as_f64().is_some(), "{field} in {line}");
+    }
 }
 
 #[test]

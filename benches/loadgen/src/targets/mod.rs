@@ -155,6 +155,9 @@ pub enum TargetError {
 pub trait Target: Send + Sync + 'static {
     type Conn: Connection;
 
+    /// `tollgate`, `redis`, ...
+    fn name(&self) -> &'static str;
+
     /// Opens one connection (one TCP connection), ready for requests.
     fn connect(&self) -> impl Future<Output = Result<Self::Conn, TargetError>> + Send;
 

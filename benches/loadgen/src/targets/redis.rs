@@ -150,6 +150,10 @@ async fn server_version(conn: &mut MultiplexedConnection) -> Option<String> {
 impl Target for RespTarget {
     type Conn = RespConn;
 
+    fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
     async fn connect(&self) -> Result<RespConn, TargetError> {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
@@ -203,42 +207,15 @@ impl Connection for RespConn {
         // Per-command errors come back as values, so one bad answer does not
         // hide the others.
         pipe.ignore_errors();
-        match &self.command {
-            Command::Lua {
-                sha,
-                capacity,
-                rate_per_s,
-                cost,
-            } => {
-                let now_ms = wall_clock_ms();
-                for _ in 0..self.shape.batch {
-                    let key = self.shape.keys.key(picker.next_index());
-                    pipe.cmd("EVALSHA")
-                        .arg(sha)
-                        .arg(1)
-                        .arg(key)
-                        .arg(capacity)
-                        .arg(rate_per_s)
-                        .arg(now_ms)
-                        .arg(cost);
-                }
-            }
-            Command::Throttle {
-                burst,
-                count,
-                period_s,
-                cost,
-            } => {
-                for _ in 0..self.shape.batch {
-                    let key = self.shape.keys.key(picker.next_index());
-                    pipe.cmd("THROTTLE")
-                        .arg(key)
-                        .arg(burst)
-                        .arg(count)
-                        .arg(period_s)
-                        .arg(cost);
-                }
-            }
+        let keys = self.shape.keys;
+        let now_ms = wall_clock_ms();
+        for _ in 0..self.shape.batch {
+            push_check(
+                &mut pipe,
+                &self.command,
+                &keys.key(picker.next_index()),
+                now_ms,
+            );
         }
         pipe
     }
@@ -252,6 +229,40 @@ impl Connection for RespConn {
         {
             Ok(replies) => fold(checks, replies),
             Err(e) => Answer::failed(checks, transport_reason(&e)),
+        }
+    }
+}
+
+/// Appends the command checking `key` to `pipe`.
+fn push_check(pipe: &mut Pipeline, command: &Command, key: &[u8], now_ms: u64) {
+    match command {
+        Command::Lua {
+            sha,
+            capacity,
+            rate_per_s,
+            cost,
+        } => {
+            pipe.cmd("EVALSHA")
+                .arg(sha)
+                .arg(1)
+                .arg(key)
+                .arg(capacity)
+                .arg(rate_per_s)
+                .arg(now_ms)
+                .arg(cost);
+        }
+        Command::Throttle {
+            burst,
+            count,
+            period_s,
+            cost,
+        } => {
+            pipe.cmd("THROTTLE")
+                .arg(key)
+                .arg(burst)
+                .arg(count)
+                .arg(period_s)
+                .arg(cost);
         }
     }
 }
@@ -319,6 +330,56 @@ mod tests {
         for needle in ["HMGET", "HSET", "PEXPIRE", "ARGV[3]"] {
             assert!(TOKEN_BUCKET_LUA.contains(needle), "{needle}");
         }
+    }
+
+    /// The words of each command, as RESP puts them on the wire.
+    fn packed_words(pipe: &Pipeline) -> Vec<String> {
+        let packed = String::from_utf8(pipe.get_packed_pipeline()).unwrap();
+        // Bulk strings only: "*N", "$len" and the words alternate.
+        packed
+            .split("\r\n")
+            .filter(|w| !w.is_empty() && !w.starts_with('*') && !w.starts_with('$'))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn commands_carry_the_rule_in_each_servers_units() {
+        let lua = Command::Lua {
+            sha: "abc".into(),
+            capacity: "100".into(),
+            rate_per_s: (100.0f64 / 60.0).to_string(),
+            cost: "1".into(),
+        };
+        let mut pipe = redis::pipe();
+        push_check(&mut pipe, &lua, b"rl:{000000000007}", 1_700_000_000_123);
+        assert_eq!(
+            packed_words(&pipe),
+            [
+                "EVALSHA",
+                "abc",
+                "1",
+                "rl:{000000000007}",
+                "100",
+                "1.6666666666666667",
+                "1700000000123",
+                "1"
+            ]
+        );
+        let throttle = Command::Throttle {
+            burst: "100".into(),
+            count: "100".into(),
+            period_s: "60".into(),
+            cost: "2".into(),
+        };
+        let mut pipe = redis::pipe();
+        push_check(&mut pipe, &throttle, b"rl:{000000000008}", 0);
+        push_check(&mut pipe, &throttle, b"rl:{000000000009}", 0);
+        assert_eq!(pipe.len(), 2);
+        assert_eq!(
+            packed_words(&pipe)[..6],
+            ["THROTTLE", "rl:{000000000008}", "100", "100", "60", "2"]
+        );
     }
 
     #[test]

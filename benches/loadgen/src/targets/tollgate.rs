@@ -10,13 +10,13 @@
 
 use std::sync::Mutex;
 
-use bytes::Bytes;
+use bytes::BytesMut;
 use tollgate_client::{
     Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Pair, Undecided,
 };
 
 use super::{Answer, Connection, RequestShape, Target, TargetError};
-use crate::workload::KeyPicker;
+use crate::workload::{KeyPicker, KeySpace};
 
 const NAME: &str = "tollgate";
 
@@ -39,6 +39,10 @@ impl TollgateTarget {
 
 impl Target for TollgateTarget {
     type Conn = TollgateConn;
+
+    fn name(&self) -> &'static str {
+        NAME
+    }
 
     async fn connect(&self) -> Result<TollgateConn, TargetError> {
         let config = ClientConfig {
@@ -108,10 +112,21 @@ impl Connection for TollgateConn {
     type Request = CheckBatch;
 
     fn build(&self, picker: &mut KeyPicker) -> CheckBatch {
-        let mut batch = CheckBatch::with_capacity(self.shape.batch as usize);
-        for _ in 0..self.shape.batch {
+        const LEN: usize = KeySpace::KEY_LEN;
+        let checks = self.shape.batch as usize;
+        // All key names of the request in one buffer, each pair a slice of
+        // it: one allocation per request, not one per key.
+        let mut names = BytesMut::with_capacity(checks * LEN);
+        let mut key = [0; LEN];
+        for _ in 0..checks {
+            self.shape.keys.write_key(picker.next_index(), &mut key);
+            names.extend_from_slice(&key);
+        }
+        let names = names.freeze();
+        let mut batch = CheckBatch::with_capacity(checks);
+        for i in 0..checks {
             batch.push(Pair {
-                key: Bytes::from_static(self.shape.keys.key(picker.next_index())),
+                key: names.slice(i * LEN..(i + 1) * LEN),
                 limit: self.limit.into(),
                 cost: self.shape.rule.cost,
             });
