@@ -1,8 +1,8 @@
 //! The `tollgate` binary's commands: `serve`, `check`, `release`, `ping`,
-//! `rules`, `usage`.
+//! `rules`, `usage`, `status`, `promote`.
 //!
 //! `serve` runs the server on built-in defaults (every setting a flag);
-//! `check`, `release` and `ping` are small clients over `tollgate-client`,
+//! the others are small clients over `tollgate-client`,
 //! handy for smoke tests and for seeing what a limit does before putting it
 //! in a gateway; `rules` and `usage` wrap the admin HTTP API. Exit codes:
 //! 0 success, 1 the server refused the request (or, for `release`, the
@@ -60,7 +60,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the server (defaults need no config file).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Check (and charge) one key against an inline limit or a named rule.
     #[command(after_help = ALGORITHM_HELP)]
     Check(CheckArgs),
@@ -68,6 +68,10 @@ pub enum Command {
     Release(ReleaseArgs),
     /// Round-trip a PING to a server.
     Ping(PingArgs),
+    /// Show a node's role, epoch, replication offset, primary and lag.
+    Status(StatusArgs),
+    /// Make a standby the primary (its epoch goes up by one).
+    Promote(PingArgs),
     /// List the server's named rules (admin API), or reload them.
     Rules(RulesArgs),
     /// Show the current usage of a key under the server's rules (admin API).
@@ -213,6 +217,17 @@ pub struct ReleaseArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
+    pub server: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Args)]
 pub struct PingArgs {
     #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
     pub server: String,
@@ -339,10 +354,12 @@ pub fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => runtime.block_on(serve(*args)),
         Command::Check(args) => runtime.block_on(check(args)),
         Command::Release(args) => runtime.block_on(release(args)),
         Command::Ping(args) => runtime.block_on(ping(args)),
+        Command::Status(args) => runtime.block_on(status(args)),
+        Command::Promote(args) => runtime.block_on(promote(args)),
         Command::Rules(args) => runtime.block_on(rules(args)),
         Command::Usage(args) => runtime.block_on(usage(args)),
     }
@@ -734,6 +751,80 @@ async fn usage(args: UsageArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+async fn status(args: StatusArgs) -> ExitCode {
+    let client = match Client::connect(args.server.clone(), client_config(args.timeout)).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot reach {}: {e}", args.server);
+            return ExitCode::from(2);
+        }
+    };
+    match client.status().await {
+        Ok(s) => {
+            println!("{}", render_status(&s, args.json));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A STATUS answer as `key: value` lines or one JSON object.
+pub fn render_status(s: &tollgate_protocol::NodeStatus, json: bool) -> String {
+    let role = match s.role {
+        tollgate_protocol::Role::Primary => "primary",
+        tollgate_protocol::Role::Standby => "standby",
+    };
+    if json {
+        crate::repl::status_json(s).to_string()
+    } else {
+        let mut out = format!(
+            "role: {role}\nepoch: {}\noffset: {}\naddr: {}\nprimary: {}",
+            s.epoch,
+            s.offset,
+            s.addr,
+            if s.primary.is_empty() {
+                "-"
+            } else {
+                &s.primary
+            }
+        );
+        if let Some(lag) = s.field("lag_ms") {
+            out.push_str(&format!("\nlag: {lag}ms"));
+        }
+        for (name, value) in &s.fields {
+            out.push_str(&format!("\n{name}: {value}"));
+        }
+        out
+    }
+}
+
+async fn promote(args: PingArgs) -> ExitCode {
+    let client = match Client::connect(args.server.clone(), client_config(args.timeout)).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: cannot reach {}: {e}", args.server);
+            return ExitCode::from(2);
+        }
+    };
+    match client.promote().await {
+        Ok((epoch, true)) => {
+            println!("{} is already primary at epoch {epoch}", args.server);
+            ExitCode::SUCCESS
+        }
+        Ok((epoch, false)) => {
+            println!("{} promoted to primary at epoch {epoch}", args.server);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,11 @@ pub const DEFAULT_STRIPES: usize = 1024;
 pub const DEFAULT_SWEEP_INTERVAL: &str = "100ms";
 pub const DEFAULT_SWEEP_STRIPES: usize = 64;
 pub const DEFAULT_MAX_LOG_ENTRIES: u64 = crate::algorithm::DEFAULT_MAX_LOG_ENTRIES;
+pub const DEFAULT_HEARTBEAT: &str = "100ms";
+pub const DEFAULT_REPL_FLUSH: &str = "10ms";
+pub const DEFAULT_REPL_BUFFER_CAP: usize = crate::store::DEFAULT_CHANGE_BUFFER_CAP;
+pub const DEFAULT_REPL_BACKLOG: &str = "16MiB";
+pub const DEFAULT_REPL_TIMEOUT: &str = "3s";
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:7701";
 pub const DEFAULT_RULES_POLL: &str = "1s";
 pub const DEFAULT_THROTTLED_KEYS: usize = 1024;
@@ -159,6 +164,61 @@ pub struct ServerConfig {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Start as a standby of the primary at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Replication")]
+    pub replica_of: Option<String>,
+
+    /// The other node of the pair. A primary probes it every heartbeat and
+    /// steps down if it is primary at a higher epoch; at start, a node with a
+    /// peer asks it first, so a restarted ex-primary comes back as standby.
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Replication")]
+    pub peer: Option<String>,
+
+    /// Address other nodes and clients reach this node at (default: the
+    /// address it listens on).
+    #[arg(long, value_name = "HOST:PORT", help_heading = "Replication")]
+    pub advertise: Option<String>,
+
+    /// A standby that has been in sync promotes itself after this long
+    /// without hearing from its primary. Off unless set.
+    #[arg(long, value_parser = parse_duration, help_heading = "Replication")]
+    #[serde(serialize_with = "human_opt")]
+    pub failover_after: Option<Duration>,
+
+    /// A standby answers PEEK from its replicated (possibly stale) state
+    /// instead of NotPrimary.
+    #[arg(long, help_heading = "Replication")]
+    pub serve_stale_reads: bool,
+
+    /// Primary -> standby heartbeat interval; also how often a primary
+    /// probes its peer and a standby acknowledges.
+    #[arg(long, default_value = DEFAULT_HEARTBEAT, value_parser = parse_duration, help_heading = "Replication")]
+    #[serde(serialize_with = "human")]
+    pub heartbeat: Duration,
+
+    /// How often the primary sends the changes of the last interval: at most
+    /// this much of the newest updates is lost when it dies.
+    #[arg(long, default_value = DEFAULT_REPL_FLUSH, value_parser = parse_duration, help_heading = "Replication")]
+    #[serde(serialize_with = "human")]
+    pub repl_flush: Duration,
+
+    /// Changed keys one stripe buffers for the standby; past it the buffer is
+    /// dropped and the stripe is sent whole (bounds the primary's memory).
+    #[arg(long, default_value_t = DEFAULT_REPL_BUFFER_CAP, help_heading = "Replication")]
+    pub repl_buffer_cap: usize,
+
+    /// Bytes of recent stream frames kept so a standby that reconnects can
+    /// resume instead of syncing everything again; also the most a standby
+    /// may leave unacknowledged before the primary holds its changes.
+    #[arg(long, default_value = DEFAULT_REPL_BACKLOG, value_parser = parse_bytes, help_heading = "Replication")]
+    pub repl_backlog: usize,
+
+    /// A replication connection that cannot be written to, or from which
+    /// nothing arrives, for this long is dropped (and reconnected).
+    #[arg(long, default_value = DEFAULT_REPL_TIMEOUT, value_parser = parse_duration, help_heading = "Replication")]
+    #[serde(serialize_with = "human")]
+    pub repl_timeout: Duration,
 }
 
 /// Where the admin HTTP API listens: an address, or `none` for no admin API.
@@ -253,6 +313,13 @@ pub enum ConfigError {
     },
     #[error("{name} must be non-zero")]
     ZeroDuration { name: &'static str },
+    #[error("{name} ({value}) must be longer than {than} ({bound})")]
+    NotLongerThan {
+        name: &'static str,
+        value: String,
+        than: &'static str,
+        bound: String,
+    },
     #[error(transparent)]
     Unit(#[from] UnitError),
 }
@@ -348,11 +415,36 @@ impl ServerConfig {
             ("handshake-timeout", self.handshake_timeout),
             ("write-timeout", self.write_timeout),
             ("sweep-interval", self.sweep_interval),
+            ("heartbeat", self.heartbeat),
+            ("repl-flush", self.repl_flush),
+            ("repl-timeout", self.repl_timeout),
             ("throttled-window", self.throttled_window),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration { name });
             }
+        }
+        at_least("repl-buffer-cap", self.repl_buffer_cap as u64, 1)?;
+        let longer = |name, value: Duration, than, bound: Duration| {
+            if value <= bound {
+                return Err(ConfigError::NotLongerThan {
+                    name,
+                    value: format_duration(value),
+                    than,
+                    bound: format_duration(bound),
+                });
+            }
+            Ok(())
+        };
+        // Heartbeats must be able to arrive before either timeout fires.
+        longer(
+            "repl-timeout",
+            self.repl_timeout,
+            "heartbeat",
+            self.heartbeat,
+        )?;
+        if let Some(after) = self.failover_after {
+            longer("failover-after", after, "heartbeat", self.heartbeat)?;
         }
         Ok(())
     }
@@ -360,6 +452,13 @@ impl ServerConfig {
 
 fn human<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format_duration(*d))
+}
+
+fn human_opt<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_str(&format_duration(*d)),
+        None => s.serialize_none(),
+    }
 }
 
 fn redacted<S: Serializer>(t: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -439,5 +538,35 @@ mod tests {
                 name: "frame-timeout"
             })
         );
+    }
+
+    #[test]
+    fn replication_timeouts_must_outlast_the_heartbeat() {
+        let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+        assert_eq!(base.heartbeat, Duration::from_millis(100));
+        assert_eq!(base.repl_flush, Duration::from_millis(10));
+        assert_eq!(base.repl_backlog, 16 << 20);
+        assert_eq!(base.failover_after, None);
+        let mut c = base.clone();
+        c.failover_after = Some(Duration::from_millis(100));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::NotLongerThan {
+                name: "failover-after",
+                ..
+            })
+        ));
+        let mut c = base.clone();
+        c.repl_timeout = Duration::from_millis(50);
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::NotLongerThan {
+                name: "repl-timeout",
+                ..
+            })
+        ));
+        let mut c = base;
+        c.repl_buffer_cap = 0;
+        assert!(c.validate().is_err());
     }
 }

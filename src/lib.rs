@@ -9,13 +9,14 @@
 //! ```
 //!
 //! - [`sync`]: the only source of locks and atomics (loom under `tollgate_loom`);
-//! - [`clock`]: server monotonic time, injected everywhere;
+//! - [`clock`]: server time (wall-clock anchored, monotonic), injected everywhere;
 //! - [`slot`]: hash tags and Redis Cluster slots;
 //! - [`algorithm`]: token bucket, sliding window, fixed window, sliding log,
 //!   leaky bucket and concurrency leases, pure functions;
 //! - [`store`]: lock-striped per-key state, atomic groups, expiry;
 //! - [`rules`]: named rules from the rules file, hot reload;
 //! - [`throttled`]: the most denied keys, in bounded memory;
+//! - `repl`: replication to a standby, roles and epochs, failover;
 //! - `server` (with its admin HTTP API), `config`, `cli`: the network
 //!   server and the binary's commands; [`admin_client`] for the CLI.
 //!
@@ -31,6 +32,7 @@ pub mod algorithm;
 pub mod cli;
 pub mod clock;
 pub mod config;
+mod repl;
 pub mod rules;
 pub mod server;
 pub mod slot;

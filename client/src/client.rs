@@ -22,6 +22,16 @@
 //!   attempt (or a reconnect after a healthy connection died) is waited for;
 //! - a connection that died is noticed by the next call, which starts a
 //!   reconnect; calls that were waiting on it already failed at once.
+//!
+//! **Shards of several nodes** ([`Client::new_shard`]: a primary and its
+//! standby). An attempt then opens every address at once and keeps the one
+//! whose handshake says *primary* with the highest epoch (the others are
+//! closed); when none is primary the attempt fails and the usual backoff
+//! (with jitter) spaces the next round. A request answered with NotPrimary
+//! (the node was demoted or replaced) was not applied, so the call drops the
+//! connection and, within its deadline, sends the request once more through
+//! a fresh round; a connection that dies sends the next call to a fresh
+//! round too. Whatever cannot be done within the deadline is undecided.
 
 use std::fmt;
 use std::sync::Arc;
@@ -32,7 +42,8 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tollgate_protocol::{
-    CheckBatch, CheckResult, Decision, LeaseRef, LimitRef, Pair, Request, Response, ServerLimits,
+    Announce, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, LimitRef, NodeStatus, Pair,
+    ReplRequest, ReplResponse, Request, Response, ServerLimits,
 };
 
 use crate::backoff::{self, XorShift64};
@@ -60,7 +71,8 @@ pub struct Client {
 
 /// What all clones share.
 struct Inner {
-    addr: String,
+    /// The nodes of the shard; one for a plain client.
+    addrs: Vec<String>,
     config: ClientConfig,
     state: Mutex<State>,
     /// Woken when a connection attempt ends (or the client closes), so calls
@@ -74,6 +86,8 @@ struct State {
     failures: u32,
     /// From the last successful handshake; kept across reconnects.
     info: Option<ServerInfo>,
+    /// Which of `addrs` the current (or last) connection went to.
+    connected_to: Option<usize>,
     /// Jitter source for the backoff.
     rng: XorShift64,
 }
@@ -137,15 +151,36 @@ impl Client {
     /// A client for the server at `addr` (`host:port`). Does not connect:
     /// the first call does.
     pub fn new(addr: impl Into<String>, config: ClientConfig) -> Self {
+        Self::new_shard(vec![addr.into()], config)
+    }
+
+    /// A client for one shard served by several nodes (a primary and its
+    /// standby, `host:port` each). Calls go to the node that says it is
+    /// primary with the highest epoch; on connection loss or NotPrimary the
+    /// client probes the list again (see the module docs). Does not connect:
+    /// the first call does.
+    ///
+    /// ```no_run
+    /// # async fn demo() {
+    /// use tollgate_client::{Client, ClientConfig};
+    /// let client = Client::new_shard(
+    ///     vec!["10.0.0.1:7700".into(), "10.0.0.2:7700".into()],
+    ///     ClientConfig::default(),
+    /// );
+    /// let pong = client.ping().await; // to whichever is primary
+    /// # }
+    /// ```
+    pub fn new_shard(addrs: Vec<String>, config: ClientConfig) -> Self {
         let deadline = config.deadline;
         Self {
             inner: Arc::new(Inner {
-                addr: addr.into(),
+                addrs,
                 config,
                 state: Mutex::new(State {
                     phase: Phase::Idle,
                     failures: 0,
                     info: None,
+                    connected_to: None,
                     rng: XorShift64::from_entropy(),
                 }),
                 attempt_ended: Notify::new(),
@@ -179,9 +214,74 @@ impl Client {
         self.deadline
     }
 
-    /// The server address this client connects to.
+    /// The server address this client connects to (for a shard, the first
+    /// of its addresses; see [`connected_addr`](Self::connected_addr)).
     pub fn addr(&self) -> &str {
-        &self.inner.addr
+        self.inner.addrs.first().map_or("", String::as_str)
+    }
+
+    /// Every address of the shard.
+    pub fn addrs(&self) -> &[String] {
+        &self.inner.addrs
+    }
+
+    /// The address of the node the current (or last) connection went to.
+    pub fn connected_addr(&self) -> Option<String> {
+        let index = self.inner.state.lock().connected_to?;
+        self.inner.addrs.get(index).cloned()
+    }
+
+    /// Asks the node this client is connected to for its role, epoch and
+    /// replication state (STATUS).
+    pub async fn status(&self) -> Result<NodeStatus, Error> {
+        self.status_request(None).await
+    }
+
+    /// STATUS, telling the node who asks: a node probing its peer. A node
+    /// told about a primary with a higher epoch than its own steps down.
+    pub async fn status_announcing(&self, announce: Announce) -> Result<NodeStatus, Error> {
+        self.status_request(Some(announce)).await
+    }
+
+    async fn status_request(&self, announce: Option<Announce>) -> Result<NodeStatus, Error> {
+        let request = Request::Repl(ReplRequest::Status { announce });
+        match self.admin_call(request, "STATUS").await? {
+            Response::Repl(ReplResponse::Status(status)) => Ok(status),
+            other => Err(Error::UnexpectedResponse {
+                request: "STATUS",
+                got: response_name(&other),
+            }),
+        }
+    }
+
+    /// Makes the node this client is connected to primary (PROMOTE).
+    /// Returns its epoch and whether it already was primary.
+    pub async fn promote(&self) -> Result<(u64, bool), Error> {
+        match self
+            .admin_call(Request::Repl(ReplRequest::Promote), "PROMOTE")
+            .await?
+        {
+            Response::Repl(ReplResponse::Promoted { epoch, was_primary }) => {
+                Ok((epoch, was_primary))
+            }
+            other => Err(Error::UnexpectedResponse {
+                request: "PROMOTE",
+                got: response_name(&other),
+            }),
+        }
+    }
+
+    async fn admin_call(&self, request: Request, name: &'static str) -> Result<Response, Error> {
+        let deadline = Deadline::after(self.deadline);
+        let conn = self.inner.connection(Wait::Until(deadline)).await?;
+        match conn.call(request, deadline).await? {
+            Response::Error { code, message } => Err(Error::Server { code, message }),
+            Response::Repl(ReplResponse::Stream { .. }) => Err(Error::UnexpectedResponse {
+                request: name,
+                got: "REPL_STREAM",
+            }),
+            other => Ok(other),
+        }
     }
 
     pub fn config(&self) -> &ClientConfig {
@@ -326,7 +426,10 @@ impl Client {
         for lease in &leases {
             check_key(&lease.key, &limits)?;
         }
-        match conn.call(Request::Release(leases), deadline).await? {
+        match self
+            .call_primary(conn, Request::Release(leases), deadline)
+            .await?
+        {
             Response::Released(released) => Ok(released),
             Response::Error { code, message } => Err(Error::Server { code, message }),
             other => Err(Error::UnexpectedResponse {
@@ -353,7 +456,10 @@ impl Client {
         for key in &keys {
             check_key(key, &limits)?;
         }
-        match conn.call(Request::Reset(keys), deadline).await? {
+        match self
+            .call_primary(conn, Request::Reset(keys), deadline)
+            .await?
+        {
             Response::ResetDone(removed) => Ok(removed),
             Response::Error { code, message } => Err(Error::Server { code, message }),
             other => Err(Error::UnexpectedResponse {
@@ -413,7 +519,7 @@ impl Client {
                 Outcome::from_result,
             ),
             Err(error) => {
-                tracing::debug!(addr = %self.inner.addr, %error, "check undecided");
+                tracing::debug!(addrs = ?self.inner.addrs, %error, "check undecided");
                 Outcome::Undecided(Undecided::from_error(&error))
             }
         }
@@ -427,7 +533,10 @@ impl Client {
         let conn = self.inner.connection(Wait::Until(deadline)).await?;
         check_batch_limits(&batch, &conn.info().limits)?;
         let checks = batch.len();
-        match conn.call(kind.request(batch), deadline).await? {
+        match self
+            .call_primary(conn, kind.request(batch), deadline)
+            .await?
+        {
             Response::Checked(results) if results.len() == checks => Ok(results),
             Response::Checked(results) => Err(Error::ResultCount {
                 expected: checks,
@@ -442,16 +551,57 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Sends a request that only a primary serves. For a shard of several
+    /// nodes, an ERROR NotPrimary (nothing was applied) drops the
+    /// connection and sends the request once more to the primary a fresh
+    /// round finds, within the same deadline; the answer is returned as
+    /// is otherwise.
+    async fn call_primary(
+        &self,
+        conn: Arc<Connection>,
+        request: Request,
+        deadline: Deadline,
+    ) -> Result<Response, Error> {
+        if self.inner.addrs.len() < 2 {
+            return conn.call(request, deadline).await;
+        }
+        let answer = conn.call(request.clone(), deadline).await?;
+        let Response::Error {
+            code: ErrorCode::NotPrimary,
+            message,
+        } = &answer
+        else {
+            return Ok(answer);
+        };
+        tracing::info!(%message, "node is not primary; looking for the primary again");
+        self.inner.invalidate(&conn);
+        let conn = self.inner.connection(Wait::Until(deadline)).await?;
+        conn.call(request, deadline).await
+    }
+}
+
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
-            .field("addr", &self.inner.addr)
+            .field("addrs", &self.inner.addrs)
             .field("deadline", &self.deadline)
             .finish_non_exhaustive()
     }
 }
 
 impl Inner {
+    /// Drops `conn` if it is still the current connection, so the next call
+    /// starts a fresh attempt (for a shard: a new round over every node).
+    fn invalidate(&self, conn: &Arc<Connection>) {
+        let state = self.state.lock();
+        if let Phase::Connected(current) = &state.phase {
+            if Arc::ptr_eq(current, conn) {
+                current.shut_down();
+            }
+        }
+    }
+
     /// The live connection, starting an attempt if there is none.
     async fn connection(self: &Arc<Self>, wait: Wait) -> Result<Arc<Connection>, Error> {
         loop {
@@ -522,16 +672,20 @@ impl Inner {
     /// One connection attempt, bounded by `connect_timeout`; publishes its
     /// result in `state` and wakes the waiting calls.
     async fn attempt(self: Arc<Self>) {
-        let result = Connection::open(&self.addr, &self.config).await;
+        let result = match &self.addrs[..] {
+            [addr] => Connection::open(addr, &self.config).await.map(|c| (c, 0)),
+            addrs => Connection::open_primary(addrs, &self.config).await,
+        };
         {
             let mut guard = self.state.lock();
             let state = &mut *guard;
             // Closed meanwhile: drop the new connection (stopping its tasks).
             if !matches!(state.phase, Phase::Closed) {
                 match result {
-                    Ok(conn) => {
+                    Ok((conn, index)) => {
                         state.failures = 0;
                         state.info = Some(*conn.info());
+                        state.connected_to = Some(index);
                         state.phase = Phase::Connected(Arc::new(conn));
                     }
                     Err(error) => {
@@ -542,13 +696,24 @@ impl Inner {
                             state.failures,
                             &mut state.rng,
                         );
-                        tracing::warn!(
-                            addr = %self.addr,
-                            %error,
-                            failures = state.failures,
-                            retry_in = ?delay,
-                            "connection attempt failed"
-                        );
+                        // Once per outage: a dead server must not flood the
+                        // log with one line per backoff step.
+                        if state.failures == 1 {
+                            tracing::warn!(
+                                addrs = ?self.addrs,
+                                %error,
+                                retry_in = ?delay,
+                                "connection attempt failed"
+                            );
+                        } else {
+                            tracing::debug!(
+                                addrs = ?self.addrs,
+                                %error,
+                                failures = state.failures,
+                                retry_in = ?delay,
+                                "connection attempt failed"
+                            );
+                        }
                         state.phase = Phase::BackingOff {
                             until: Instant::now() + delay,
                             cause: Arc::new(error),

@@ -216,6 +216,52 @@ impl Connection {
         }
     }
 
+    /// Opens every address at once (each within `config.connect_timeout`)
+    /// and keeps the node that says it is primary with the highest epoch
+    /// (the first in `addrs` on a tie); the other connections are closed.
+    /// Returns it with its index in `addrs`.
+    pub(crate) async fn open_primary(
+        addrs: &[String],
+        config: &ClientConfig,
+    ) -> Result<(Self, usize), Error> {
+        config.validate()?;
+        let mut attempts = tokio::task::JoinSet::new();
+        for (index, addr) in addrs.iter().enumerate() {
+            let (addr, config) = (addr.clone(), config.clone());
+            attempts.spawn(async move { (index, Self::open(&addr, &config).await) });
+        }
+        let mut best: Option<(Self, usize)> = None;
+        let mut standbys = 0;
+        let mut last_error = None;
+        while let Some(joined) = attempts.join_next().await {
+            let Ok((index, result)) = joined else {
+                continue;
+            };
+            match result {
+                Ok(conn) if conn.info.role == Role::Primary => {
+                    let better = best.as_ref().is_none_or(|(b, i)| {
+                        (conn.info.epoch, std::cmp::Reverse(index))
+                            > (b.info.epoch, std::cmp::Reverse(*i))
+                    });
+                    if better {
+                        best = Some((conn, index));
+                    }
+                }
+                Ok(_) => standbys += 1,
+                Err(e) => last_error = Some(Arc::new(e)),
+            }
+        }
+        if let Some((conn, index)) = best {
+            tracing::debug!(addr = %addrs[index], epoch = conn.info.epoch, "primary found");
+            return Ok((conn, index));
+        }
+        Err(Error::NoPrimary {
+            tried: addrs.len(),
+            standbys,
+            last_error,
+        })
+    }
+
     async fn open_unbounded(addr: &str, config: &ClientConfig) -> Result<Self, Error> {
         let connect_error = |e: std::io::Error| Error::Connect {
             addr: addr.to_owned(),
@@ -505,6 +551,14 @@ pub(crate) fn response_name(response: &Response) -> &'static str {
         Response::ResetDone(_) => "RESET_DONE",
         Response::Released(_) => "RELEASED",
         Response::Error { .. } => "ERROR",
+        Response::Repl(repl) => match repl {
+            tollgate_protocol::ReplResponse::Stream { .. } => "REPL_STREAM",
+            tollgate_protocol::ReplResponse::Snapshot(_) => "REPL_SNAPSHOT",
+            tollgate_protocol::ReplResponse::Changes(_) => "REPL_CHANGES",
+            tollgate_protocol::ReplResponse::Heartbeat { .. } => "REPL_HEARTBEAT",
+            tollgate_protocol::ReplResponse::Status(_) => "STATUS_OK",
+            tollgate_protocol::ReplResponse::Promoted { .. } => "PROMOTED",
+        },
     }
 }
 

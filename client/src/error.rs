@@ -112,6 +112,16 @@ pub enum Error {
         cause: Arc<Error>,
     },
 
+    /// No node of the shard answered the handshake as primary: `standbys`
+    /// answered as standbys, the others could not be reached (`last_error`
+    /// says why, for one of them).
+    #[error("no primary among {tried} addresses ({standbys} standbys){}", last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NoPrimary {
+        tried: usize,
+        standbys: usize,
+        last_error: Option<Arc<Error>>,
+    },
+
     /// The connection closed while the call was waiting for its answer.
     #[error("connection lost before the answer arrived")]
     ConnectionLost,

@@ -90,6 +90,6 @@ pub use outcome::{Outcome, Undecided};
 /// The protocol types a caller needs, so a gateway depends on this crate
 /// alone.
 pub use tollgate_protocol::{
-    Algorithm, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, Limit, LimitRef, Pair, Role,
-    RuleName, ServerLimits, RETRY_NEVER,
+    Algorithm, Announce, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, Limit, LimitRef,
+    NodeStatus, Pair, Role, RuleName, ServerLimits, RETRY_NEVER,
 };

@@ -122,6 +122,7 @@ impl Undecided {
             | ErrorCode::HandshakeRequired
             | ErrorCode::ShuttingDown
             | ErrorCode::NotPrimary
+            | ErrorCode::StaleEpoch
             | ErrorCode::Internal
             | ErrorCode::StoreFull
             | ErrorCode::Unknown(_) => Self::ServerError(code),
@@ -138,6 +139,7 @@ impl Undecided {
             | Error::Connect { .. }
             | Error::ConnectTimeout { .. }
             | Error::Unavailable { .. }
+            | Error::NoPrimary { .. }
             | Error::Closed => Self::Unavailable,
             Error::Io(_) | Error::ConnectionLost => Self::ConnectionLost,
             Error::Handshake { code, .. } => Self::ServerError(*code),

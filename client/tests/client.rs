@@ -130,6 +130,10 @@ fn answer(request: &Request) -> Response {
             Response::Released(leases.iter().filter(|l| l.lease % 2 == 1).count() as u32)
         }
         Request::Hello { .. } => panic!("second HELLO"),
+        Request::Repl(_) => Response::Error {
+            code: ErrorCode::UnknownOpcode,
+            message: "not scripted".into(),
+        },
     }
 }
 
@@ -798,6 +802,7 @@ async fn server_limits_errors_and_admin_calls() {
                 Request::Release(_) => "release",
                 Request::Ping => "ping",
                 Request::Hello { .. } => "hello",
+                Request::Repl(_) => "repl",
             })
             .collect();
         assert_eq!(

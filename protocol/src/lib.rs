@@ -16,6 +16,8 @@
 
 pub mod codec;
 pub mod message;
+pub mod replication;
 
 pub use codec::*;
 pub use message::*;
+pub use replication::*;

@@ -344,6 +344,8 @@ pub enum Request {
     Refund(CheckBatch),
     /// Free concurrency leases before they expire.
     Release(Vec<LeaseRef>),
+    /// Replication and operations: REPLICATE, REPL_ACK, PROMOTE, STATUS.
+    Repl(crate::replication::ReplRequest),
 }
 
 /// Role of the answering node (replication fills in `Standby`).
@@ -468,6 +470,9 @@ pub enum Response {
         code: ErrorCode,
         message: String,
     },
+    /// Replication and operations: REPL_STREAM and the stream's frames,
+    /// STATUS_OK, PROMOTED.
+    Repl(crate::replication::ReplResponse),
 }
 
 /// Typed error codes. Wire values are stable; unknown values decode as
@@ -501,12 +506,15 @@ pub enum ErrorCode {
     /// Per check: the store is at its memory cap and refuses new keys
     /// (policy `refuse`); existing keys keep working.
     StoreFull,
+    /// REPLICATE from a standby that knows a higher epoch than this
+    /// primary's: this primary is stale and must not be followed.
+    StaleEpoch,
     Unknown(u16),
 }
 
 impl ErrorCode {
-    /// Every code this crate knows, in wire order (1..=14).
-    pub const KNOWN: [ErrorCode; 15] = [
+    /// Every code this crate knows, in wire order (1..=16).
+    pub const KNOWN: [ErrorCode; 16] = [
         Self::Malformed,
         Self::UnknownOpcode,
         Self::FrameTooLarge,
@@ -522,6 +530,7 @@ impl ErrorCode {
         Self::Internal,
         Self::UnknownRule,
         Self::StoreFull,
+        Self::StaleEpoch,
     ];
 
     /// The code's name as in the spec's error table (`"CrossSlot"`);
@@ -543,6 +552,7 @@ impl ErrorCode {
             Self::Internal => "Internal",
             Self::UnknownRule => "UnknownRule",
             Self::StoreFull => "StoreFull",
+            Self::StaleEpoch => "StaleEpoch",
             Self::Unknown(_) => "Unknown",
         }
     }
@@ -564,6 +574,7 @@ impl ErrorCode {
             Self::Internal => 13,
             Self::UnknownRule => 14,
             Self::StoreFull => 15,
+            Self::StaleEpoch => 16,
             Self::Unknown(v) => v,
         }
     }
@@ -585,6 +596,7 @@ impl ErrorCode {
             13 => Self::Internal,
             14 => Self::UnknownRule,
             15 => Self::StoreFull,
+            16 => Self::StaleEpoch,
             other => Self::Unknown(other),
         }
     }
@@ -608,6 +620,7 @@ impl std::fmt::Display for ErrorCode {
             Self::Internal => "internal error",
             Self::UnknownRule => "unknown rule",
             Self::StoreFull => "store full: new keys refused at the memory cap",
+            Self::StaleEpoch => "stale epoch",
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };
         f.write_str(s)

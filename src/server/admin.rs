@@ -1,4 +1,5 @@
-//! The admin HTTP API: health, rules, usage, throttled keys, metrics.
+//! The admin HTTP API: health, rules, usage, throttled keys, replication,
+//! metrics.
 //!
 //! JSON in and out; every error is `{"error": "..."}` with a fitting status
 //! code (unknown paths and methods included). It runs on its own port
@@ -54,6 +55,7 @@ fn router(shared: Arc<Shared>) -> Router {
         )
         .route("/v1/limits/{key}", get(limits))
         .route("/v1/throttled", get(throttled))
+        .route("/v1/replication", get(replication))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {
             error(
@@ -66,6 +68,12 @@ fn router(shared: Arc<Shared>) -> Router {
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
     (status, Json(json!({ "error": message.to_string() }))).into_response()
+}
+
+/// Role, epoch, offsets and replication counters (what `tollgate status`
+/// prints).
+async fn replication(AxumState(shared): AppState) -> Response {
+    Json(crate::repl::status_json(&crate::repl::status(&shared))).into_response()
 }
 
 async fn healthz() -> Response {
@@ -89,6 +97,7 @@ async fn metrics(AxumState(shared): AppState) -> Response {
     use prometheus::Encoder;
     let encoder = prometheus::TextEncoder::new();
     let mut out = Vec::new();
+    shared.metrics.repl.refresh(&shared);
     if let Err(e) = encoder.encode(&shared.metrics.registry.gather(), &mut out) {
         return error(StatusCode::INTERNAL_SERVER_ERROR, e);
     }

@@ -10,9 +10,15 @@
 //! on; a stream that can no longer be framed (oversized or undersized header),
 //! a failed handshake or a timeout ends this connection only. No path here
 //! touches the store before a request has decoded completely.
+//!
+//! Roles: a standby refuses every write (and PEEK unless it serves stale
+//! reads) with NotPrimary naming its primary; a REPLICATE accepted by a
+//! primary ends this task and hands the socket, with whatever was read past
+//! the REPLICATE, to the replication task.
 
 use super::check::{self, Op};
 use super::Shared;
+use crate::repl::primary::Handover;
 use crate::store::Mode;
 use bytes::BytesMut;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
@@ -23,8 +29,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tollgate_protocol::{
-    decode_request, encode_response, ErrorCode, Request, RequestId, Response, Role,
-    PROTOCOL_VERSION,
+    decode_request, encode_response, ErrorCode, ReplRequest, ReplResponse, Request, RequestId,
+    Response, PROTOCOL_VERSION,
 };
 
 /// Initial buffer sizes; both grow on demand (reads up to `max_frame`).
@@ -109,6 +115,16 @@ impl Drop for OpenConnection {
 enum Flow {
     Continue,
     Close,
+    /// A REPLICATE was accepted: the socket goes to the replication task.
+    HandOver,
+}
+
+/// The REPLICATE a connection ends with.
+struct Replicate {
+    request_id: RequestId,
+    replid: u64,
+    offset: u64,
+    advertise: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +152,8 @@ struct Connection {
     client_name: String,
     /// When the partial frame now in `rbuf` started arriving.
     partial_since: Option<Instant>,
+    /// Set with [`Flow::HandOver`].
+    replicate: Option<Replicate>,
 }
 
 pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
@@ -154,11 +172,37 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
         ready: false,
         client_name: String::new(),
         partial_since: None,
+        replicate: None,
     };
     tracing::debug!(%peer, "connection opened");
     match conn.run().await {
-        Ok(()) => tracing::debug!(%peer, client = %conn.client_name, "connection closed"),
+        Ok(()) => match conn.replicate.take() {
+            Some(r) => hand_over(conn, r).await,
+            None => tracing::debug!(%peer, client = %conn.client_name, "connection closed"),
+        },
         Err(e) => tracing::info!(%peer, client = %conn.client_name, error = %e, "connection ended"),
+    }
+}
+
+async fn hand_over(conn: Connection, r: Replicate) {
+    let handover = Handover {
+        stream: conn.stream,
+        peer: conn.peer,
+        leftover: conn.rbuf,
+        request_id: r.request_id,
+        replid: r.replid,
+        offset: r.offset,
+        advertise: r.advertise,
+    };
+    tracing::debug!(peer = %conn.peer, client = %conn.client_name, "replication connection handed over");
+    let shared = conn.shared;
+    tokio::select! {
+        _ = shared.draining.cancelled() => {}
+        sent = shared.handovers.send(handover) => {
+            if sent.is_err() {
+                tracing::debug!(peer = %conn.peer, "replication task gone; connection dropped");
+            }
+        }
     }
 }
 
@@ -166,7 +210,7 @@ impl Connection {
     async fn run(&mut self) -> Result<(), ConnError> {
         let opened = Instant::now();
         loop {
-            if self.answer_buffered().await? == Flow::Close {
+            if self.answer_buffered().await? != Flow::Continue {
                 return self.flush().await;
             }
             self.flush().await?;
@@ -237,8 +281,8 @@ impl Connection {
                     }
                 }
             };
-            if flow == Flow::Close {
-                return Ok(Flow::Close);
+            if flow != Flow::Continue {
+                return Ok(flow);
             }
             if self.wbuf.len() >= FLUSH_AT {
                 self.flush().await?;
@@ -251,6 +295,18 @@ impl Connection {
             return self.handshake(id, request);
         }
         let shared = &*self.shared;
+        let serves = match &request {
+            Request::Check(_) | Request::Refund(_) | Request::Release(_) | Request::Reset(_) => {
+                shared.node.is_primary()
+            }
+            Request::Peek(_) => shared.node.is_primary() || shared.config.serve_stale_reads,
+            _ => true,
+        };
+        if !serves {
+            let message = shared.node.not_primary_message();
+            self.error(id, ErrorCode::NotPrimary, &message);
+            return Flow::Continue;
+        }
         let encoded = match request {
             Request::Hello { .. } => {
                 self.error(
@@ -261,6 +317,7 @@ impl Connection {
                 Ok(())
             }
             Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
+            Request::Repl(repl) => return self.replication(id, repl),
             Request::Check(batch) => {
                 check::answer(shared, id, &batch, Op::Check(Mode::Charge), &mut self.wbuf)
             }
@@ -281,6 +338,68 @@ impl Connection {
             self.error(id, ErrorCode::Internal, &e.to_string());
         }
         Flow::Continue
+    }
+
+    /// REPLICATE, REPL_ACK, PROMOTE, STATUS.
+    fn replication(&mut self, id: RequestId, request: ReplRequest) -> Flow {
+        let shared = self.shared.clone();
+        let node = &shared.node;
+        match request {
+            ReplRequest::Replicate {
+                replid,
+                offset,
+                epoch,
+                advertise,
+            } => {
+                node.heard_of_epoch(epoch);
+                if !node.is_primary() {
+                    let message = node.not_primary_message();
+                    self.error(id, ErrorCode::NotPrimary, &message);
+                    return Flow::Continue;
+                }
+                if epoch > node.epoch() {
+                    let message = format!(
+                        "this primary is at epoch {}, the standby knows epoch {epoch}: \
+                         this node has been replaced",
+                        node.epoch()
+                    );
+                    self.error(id, ErrorCode::StaleEpoch, &message);
+                    return Flow::Continue;
+                }
+                self.replicate = Some(Replicate {
+                    request_id: id,
+                    replid,
+                    offset,
+                    advertise,
+                });
+                Flow::HandOver
+            }
+            ReplRequest::Ack { .. } => {
+                self.error(
+                    id,
+                    ErrorCode::Malformed,
+                    "REPL_ACK is only sent on a replication stream",
+                );
+                Flow::Continue
+            }
+            ReplRequest::Promote => {
+                tracing::info!(peer = %self.peer, client = %self.client_name, "PROMOTE requested");
+                let (epoch, was_primary) = node.promote("PROMOTE request");
+                self.respond(
+                    id,
+                    &Response::Repl(ReplResponse::Promoted { epoch, was_primary }),
+                );
+                Flow::Continue
+            }
+            ReplRequest::Status { announce } => {
+                if let Some(announce) = &announce {
+                    crate::repl::peer::on_announce(&shared, announce);
+                }
+                let status = crate::repl::status(&shared);
+                self.respond(id, &Response::Repl(ReplResponse::Status(status)));
+                Flow::Continue
+            }
+        }
     }
 
     fn handshake(&mut self, id: RequestId, request: Request) -> Flow {
@@ -314,11 +433,12 @@ impl Connection {
         tracing::debug!(peer = %self.peer, client = %client_name, "handshake done");
         self.ready = true;
         self.client_name = client_name;
+        let node = &self.shared.node;
         let hello = Response::HelloOk {
             version: PROTOCOL_VERSION,
-            role: Role::Primary,
-            epoch: 0,
-            offset: 0,
+            role: node.role(),
+            epoch: node.epoch(),
+            offset: node.offset(),
             limits: self.shared.config.limits(),
         };
         self.respond(id, &hello);
@@ -366,7 +486,7 @@ impl Connection {
     async fn drain(&mut self) -> Result<(), ConnError> {
         let shared = self.shared.clone();
         loop {
-            if self.answer_buffered().await? == Flow::Close {
+            if self.answer_buffered().await? != Flow::Continue {
                 return self.flush().await;
             }
             self.flush().await?;

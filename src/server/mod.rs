@@ -13,6 +13,9 @@
 //!   last;
 //! - one metrics [`Registry`] per server; each part registers the metrics it
 //!   bumps, next to the code that bumps them.
+//! - one replication task (`repl::supervise`) runs beside the listener for
+//!   the server's whole life; a connection that sends REPLICATE is handed
+//!   over to it whole (socket and unread bytes).
 
 pub mod admin;
 mod check;
@@ -20,6 +23,8 @@ mod connection;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::ServerConfig;
+use crate::repl::node::Node;
+use crate::repl::primary::Handover;
 use crate::rules::{LoadError, Rules};
 use crate::store::{Store, StoreConfig};
 use crate::throttled::TopThrottled;
@@ -31,9 +36,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tollgate_protocol::Role;
 
 /// What every connection task shares.
 pub(crate) struct Shared {
@@ -48,6 +54,10 @@ pub(crate) struct Shared {
     /// Set once the server serves (listener and rules in place); read by
     /// `/readyz` together with `draining`.
     pub serving: AtomicBool,
+    /// Role, epoch and replication state of this node.
+    pub node: Node,
+    /// REPLICATE connections, to the replication task.
+    pub handovers: mpsc::Sender<Handover>,
     /// Cancelled when the server starts draining: connections stop reading
     /// new work after answering what they hold.
     pub draining: CancellationToken,
@@ -62,12 +72,14 @@ pub(crate) struct Metrics {
     pub conns: ConnMetrics,
     pub errors: ErrorCounters,
     pub keys: KeyMetrics,
+    pub repl: crate::repl::metrics::ReplMetrics,
 }
 
 /// A configured server, ready to run on a listener.
 pub struct Server {
     shared: Arc<Shared>,
     admin: Option<TcpListener>,
+    handovers: mpsc::Receiver<Handover>,
 }
 
 /// Why a server could not be built.
@@ -95,6 +107,7 @@ impl Server {
             max_log_entries: config.max_log_entries,
             max_memory: config.max_memory,
             on_full: config.on_full.into(),
+            change_buffer_cap: config.repl_buffer_cap,
         }));
         let registry = Registry::new();
         let checks = CheckMetrics::register(&registry)?;
@@ -109,12 +122,25 @@ impl Server {
             conns: ConnMetrics::register(&registry)?,
             errors: ErrorCounters::register(&registry)?,
             keys: KeyMetrics::register(&registry)?,
+            repl: crate::repl::metrics::ReplMetrics::register(&registry)?,
             registry,
         };
         let throttled = TopThrottled::new(
             config.throttled_keys,
             config.throttled_window.as_nanos() as u64,
         );
+        // A node with a peer asks it before taking any role (repl::peer).
+        let (role, primary) = match (&config.replica_of, &config.peer) {
+            (Some(p), _) => (Role::Standby, Some(p.clone())),
+            (None, Some(_)) => (Role::Standby, None),
+            (None, None) => (Role::Primary, None),
+        };
+        let advertise = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| config.listen.to_string());
+        let node = Node::new(role, primary, advertise);
+        let (handover_tx, handovers) = mpsc::channel(4);
         Ok(Self {
             shared: Arc::new(Shared {
                 config,
@@ -124,10 +150,13 @@ impl Server {
                 metrics,
                 throttled,
                 serving: AtomicBool::new(false),
+                node,
+                handovers: handover_tx,
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
             }),
             admin: None,
+            handovers,
         })
     }
 
@@ -150,8 +179,18 @@ impl Server {
     /// Serves `listener` until `shutdown` is cancelled, then drains.
     pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
         let shared = self.shared;
+        if shared.config.advertise.is_none() {
+            if let Ok(addr) = listener.local_addr() {
+                shared.node.set_advertise(addr.to_string());
+            }
+        }
         let tracker = TaskTracker::new();
         tracker.spawn(sweep(shared.clone(), shutdown.clone()));
+        tracker.spawn(crate::repl::supervise(
+            shared.clone(),
+            self.handovers,
+            shutdown.clone(),
+        ));
         if !shared.config.rules_poll.is_zero() {
             tracker.spawn(crate::rules::watch::watch(
                 shared.rules.clone(),
@@ -198,7 +237,8 @@ impl Server {
         }
 
         drop(listener);
-        tracing::info!(connections = tracker.len().saturating_sub(1), "draining");
+        // The sweeper and the replication task are not connections.
+        tracing::info!(connections = tracker.len().saturating_sub(2), "draining");
         shared.draining.cancel();
         tracker.close();
         if tokio::time::timeout(shared.config.shutdown_grace, tracker.wait())

@@ -60,7 +60,9 @@ impl Store {
     /// frees nothing).
     pub fn release(&self, key: &[u8], lease: u64, now: Nanos) -> bool {
         let hash = self.hash(key);
-        let mut tables = self.stripe(Slot::of(key)).tables.lock();
+        let stripe = self.stripe(Slot::of(key));
+        let mut locked = stripe.tables.lock();
+        let super::Locked { tables, changes } = &mut *locked;
         let Some(entry) = tables.live(Table::Others, hash, key, now, &self.expired_on_access)
         else {
             return false;
@@ -73,6 +75,7 @@ impl Store {
         } else {
             tables.put(&self.hasher, hash, key, Entry { state, expires_at });
         }
+        self.record_change(stripe, changes, key);
         true
     }
 
@@ -126,7 +129,9 @@ impl Store {
         }
 
         let hashes: SmallVec<[u64; 4]> = pairs.iter().map(|p| self.hash(&p.key)).collect();
-        let mut tables = self.stripe(slot).tables.lock();
+        let stripe = self.stripe(slot);
+        let mut locked = stripe.tables.lock();
+        let super::Locked { tables, changes } = &mut *locked;
         let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
         // The entry each pair leaves behind, seen by a later pair on the same key.
         let mut after: SmallVec<[Option<Entry>; 4]> = SmallVec::new();
@@ -159,7 +164,12 @@ impl Store {
         let all_allowed = decisions.iter().all(|d| d.allowed);
         let writes = matches!(op, Op::Check(Mode::Charge) | Op::Refund);
         if all_allowed && writes {
-            self.make_room(&mut tables, pairs, &after, &hashes, now)?;
+            let evicted = self.make_room(tables, pairs, &after, &hashes, now)?;
+            if evicted > 0 {
+                // Evicted keys are not in any log: the standby gets the
+                // whole stripe (evictions come in batches of 1/8 of it).
+                self.record_eviction(stripe, changes);
+            }
             for (((pair, entry), &hash), policy) in
                 pairs.iter().zip(after).zip(&hashes).zip(&policies)
             {
@@ -170,9 +180,11 @@ impl Store {
                 } else {
                     tables.put(&self.hasher, hash, &pair.key, entry);
                 }
+                // Under the lock already held: no extra lock per check.
+                self.record_change(stripe, changes, &pair.key);
             }
         }
-        drop(tables);
+        drop(locked);
         let mut decision = summarize(&decisions, all_allowed);
         // A lease exists only once its acquire was charged.
         decision.lease = match op {
@@ -196,23 +208,30 @@ impl Store {
         mode: Mode,
     ) -> tollgate_protocol::Decision {
         let hash = self.hash(&pair.key);
-        let mut tables = self.stripe(slot).tables.lock();
+        let stripe = self.stripe(slot);
+        let mut locked = stripe.tables.lock();
+        let super::Locked { tables, changes } = &mut *locked;
+        let charge = mode == Mode::Charge;
         let verdict = tables.bucket_in_place(
             &self.hasher,
             hash,
             &pair.key,
             now,
-            mode == Mode::Charge,
+            charge,
             &self.expired_on_access,
             |state| policy.evaluate(state, now, pair.cost),
         );
-        drop(tables);
+        if charge && verdict.decision.allowed {
+            // Under the lock already held, as on the general path.
+            self.record_change(stripe, changes, &pair.key);
+        }
+        drop(locked);
         verdict.decision.to_wire(0)
     }
 
     /// Before a charge adds keys, keeps the stripe within its memory share
     /// (see `Tables::make_room`). A refusal is `StoreFull` and, like every
-    /// error, charges nothing.
+    /// error, charges nothing. Returns how many live entries were evicted.
     fn make_room(
         &self,
         tables: &mut Tables,
@@ -220,10 +239,11 @@ impl Store {
         after: &[Option<Entry>],
         hashes: &[u64],
         now: Nanos,
-    ) -> Result<(), ErrorCode> {
+    ) -> Result<usize, ErrorCode> {
         if self.stripe_budget == usize::MAX {
-            return Ok(());
+            return Ok(0);
         }
+        let mut evicted = 0;
         for table in [Table::Buckets, Table::Others] {
             let (mut new, mut heap) = (0, 0);
             for ((pair, entry), &hash) in pairs.iter().zip(after).zip(hashes) {
@@ -244,12 +264,13 @@ impl Store {
             // Relaxed: statistics.
             self.evicted
                 .fetch_add(room.evicted as u64, Ordering::Relaxed);
+            evicted += room.evicted;
             if !room.granted {
                 self.refused.fetch_add(new as u64, Ordering::Relaxed);
                 return Err(ErrorCode::StoreFull);
             }
         }
-        Ok(())
+        Ok(evicted)
     }
 }
 

@@ -15,6 +15,7 @@
 //!
 //! The store never reads a clock: callers pass `now`, so tests control time.
 
+mod changes;
 mod group;
 mod key;
 mod tables;
@@ -22,8 +23,10 @@ mod tables;
 use crate::algorithm::State;
 use crate::clock::Nanos;
 use crate::slot::Slot;
-use crate::sync::{AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
+use changes::ChangeLog;
+pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
 pub use group::Mode;
 pub use key::StoredKey;
 pub use tables::Full;
@@ -39,8 +42,37 @@ pub struct Entry {
 /// One lock and the keys of the slots mapped to it.
 #[derive(Debug)]
 struct Stripe {
-    tables: Mutex<Tables>,
+    tables: Mutex<Locked>,
+    /// Set under the lock when `changes` has something for the replication
+    /// sender; cleared by the sender before it locks (see `changes`).
+    pending: AtomicBool,
 }
+
+/// What a stripe's lock guards: the tables, and the keys changed since the
+/// replication sender last drained them. Derefs to the tables.
+#[derive(Debug, Default)]
+struct Locked {
+    tables: Tables,
+    changes: ChangeLog,
+}
+
+impl std::ops::Deref for Locked {
+    type Target = Tables;
+
+    fn deref(&self) -> &Tables {
+        &self.tables
+    }
+}
+
+impl std::ops::DerefMut for Locked {
+    fn deref_mut(&mut self) -> &mut Tables {
+        &mut self.tables
+    }
+}
+
+/// Default [`StoreConfig::change_buffer_cap`]: with 1024 stripes, at most
+/// a million keys (about 24 MiB) wait for the sender in all.
+pub const DEFAULT_CHANGE_BUFFER_CAP: usize = 1024;
 
 /// Store-wide settings.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +84,9 @@ pub struct StoreConfig {
     /// Most timestamps one key may hold: the largest `count` of a sliding
     /// log or a concurrency limit.
     pub max_log_entries: u64,
+    /// Most changed keys one stripe remembers for the replication sender
+    /// before it drops them and marks the stripe for a resync.
+    pub change_buffer_cap: usize,
     /// Bytes the tables may reserve in all (None: no cap). Each stripe gets
     /// an equal share.
     pub max_memory: Option<usize>,
@@ -65,6 +100,7 @@ impl Default for StoreConfig {
             stripes: 1024,
             max_group: 16,
             max_log_entries: crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
+            change_buffer_cap: DEFAULT_CHANGE_BUFFER_CAP,
             max_memory: None,
             on_full: Full::Evict,
         }
@@ -83,6 +119,15 @@ pub struct Store {
     sweep_cursor: AtomicUsize,
     /// Cap on a sliding log's or a concurrency limit's `count`.
     max_log_entries: u64,
+    /// Whether writes record their keys for the replication sender (a
+    /// standby is attached, or may resume).
+    capture: AtomicBool,
+    /// `StoreConfig::change_buffer_cap`, at least 1.
+    change_cap: usize,
+    /// Times a change log overflowed.
+    overflows: AtomicU64,
+    /// Stripes drained whole after an overflow.
+    stripe_resyncs: AtomicU64,
     /// Bytes one stripe's tables may reserve (`usize::MAX`: no cap).
     stripe_budget: usize,
     on_full: Full,
@@ -103,7 +148,8 @@ impl Store {
             .next_power_of_two();
         let stripes = (0..n)
             .map(|_| Stripe {
-                tables: Mutex::new(Tables::default()),
+                tables: Mutex::new(Locked::default()),
+                pending: AtomicBool::new(false),
             })
             .collect();
         Self {
@@ -112,6 +158,10 @@ impl Store {
             hasher: ahash::RandomState::new(),
             sweep_cursor: AtomicUsize::new(0),
             max_log_entries: config.max_log_entries,
+            capture: AtomicBool::new(false),
+            change_cap: config.change_buffer_cap.max(1),
+            overflows: AtomicU64::new(0),
+            stripe_resyncs: AtomicU64::new(0),
             stripe_budget: config.max_memory.map_or(usize::MAX, |m| m / n),
             on_full: config.on_full,
             evicted: AtomicU64::new(0),
@@ -166,8 +216,14 @@ impl Store {
 
     /// Forgets every state `key` holds. Returns whether any of it was live.
     pub fn remove(&self, key: &[u8], now: Nanos) -> bool {
-        let mut tables = self.stripe(Slot::of(key)).tables.lock();
-        tables.remove_all(self.hash(key), key, now)
+        let stripe = self.stripe(Slot::of(key));
+        let mut locked = stripe.tables.lock();
+        let Locked { tables, changes } = &mut *locked;
+        let removed = tables.remove_all(self.hash(key), key, now);
+        if removed {
+            self.record_change(stripe, changes, key);
+        }
+        removed
     }
 
     /// Expired entries dropped by checks, refunds and releases that met

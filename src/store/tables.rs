@@ -348,6 +348,45 @@ impl Tables {
             .fold(false, |live, e| live | (e.expires_at > now))
     }
 
+    /// The entries of `key` in both tables (token bucket, other), live or not.
+    pub fn find_both(&self, hash: u64, key: &[u8]) -> (Option<Entry>, Option<Entry>) {
+        (
+            self.find(Table::Buckets, hash, key),
+            self.find(Table::Others, hash, key),
+        )
+    }
+
+    /// Calls `f` with every entry, live or not (one call per table a key
+    /// has state in).
+    pub fn for_each(&self, mut f: impl FnMut(&StoredKey, Entry)) {
+        for b in &self.buckets.table {
+            f(&b.key, bucket_entry(b));
+        }
+        for o in &self.others.table {
+            f(&o.key, o.entry.clone());
+        }
+    }
+
+    /// Keeps only the entries whose key satisfies `keep`.
+    pub fn retain_keys(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        let mut freed = 0;
+        self.buckets.table.retain(|b| {
+            let kept = keep(b.key.as_bytes());
+            if !kept {
+                freed += b.key.heap_bytes();
+            }
+            kept
+        });
+        self.others.table.retain(|o| {
+            let kept = keep(o.key.as_bytes());
+            if !kept {
+                freed += o.heap_bytes();
+            }
+            kept
+        });
+        self.heap_bytes -= freed;
+    }
+
     /// Drops every entry expiring at or before `cutoff`; returns how many.
     fn retain_after(&mut self, cutoff: Nanos) -> usize {
         let before = self.len();

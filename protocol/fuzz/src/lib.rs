@@ -226,5 +226,7 @@ fn check_request_limits(request: &Request, limits: &ServerLimits) {
                 check_key(&lease.key);
             }
         }
+        // No batch limits apply: sizes are bounded by the frame alone.
+        Request::Repl(_) => {}
     }
 }

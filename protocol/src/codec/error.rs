@@ -118,6 +118,17 @@ pub enum DecodeError {
     #[error("request {request_id}: unknown result status {status}")]
     UnknownStatus { request_id: RequestId, status: u8 },
 
+    /// A field holds a value its layout does not allow: a flag byte other
+    /// than 0 or 1, a table state other than 0-2, a state in the wrong
+    /// table, snapshot slots that are not a power-of-two split (§13).
+    #[error("request {request_id}: opcode {opcode:#04x}: invalid {field} {value}")]
+    InvalidValue {
+        request_id: RequestId,
+        opcode: u8,
+        field: &'static str,
+        value: u64,
+    },
+
     /// The peer closed the stream in the middle of a frame. Fatal.
     #[error("stream ended inside a frame, {buffered} bytes buffered")]
     UnexpectedEof { buffered: usize },
@@ -160,7 +171,8 @@ impl DecodeError {
             | Self::InvalidUtf8 { request_id, .. }
             | Self::UnsupportedVersion { request_id, .. }
             | Self::UnknownRole { request_id, .. }
-            | Self::UnknownStatus { request_id, .. } => Some(request_id),
+            | Self::UnknownStatus { request_id, .. }
+            | Self::InvalidValue { request_id, .. } => Some(request_id),
             Self::FrameTooLarge { .. }
             | Self::FrameTooShort { .. }
             | Self::UnexpectedEof { .. }
@@ -188,6 +200,7 @@ impl DecodeError {
             | Self::InvalidUtf8 { .. }
             | Self::UnknownRole { .. }
             | Self::UnknownStatus { .. }
+            | Self::InvalidValue { .. }
             | Self::UnexpectedEof { .. } => ErrorCode::Malformed,
             Self::Io(_) => ErrorCode::Internal,
         }

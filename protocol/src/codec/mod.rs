@@ -28,6 +28,7 @@
 mod error;
 mod frame;
 mod framed;
+mod replication;
 mod request;
 mod response;
 
@@ -63,6 +64,12 @@ pub mod opcode {
     /// Same payload as CHECK; answered by CHECKED.
     pub const REFUND: u8 = 0x06;
     pub const RELEASE: u8 = 0x07;
+    /// Replication (PROTOCOL.md §13): a standby asks to follow.
+    pub const REPLICATE: u8 = 0x08;
+    /// A standby's progress on the replication connection; not answered.
+    pub const REPL_ACK: u8 = 0x09;
+    pub const PROMOTE: u8 = 0x0A;
+    pub const STATUS: u8 = 0x0B;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
@@ -70,5 +77,14 @@ pub mod opcode {
     pub const CHECKED: u8 = 0x83;
     pub const RESET_DONE: u8 = 0x85;
     pub const RELEASED: u8 = 0x87;
+    /// Answers REPLICATE; the stream's frames follow.
+    pub const REPL_STREAM: u8 = 0x88;
+    pub const REPL_SNAPSHOT: u8 = 0x89;
+    pub const REPL_CHANGES: u8 = 0x8A;
+    pub const REPL_HEARTBEAT: u8 = 0x8B;
+    /// Answers STATUS.
+    pub const STATUS_OK: u8 = 0x8C;
+    /// Answers PROMOTE.
+    pub const PROMOTED: u8 = 0x8D;
     pub const ERROR: u8 = 0xFF;
 }

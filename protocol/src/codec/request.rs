@@ -53,12 +53,15 @@ pub fn decode_request(
         opcode::RESET => Request::Reset(decode_reset(&mut r, limits)?),
         opcode::REFUND => Request::Refund(decode_batch(&mut r, limits)?),
         opcode::RELEASE => Request::Release(decode_release(&mut r, limits)?),
-        other => {
-            return Err(DecodeError::UnknownOpcode {
-                request_id: r.request_id,
-                opcode: other,
-            })
-        }
+        other => match super::replication::decode_repl_request(&mut r) {
+            Some(decoded) => Request::Repl(decoded?),
+            None => {
+                return Err(DecodeError::UnknownOpcode {
+                    request_id: r.request_id,
+                    opcode: other,
+                })
+            }
+        },
     };
     let request_id = r.request_id;
     r.finish()?;
@@ -280,6 +283,7 @@ pub fn encode_request(
                 Ok(())
             })
         }
+        Request::Repl(repl) => super::replication::encode_repl_request(request_id, repl, dst),
         Request::Reset(keys) => {
             let hint = 2 + keys.len() * MIN_KEY_LEN;
             encode_frame(dst, opcode::RESET, request_id, hint, |dst| {

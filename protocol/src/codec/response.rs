@@ -62,12 +62,15 @@ pub fn decode_response(
             let message = r.string(len.into(), "error message")?;
             Response::Error { code, message }
         }
-        other => {
-            return Err(DecodeError::UnknownOpcode {
-                request_id: r.request_id,
-                opcode: other,
-            })
-        }
+        other => match super::replication::decode_repl_response(&mut r) {
+            Some(decoded) => Response::Repl(decoded?),
+            None => {
+                return Err(DecodeError::UnknownOpcode {
+                    request_id: r.request_id,
+                    opcode: other,
+                })
+            }
+        },
     };
     let request_id = r.request_id;
     r.finish()?;
@@ -168,6 +171,7 @@ pub fn encode_response(
             },
         ),
         Response::Pong => encode_frame(dst, opcode::PONG, request_id, 0, |_| Ok(())),
+        Response::Repl(repl) => super::replication::encode_repl_response(request_id, repl, dst),
         Response::Checked(results) => encode_checked(request_id, results.iter().copied(), dst),
         Response::ResetDone(removed) => {
             encode_frame(dst, opcode::RESET_DONE, request_id, 4, |dst| {

@@ -178,7 +178,7 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
     pipelined.extend_from_slice(&refund);
     pipelined.extend_from_slice(&release);
 
-    let unknown_opcode = raw_frame(0x08, 8, b"");
+    let unknown_opcode = raw_frame(0x10, 8, b"");
     let unknown_algorithm = raw_frame(
         opcode::CHECK,
         13,
@@ -280,6 +280,16 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
             bad_then_good,
             outcome(1, &[UnknownOpcode], None, 0),
         ),
+        (
+            "replication.bin",
+            crate::replication::request_stream(),
+            outcome(crate::replication::requests().len(), &[], None, 0),
+        ),
+        (
+            "broken_status_flag.bin",
+            raw_frame(opcode::STATUS, 9, &[2]),
+            outcome(0, &[Malformed], None, 0),
+        ),
     ]
 }
 
@@ -340,6 +350,11 @@ fn response_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
             "broken_status.bin",
             bad_status,
             outcome(0, &[ErrorCode::Malformed], None, 0),
+        ),
+        (
+            "replication.bin",
+            crate::replication::response_stream(),
+            outcome(crate::replication::responses().len(), &[], None, 0),
         ),
     ]
 }

@@ -8,6 +8,7 @@ mod corpus;
 mod framed;
 mod invalid;
 mod props;
+mod replication;
 mod roundtrip;
 mod samples;
 mod spec;

@@ -190,6 +190,9 @@ pub fn requests() -> Vec<(RequestId, Request)> {
             )]])),
         ),
     ]
+    .into_iter()
+    .chain(crate::replication::requests())
+    .collect()
 }
 
 pub fn decision(allowed: bool, pair: u8, remaining: u64, retry_after_ms: u64) -> CheckResult {
@@ -325,6 +328,7 @@ pub fn responses() -> Vec<(RequestId, Response)> {
             },
         ));
     }
+    out.extend(crate::replication::responses());
     out
 }
 

@@ -1,0 +1,457 @@
+//! Payloads of the replication and operations messages (`PROTOCOL.md` §13).
+//!
+//! Same rules as the other payloads: every count is bounded by what the
+//! payload can still hold before it sizes an allocation, every flag byte is
+//! exactly 0 or 1 (so the encoding stays canonical), and a record's states
+//! must belong to its tables (a token-bucket state in the token-bucket
+//! table, any other in the other one).
+
+use bytes::{BufMut, BytesMut};
+
+use super::frame::{encode_frame, wire_len, PayloadReader};
+use super::{opcode, DecodeError, EncodeError};
+use crate::message::{RequestId, Role};
+use crate::replication::{
+    Announce, ChangeBatch, LeaseState, NodeStatus, Record, ReplRequest, ReplResponse, SnapshotPart,
+    StateEntry, StateValue, TableState,
+};
+
+/// Smallest record: key_len, a 1-byte key, two table bytes.
+const MIN_RECORD_LEN: usize = 2 + 1 + 1 + 1;
+/// Smallest status field: name_len, value (empty name).
+const MIN_FIELD_LEN: usize = 1 + 8;
+/// Largest `slot_mod`: the number of slots.
+const SLOT_COUNT: u16 = 16384;
+
+const TABLE_UNCHANGED: u8 = 0;
+const TABLE_ABSENT: u8 = 1;
+const TABLE_PRESENT: u8 = 2;
+
+/// Decodes the payload of a replication request whose opcode is `op`;
+/// `None` when `op` is not one.
+pub(crate) fn decode_repl_request(
+    r: &mut PayloadReader,
+) -> Option<Result<ReplRequest, DecodeError>> {
+    let decoded = match r.opcode {
+        opcode::REPLICATE => (|| {
+            Ok(ReplRequest::Replicate {
+                replid: r.u64()?,
+                offset: r.u64()?,
+                epoch: r.u64()?,
+                advertise: short_string(r, "advertised address")?,
+            })
+        })(),
+        opcode::REPL_ACK => r.u64().map(|offset| ReplRequest::Ack { offset }),
+        opcode::PROMOTE => Ok(ReplRequest::Promote),
+        opcode::STATUS => (|| {
+            let announce = if flag(r, "announce flag")? {
+                Some(Announce {
+                    role: role(r)?,
+                    epoch: r.u64()?,
+                    addr: short_string(r, "announced address")?,
+                })
+            } else {
+                None
+            };
+            Ok(ReplRequest::Status { announce })
+        })(),
+        _ => return None,
+    };
+    Some(decoded)
+}
+
+pub(crate) fn encode_repl_request(
+    request_id: RequestId,
+    request: &ReplRequest,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    match request {
+        ReplRequest::Replicate {
+            replid,
+            offset,
+            epoch,
+            advertise,
+        } => encode_frame(
+            dst,
+            opcode::REPLICATE,
+            request_id,
+            25 + advertise.len(),
+            |dst| {
+                dst.put_u64(*replid);
+                dst.put_u64(*offset);
+                dst.put_u64(*epoch);
+                put_short_string(dst, advertise, "advertised address")
+            },
+        ),
+        ReplRequest::Ack { offset } => encode_frame(dst, opcode::REPL_ACK, request_id, 8, |dst| {
+            dst.put_u64(*offset);
+            Ok(())
+        }),
+        ReplRequest::Promote => encode_frame(dst, opcode::PROMOTE, request_id, 0, |_| Ok(())),
+        ReplRequest::Status { announce } => {
+            let hint = 1 + announce.as_ref().map_or(0, |a| 10 + a.addr.len());
+            encode_frame(dst, opcode::STATUS, request_id, hint, |dst| {
+                match announce {
+                    None => dst.put_u8(0),
+                    Some(a) => {
+                        dst.put_u8(1);
+                        dst.put_u8(a.role as u8);
+                        dst.put_u64(a.epoch);
+                        put_short_string(dst, &a.addr, "announced address")?;
+                    }
+                }
+                Ok(())
+            })
+        }
+    }
+}
+
+/// Decodes the payload of a replication response; `None` when the opcode
+/// is not one.
+pub(crate) fn decode_repl_response(
+    r: &mut PayloadReader,
+) -> Option<Result<ReplResponse, DecodeError>> {
+    let decoded = match r.opcode {
+        opcode::REPL_STREAM => (|| {
+            Ok(ReplResponse::Stream {
+                replid: r.u64()?,
+                epoch: r.u64()?,
+                offset: r.u64()?,
+                full: flag(r, "full")?,
+            })
+        })(),
+        opcode::REPL_SNAPSHOT => (|| {
+            let offset = r.u64()?;
+            let slot_mod = r.u16()?;
+            if slot_mod == 0 || slot_mod > SLOT_COUNT || !slot_mod.is_power_of_two() {
+                return Err(invalid(r, "slot_mod", slot_mod.into()));
+            }
+            let slot_rem = r.u16()?;
+            if slot_rem >= slot_mod {
+                return Err(invalid(r, "slot_rem", slot_rem.into()));
+            }
+            Ok(ReplResponse::Snapshot(SnapshotPart {
+                offset,
+                slot_mod,
+                slot_rem,
+                last: flag(r, "last")?,
+                records: records(r)?,
+            }))
+        })(),
+        opcode::REPL_CHANGES => (|| {
+            Ok(ReplResponse::Changes(ChangeBatch {
+                offset: r.u64()?,
+                sent_at: r.u64()?,
+                records: records(r)?,
+            }))
+        })(),
+        opcode::REPL_HEARTBEAT => (|| {
+            Ok(ReplResponse::Heartbeat {
+                epoch: r.u64()?,
+                offset: r.u64()?,
+                now: r.u64()?,
+                syncing: flag(r, "syncing")?,
+            })
+        })(),
+        opcode::STATUS_OK => (|| {
+            let role = role(r)?;
+            let epoch = r.u64()?;
+            let offset = r.u64()?;
+            let addr = short_string(r, "address")?;
+            let primary = short_string(r, "primary address")?;
+            let n = r.u8()?;
+            let mut fields = Vec::with_capacity(usize::from(n).min(r.remaining() / MIN_FIELD_LEN));
+            for _ in 0..n {
+                let name = short_string(r, "field name")?;
+                fields.push((name, r.u64()?));
+            }
+            Ok(ReplResponse::Status(NodeStatus {
+                role,
+                epoch,
+                offset,
+                addr,
+                primary,
+                fields,
+            }))
+        })(),
+        opcode::PROMOTED => (|| {
+            Ok(ReplResponse::Promoted {
+                epoch: r.u64()?,
+                was_primary: flag(r, "was_primary")?,
+            })
+        })(),
+        _ => return None,
+    };
+    Some(decoded)
+}
+
+pub(crate) fn encode_repl_response(
+    request_id: RequestId,
+    response: &ReplResponse,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    match response {
+        ReplResponse::Stream {
+            replid,
+            epoch,
+            offset,
+            full,
+        } => encode_frame(dst, opcode::REPL_STREAM, request_id, 25, |dst| {
+            dst.put_u64(*replid);
+            dst.put_u64(*epoch);
+            dst.put_u64(*offset);
+            dst.put_u8((*full).into());
+            Ok(())
+        }),
+        ReplResponse::Snapshot(part) => {
+            let hint = 13 + 4 + records_hint(&part.records);
+            encode_frame(dst, opcode::REPL_SNAPSHOT, request_id, hint, |dst| {
+                dst.put_u64(part.offset);
+                dst.put_u16(part.slot_mod);
+                dst.put_u16(part.slot_rem);
+                dst.put_u8(part.last.into());
+                put_records(dst, &part.records)
+            })
+        }
+        ReplResponse::Changes(batch) => {
+            let hint = 16 + 4 + records_hint(&batch.records);
+            encode_frame(dst, opcode::REPL_CHANGES, request_id, hint, |dst| {
+                dst.put_u64(batch.offset);
+                dst.put_u64(batch.sent_at);
+                put_records(dst, &batch.records)
+            })
+        }
+        ReplResponse::Heartbeat {
+            epoch,
+            offset,
+            now,
+            syncing,
+        } => encode_frame(dst, opcode::REPL_HEARTBEAT, request_id, 25, |dst| {
+            dst.put_u64(*epoch);
+            dst.put_u64(*offset);
+            dst.put_u64(*now);
+            dst.put_u8((*syncing).into());
+            Ok(())
+        }),
+        ReplResponse::Status(status) => {
+            let hint = 17 + 2 + status.addr.len() + status.primary.len() + 1;
+            encode_frame(dst, opcode::STATUS_OK, request_id, hint, |dst| {
+                dst.put_u8(status.role as u8);
+                dst.put_u64(status.epoch);
+                dst.put_u64(status.offset);
+                put_short_string(dst, &status.addr, "address")?;
+                put_short_string(dst, &status.primary, "primary address")?;
+                dst.put_u8(wire_len(status.fields.len(), "status fields", u8::MAX)?);
+                for (name, value) in &status.fields {
+                    put_short_string(dst, name, "field name")?;
+                    dst.put_u64(*value);
+                }
+                Ok(())
+            })
+        }
+        ReplResponse::Promoted { epoch, was_primary } => {
+            encode_frame(dst, opcode::PROMOTED, request_id, 9, |dst| {
+                dst.put_u64(*epoch);
+                dst.put_u8((*was_primary).into());
+                Ok(())
+            })
+        }
+    }
+}
+
+fn invalid(r: &PayloadReader, field: &'static str, value: u64) -> DecodeError {
+    DecodeError::InvalidValue {
+        request_id: r.request_id,
+        opcode: r.opcode,
+        field,
+        value,
+    }
+}
+
+/// A boolean byte: exactly 0 or 1.
+fn flag(r: &mut PayloadReader, field: &'static str) -> Result<bool, DecodeError> {
+    match r.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(invalid(r, field, other.into())),
+    }
+}
+
+fn role(r: &mut PayloadReader) -> Result<Role, DecodeError> {
+    let role = r.u8()?;
+    Role::from_wire(role).ok_or(DecodeError::UnknownRole {
+        request_id: r.request_id,
+        role,
+    })
+}
+
+/// A `u8`-length-prefixed UTF-8 string.
+fn short_string(r: &mut PayloadReader, field: &'static str) -> Result<String, DecodeError> {
+    let len = r.u8()?;
+    r.string(len.into(), field)
+}
+
+fn put_short_string(dst: &mut BytesMut, s: &str, field: &'static str) -> Result<(), EncodeError> {
+    dst.put_u8(wire_len(s.len(), field, u8::MAX)?);
+    dst.put_slice(s.as_bytes());
+    Ok(())
+}
+
+/// Bounds a `u32` count by what the rest of the payload can hold.
+fn capacity(r: &PayloadReader, count: u32, min_len: usize) -> usize {
+    usize::try_from(count)
+        .unwrap_or(usize::MAX)
+        .min(r.remaining() / min_len)
+}
+
+fn records(r: &mut PayloadReader) -> Result<Vec<Record>, DecodeError> {
+    let n = r.u32()?;
+    let mut records = Vec::with_capacity(capacity(r, n, MIN_RECORD_LEN));
+    for _ in 0..n {
+        records.push(record(r)?);
+    }
+    Ok(records)
+}
+
+fn record(r: &mut PayloadReader) -> Result<Record, DecodeError> {
+    let len = r.u16()?;
+    if len == 0 {
+        return Err(DecodeError::EmptyKey {
+            request_id: r.request_id,
+        });
+    }
+    let key = r.bytes(len.into())?;
+    let token_bucket = table_state(r, true)?;
+    let other = table_state(r, false)?;
+    Ok(Record {
+        key,
+        token_bucket,
+        other,
+    })
+}
+
+fn table_state(r: &mut PayloadReader, token_bucket: bool) -> Result<TableState, DecodeError> {
+    match r.u8()? {
+        TABLE_UNCHANGED => Ok(TableState::Unchanged),
+        TABLE_ABSENT => Ok(TableState::Absent),
+        TABLE_PRESENT => {
+            let entry = state_entry(r)?;
+            let is_bucket = matches!(entry.state, StateValue::TokenBucket { .. });
+            if is_bucket != token_bucket {
+                return Err(invalid(
+                    r,
+                    "algorithm of the table",
+                    entry.state.algorithm().into(),
+                ));
+            }
+            Ok(TableState::Present(entry))
+        }
+        other => Err(invalid(r, "table state", other.into())),
+    }
+}
+
+fn state_entry(r: &mut PayloadReader) -> Result<StateEntry, DecodeError> {
+    let algorithm = r.u8()?;
+    let expires_at = r.u64()?;
+    let state = match algorithm {
+        1 => StateValue::TokenBucket { tat: r.u64()? },
+        2 => StateValue::SlidingWindow {
+            index: r.u64()?,
+            prev: r.u64()?,
+            cur: r.u64()?,
+        },
+        3 => StateValue::FixedWindow {
+            index: r.u64()?,
+            count: r.u64()?,
+        },
+        4 => {
+            let n = r.u32()?;
+            let mut entries = Vec::with_capacity(capacity(r, n, 8));
+            for _ in 0..n {
+                entries.push(r.u64()?);
+            }
+            StateValue::SlidingLog { entries }
+        }
+        5 => StateValue::LeakyBucket { tat: r.u64()? },
+        6 => {
+            let last_id = r.u64()?;
+            let n = r.u32()?;
+            let mut leases = Vec::with_capacity(capacity(r, n, 24));
+            for _ in 0..n {
+                leases.push(LeaseState {
+                    id: r.u64()?,
+                    expires_at: r.u64()?,
+                    units: r.u64()?,
+                });
+            }
+            StateValue::Concurrency { last_id, leases }
+        }
+        _ => {
+            return Err(DecodeError::UnknownAlgorithm {
+                request_id: r.request_id,
+                algorithm,
+            })
+        }
+    };
+    Ok(StateEntry { expires_at, state })
+}
+
+fn records_hint(records: &[Record]) -> usize {
+    records
+        .iter()
+        .map(|r| MIN_RECORD_LEN + r.key.len() + 32)
+        .sum()
+}
+
+fn put_records(dst: &mut BytesMut, records: &[Record]) -> Result<(), EncodeError> {
+    dst.put_u32(wire_len(records.len(), "records in a frame", u32::MAX)?);
+    for record in records {
+        dst.put_u16(wire_len(record.key.len(), "key", u16::MAX)?);
+        dst.put_slice(&record.key);
+        put_table_state(dst, &record.token_bucket)?;
+        put_table_state(dst, &record.other)?;
+    }
+    Ok(())
+}
+
+fn put_table_state(dst: &mut BytesMut, table: &TableState) -> Result<(), EncodeError> {
+    match table {
+        TableState::Unchanged => dst.put_u8(TABLE_UNCHANGED),
+        TableState::Absent => dst.put_u8(TABLE_ABSENT),
+        TableState::Present(entry) => {
+            dst.put_u8(TABLE_PRESENT);
+            dst.put_u8(entry.state.algorithm());
+            dst.put_u64(entry.expires_at);
+            match &entry.state {
+                StateValue::TokenBucket { tat } | StateValue::LeakyBucket { tat } => {
+                    dst.put_u64(*tat)
+                }
+                StateValue::SlidingWindow { index, prev, cur } => {
+                    dst.put_u64(*index);
+                    dst.put_u64(*prev);
+                    dst.put_u64(*cur);
+                }
+                StateValue::FixedWindow { index, count } => {
+                    dst.put_u64(*index);
+                    dst.put_u64(*count);
+                }
+                StateValue::SlidingLog { entries } => {
+                    dst.put_u32(wire_len(entries.len(), "sliding log entries", u32::MAX)?);
+                    for t in entries {
+                        dst.put_u64(*t);
+                    }
+                }
+                StateValue::Concurrency { last_id, leases } => {
+                    dst.put_u64(*last_id);
+                    dst.put_u32(wire_len(leases.len(), "leases", u32::MAX)?);
+                    for lease in leases {
+                        dst.put_u64(lease.id);
+                        dst.put_u64(lease.expires_at);
+                        dst.put_u64(lease.units);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! The other node of the pair (`--peer`): asked at start-up, probed by a
+//! primary every heartbeat, and heard from when it announces itself.
+//!
+//! Rules (the README's "Replication and failover" states what they buy):
+//! - **at start**, a node with a peer serves nothing until it has asked it
+//!   (asking again until `--repl-timeout` if it does not answer):
+//!   a peer that is primary is followed (a restarted ex-primary comes back
+//!   as standby at the new epoch); a peer that is a standby holding a
+//!   complete copy while its own primary is gone (or is this very node) is
+//!   promoted and followed, because this node restarted empty; otherwise
+//!   the node takes its configured role (primary, or standby of
+//!   `--replica-of`);
+//! - **a primary** probes its peer every heartbeat, describing itself, and
+//!   steps down when the peer is primary with a higher epoch (equal epochs:
+//!   the node with the greater address steps down, so exactly one does);
+//! - **any node** told (by a probe's announce) of a primary that outranks
+//!   it steps down and follows it.
+
+use crate::server::Shared;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_client::{Client, ClientConfig};
+use tollgate_protocol::{Announce, NodeStatus, Role};
+
+/// Whether a primary at (`epoch`, `addr`) outranks one at (`my_epoch`,
+/// `my_addr`).
+pub(crate) fn outranks(epoch: u64, addr: &str, my_epoch: u64, my_addr: &str) -> bool {
+    epoch > my_epoch || (epoch == my_epoch && addr < my_addr)
+}
+
+fn peer_client(shared: &Shared, peer: &str) -> Client {
+    let config = &shared.config;
+    let patience = config.repl_timeout.min(Duration::from_secs(1));
+    Client::new(
+        peer.to_owned(),
+        ClientConfig {
+            deadline: patience,
+            connect_timeout: patience,
+            client_name: format!("tollgate-peer {}", shared.node.advertise()),
+            auth_token: config.auth_token.clone().map(String::into_bytes),
+            backoff_min: config.heartbeat,
+            backoff_max: config.heartbeat.saturating_mul(10),
+            ..ClientConfig::default()
+        },
+    )
+}
+
+/// Decides the starting role of a node with a peer (see the module docs).
+/// A node without one starts in its configured role directly.
+pub(crate) async fn start(shared: &Arc<Shared>) {
+    let node = &shared.node;
+    let Some(peer) = shared.config.peer.clone() else {
+        return;
+    };
+    let me = node.advertise();
+    // A peer that is slow to answer (busy, restarting too) is asked again
+    // until --repl-timeout: taking the primary role on a missed answer
+    // would serve checks beside the real primary until the next probe.
+    let give_up = tokio::time::Instant::now() + shared.config.repl_timeout;
+    let status = loop {
+        let client = peer_client(shared, &peer);
+        let status = client.status().await;
+        client.close();
+        match status {
+            Err(e) if tokio::time::Instant::now() < give_up => {
+                tracing::debug!(%peer, error = %e, "start: no answer from the peer yet");
+                tokio::time::sleep(shared.config.heartbeat).await;
+            }
+            status => break status,
+        }
+    };
+    let fallback = |known_epoch: u64, why: &'static str| match &shared.config.replica_of {
+        Some(primary) => node.step_down(primary.clone(), known_epoch, why),
+        None => node.start_as_primary(known_epoch, why),
+    };
+    match status {
+        Ok(s) if s.role == Role::Primary => {
+            node.step_down(peer, s.epoch, "start: the peer is primary");
+        }
+        Ok(s) if holds_the_data(shared, &s, &me) => {
+            tracing::info!(%peer, epoch = s.epoch, "start: the peer holds the data; promoting it");
+            let client = peer_client(shared, &peer);
+            let promoted = client.promote().await;
+            client.close();
+            match promoted {
+                Ok((epoch, _)) => {
+                    node.step_down(peer, epoch, "start: promoted the peer, which held the data")
+                }
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "start: cannot promote the peer");
+                    fallback(s.epoch, "start: the peer could not be promoted");
+                }
+            }
+        }
+        Ok(s) => fallback(
+            s.epoch,
+            "start: the peer is a standby without a complete copy",
+        ),
+        Err(e) => {
+            tracing::info!(%peer, error = %e, "start: the peer does not answer");
+            fallback(0, "start: no answer from the peer");
+        }
+    }
+}
+
+/// A standby peer whose copy is worth more than this (restarted, empty)
+/// node's: complete, and either following this node or cut off from its
+/// primary.
+fn holds_the_data(shared: &Shared, s: &NodeStatus, me: &str) -> bool {
+    let lost_primary = s
+        .field("heard_ms")
+        .is_none_or(|ms| Duration::from_millis(ms) > shared.config.heartbeat * 3);
+    s.role == Role::Standby && s.field("synced") == Some(1) && (s.primary == me || lost_primary)
+}
+
+/// A primary's probe of its peer, every heartbeat, until it steps down (or
+/// the task is dropped).
+pub(crate) async fn probe(shared: Arc<Shared>, peer: String) {
+    let node = &shared.node;
+    let client = peer_client(&shared, &peer);
+    let mut tick = tokio::time::interval(shared.config.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reachable = true;
+    loop {
+        tick.tick().await;
+        let me = node.advertise();
+        let announce = Announce {
+            role: node.role(),
+            epoch: node.epoch(),
+            addr: me.clone(),
+        };
+        match client.status_announcing(announce).await {
+            Ok(s) => {
+                if !reachable {
+                    tracing::info!(%peer, role = ?s.role, epoch = s.epoch, "peer reachable again");
+                    reachable = true;
+                }
+                node.heard_of_epoch(s.epoch);
+                if s.role == Role::Primary && outranks(s.epoch, &s.addr, node.epoch(), &me) {
+                    node.step_down(
+                        peer.clone(),
+                        s.epoch,
+                        "the peer is primary at a higher epoch",
+                    );
+                    client.close();
+                    return;
+                }
+            }
+            Err(e) => {
+                if reachable {
+                    tracing::info!(%peer, error = %e, "peer unreachable");
+                    reachable = false;
+                }
+            }
+        }
+    }
+}
+
+/// A node told about another by a STATUS announce.
+pub(crate) fn on_announce(shared: &Shared, announce: &Announce) {
+    let node = &shared.node;
+    node.heard_of_epoch(announce.epoch);
+    if announce.role != Role::Primary {
+        return;
+    }
+    let view = node.view();
+    let me = node.advertise();
+    if announce.addr == me {
+        return;
+    }
+    match view.role {
+        Role::Primary if outranks(announce.epoch, &announce.addr, view.epoch, &me) => {
+            node.step_down(
+                announce.addr.clone(),
+                announce.epoch,
+                "told of a primary at a higher epoch",
+            );
+        }
+        Role::Standby
+            if announce.epoch > view.epoch
+                && view.primary.as_deref() != Some(announce.addr.as_str()) =>
+        {
+            node.step_down(
+                announce.addr.clone(),
+                announce.epoch,
+                "told of a primary at a higher epoch than the one followed",
+            );
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outranks;
+
+    #[test]
+    fn exactly_one_of_two_equal_primaries_steps_down() {
+        assert!(outranks(3, "b", 2, "a"));
+        assert!(!outranks(2, "b", 3, "a"));
+        // Same epoch: the greater address steps down.
+        assert!(outranks(2, "a:1", 2, "b:1"));
+        assert!(!outranks(2, "b:1", 2, "a:1"));
+    }
+}

@@ -1,0 +1,227 @@
+//! Real `tollgate serve` processes on fixed local ports (so a node can be
+//! killed with SIGKILL and started again with the same flags), and the
+//! helpers the scenarios share.
+
+use std::future::Future;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use tollgate_client::{
+    Algorithm, Client, ClientConfig, Decision, Limit, LimitRef, NodeStatus, Outcome, Pair, Role,
+};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
+
+/// Generous bound for anything that should take well under a second, so a
+/// broken build fails instead of hanging; never a pass/fail timing.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A free port on 127.0.0.1 (bound then released: another process could
+/// take it in between, which the OS makes unlikely).
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().unwrap().to_string()
+}
+
+/// One `tollgate serve` process.
+pub struct Node {
+    pub addr: String,
+    pub admin: String,
+    args: Vec<String>,
+    child: Option<Child>,
+    /// Every JSON log line so far.
+    logs: Arc<Mutex<Vec<serde_json::Value>>>,
+}
+
+impl Node {
+    /// Starts `serve --listen addr` with `extra` flags; returns once it
+    /// logs that it serves.
+    pub fn start(addr: &str, extra: &[&str]) -> Node {
+        let mut node = Node {
+            addr: addr.to_owned(),
+            admin: String::new(),
+            args: extra.iter().map(|s| s.to_string()).collect(),
+            child: None,
+            logs: Arc::default(),
+        };
+        node.spawn();
+        node
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                &self.addr,
+                "--admin",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+            ])
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tollgate serve");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let logs = self.logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                    continue;
+                };
+                if v["fields"]["message"] == "tollgate serving" {
+                    let _ = tx.send(v["fields"]["admin"].as_str().unwrap_or("").to_owned());
+                }
+                logs.lock().unwrap().push(v);
+            }
+        });
+        self.admin = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the server logs that it serves");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL: no drain, no goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reaped");
+        }
+    }
+
+    /// Starts the process again with exactly the same flags.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.logs = Arc::default();
+        self.spawn();
+    }
+
+    /// Log lines (their `fields`) of the current process whose message is
+    /// `message`.
+    pub fn logged(&self, message: &str) -> Vec<serde_json::Value> {
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|v| v["fields"]["message"] == message)
+            .map(|v| v["fields"].clone())
+            .collect()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn config(deadline: Duration) -> ClientConfig {
+    ClientConfig {
+        deadline,
+        connect_timeout: Duration::from_millis(500),
+        backoff_min: Duration::from_millis(20),
+        backoff_max: Duration::from_millis(200),
+        client_name: "replication-test".into(),
+        ..ClientConfig::default()
+    }
+}
+
+/// A client for one node.
+pub fn client(addr: &str) -> Client {
+    Client::new(addr.to_owned(), config(Duration::from_secs(2)))
+}
+
+/// The node's STATUS, or None while it cannot be reached.
+pub async fn status(addr: &str) -> Option<NodeStatus> {
+    let c = client(addr);
+    let s = c.status().await.ok();
+    c.close();
+    s
+}
+
+/// Polls `probe` until it returns `Some`, every 20 ms, for up to
+/// [`PATIENCE`]; panics with `what` otherwise.
+pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the node at `addr` reports `role` (and returns its status).
+pub async fn role_is(addr: &str, role: Role) -> NodeStatus {
+    eventually(&format!("{addr} becomes {role:?}"), || async {
+        status(addr).await.filter(|s| s.role == role)
+    })
+    .await
+}
+
+/// Waits until the standby at `standby` is in sync and holds every change
+/// the primary at `primary` made before this was called: two drain passes
+/// later every such change has been numbered (a pass started after it
+/// ended), and the standby applies up to that offset.
+pub async fn caught_up(primary: &str, standby: &str) {
+    let passes = |s: &NodeStatus| s.field("passes").unwrap_or(0);
+    let start = passes(&status(primary).await.expect("primary answers"));
+    let numbered = eventually(&format!("{primary} drains its changes"), || async {
+        status(primary).await.filter(|s| passes(s) >= start + 2)
+    })
+    .await;
+    let target = numbered.offset;
+    eventually(&format!("{standby} catches up with {primary}"), || async {
+        let s = status(standby).await?;
+        (s.field("synced") == Some(1) && s.offset >= target).then_some(())
+    })
+    .await
+}
+
+/// The limits the scenarios use: slow refills, so no state changes by
+/// itself while a test compares two nodes.
+pub fn limit_of(kind: usize) -> Limit {
+    let (algorithm, count, period_ms, burst) = match kind % 5 {
+        0 => (Algorithm::TokenBucket, 1, 60_000, 50),
+        1 => (Algorithm::FixedWindow, 50, 3_600_000, 0),
+        2 => (Algorithm::SlidingWindow, 50, 3_600_000, 0),
+        3 => (Algorithm::SlidingLog, 50, 3_600_000, 0),
+        _ => (Algorithm::Concurrency, 50, 3_600_000, 0),
+    };
+    Limit {
+        algorithm,
+        count,
+        period_ms,
+        burst,
+    }
+}
+
+pub fn pair(key: &str, limit: Limit, cost: u32) -> Pair {
+    Pair {
+        key: key.as_bytes().to_vec().into(),
+        limit: LimitRef::Inline(limit),
+        cost,
+    }
+}
+
+/// The decision a PEEK of `key` gets from `client`.
+pub async fn peek(client: &Client, key: &str, limit: Limit) -> Decision {
+    match client.peek(key.to_owned(), limit, 1).await {
+        Outcome::Decided(d) => d,
+        other => panic!("PEEK {key} on {}: {other:?}", client.addr()),
+    }
+}
