@@ -26,10 +26,11 @@ fn measure(keys: usize, algorithm: Algorithm) {
         algorithm,
         count: 100,
         period_ms: 1000,
-        burst: if algorithm == Algorithm::TokenBucket {
-            100
-        } else {
-            0
+        // Bursts for the buckets; the others take none. A sliding log and a
+        // concurrency limit hold one entry (timestamp, lease) per charge.
+        burst: match algorithm {
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => 100,
+            _ => 0,
         },
     };
     let now = 1_000_000_000;
@@ -68,7 +69,7 @@ fn main() {
     // combination in a fresh process, so no run reuses memory another freed.
     if let [flag, name, n] = &args[..] {
         if flag == "--one" {
-            let algorithm = [Algorithm::TokenBucket, Algorithm::SlidingWindow]
+            let algorithm = Algorithm::ALL
                 .into_iter()
                 .find(|a| a.name() == name)
                 .expect("algorithm name");
@@ -78,7 +79,7 @@ fn main() {
     }
     let exe = std::env::current_exe().expect("own path");
     for &n in &counts {
-        for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow] {
+        for algorithm in Algorithm::ALL {
             let status = std::process::Command::new(&exe)
                 .args(["--one", algorithm.name(), &n.to_string()])
                 .status()
