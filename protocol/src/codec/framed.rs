@@ -3,12 +3,11 @@
 //! They hold only the settings the functions need and add no logic, so the
 //! tests of the functions cover them.
 //!
-//! Beware of tokio-util's error handling when using [`ServerCodec`] with
-//! `FramedRead`: after a decoder error the stream yields `None` once and then
-//! reads the socket again before decoding, so frames already buffered behind
-//! a bad one stall until more bytes arrive. [`ResilientServerCodec`] returns
-//! per-frame errors as items instead, and fails the stream only on fatal
-//! errors, so a bad request is answered and the stream goes on.
+//! [`ServerCodec`] yields a bad but complete frame as an item (`Err` inside
+//! `Some`) and fails the stream only on fatal errors. tokio-util's
+//! `FramedRead` ends the stream once after any decoder error and then reads
+//! the socket again before decoding, so returning per-frame errors as decoder
+//! errors would stall the frames buffered behind a bad one.
 
 use bytes::BytesMut;
 use tokio_util::codec::{Decoder, Encoder};
@@ -19,7 +18,9 @@ use super::{
 };
 use crate::message::{Request, RequestId, Response, ServerLimits};
 
-/// The server side: decodes requests within `limits`, encodes responses.
+/// The server side: decodes requests within `limits` (a bad frame consumed
+/// whole is an item, so the stream goes on; fatal errors end it), encodes
+/// responses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ServerCodec {
     pub limits: ServerLimits,
@@ -43,11 +44,15 @@ fn eof_inside_frame<T>(decoded: Option<T>, buf: &BytesMut) -> Result<Option<T>, 
 }
 
 impl Decoder for ServerCodec {
-    type Item = (RequestId, Request);
+    type Item = Result<(RequestId, Request), DecodeError>;
     type Error = DecodeError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
-        decode_request(src, &self.limits)
+        match decode_request(src, &self.limits) {
+            Ok(decoded) => Ok(decoded.map(Ok)),
+            Err(e) if e.is_fatal() => Err(e),
+            Err(e) => Ok(Some(Err(e))),
+        }
     }
 
     fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
@@ -69,62 +74,6 @@ impl Encoder<(RequestId, Response)> for ServerCodec {
 }
 
 impl Encoder<(RequestId, &Response)> for ServerCodec {
-    type Error = EncodeError;
-
-    fn encode(
-        &mut self,
-        (id, response): (RequestId, &Response),
-        dst: &mut BytesMut,
-    ) -> Result<(), EncodeError> {
-        encode_response(id, response, dst)
-    }
-}
-
-/// The server side for `FramedRead`: like [`ServerCodec`], but a bad frame
-/// that was consumed whole is an item (`Err` inside `Some`), so the stream
-/// keeps going; only fatal errors end it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ResilientServerCodec {
-    pub limits: ServerLimits,
-}
-
-impl ResilientServerCodec {
-    pub fn new(limits: ServerLimits) -> Self {
-        Self { limits }
-    }
-}
-
-impl Decoder for ResilientServerCodec {
-    type Item = Result<(RequestId, Request), DecodeError>;
-    type Error = DecodeError;
-
-    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
-        match decode_request(src, &self.limits) {
-            Ok(decoded) => Ok(decoded.map(Ok)),
-            Err(e) if e.is_fatal() => Err(e),
-            Err(e) => Ok(Some(Err(e))),
-        }
-    }
-
-    fn decode_eof(&mut self, buf: &mut BytesMut) -> Result<Option<Self::Item>, DecodeError> {
-        let decoded = self.decode(buf)?;
-        eof_inside_frame(decoded, buf)
-    }
-}
-
-impl Encoder<(RequestId, Response)> for ResilientServerCodec {
-    type Error = EncodeError;
-
-    fn encode(
-        &mut self,
-        (id, response): (RequestId, Response),
-        dst: &mut BytesMut,
-    ) -> Result<(), EncodeError> {
-        encode_response(id, &response, dst)
-    }
-}
-
-impl Encoder<(RequestId, &Response)> for ResilientServerCodec {
     type Error = EncodeError;
 
     fn encode(

@@ -33,7 +33,7 @@ mod request;
 mod response;
 
 pub use error::{DecodeError, EncodeError};
-pub use framed::{ClientCodec, ResilientServerCodec, ServerCodec};
+pub use framed::{ClientCodec, ServerCodec};
 pub use request::{decode_request, encode_request};
 pub use response::{decode_response, encode_checked, encode_response};
 
