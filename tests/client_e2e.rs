@@ -12,6 +12,8 @@ fn config() -> ClientConfig {
         deadline: Duration::from_secs(2),
         backoff_min: Duration::from_millis(20),
         backoff_max: Duration::from_millis(100),
+        // These tests look at undecided outcomes themselves.
+        fallback: None,
         ..ClientConfig::default()
     }
 }
@@ -64,9 +66,9 @@ async fn groups_through_the_client_are_atomic() {
             .unwrap()
             .allowed
     );
-    let d = *client.check_group(group()).await.decision().unwrap();
+    let d = client.check_group(group()).await.decision().unwrap().clone();
     assert!(!d.allowed);
-    assert_eq!(d.pair, 1);
+    assert_eq!(d.binding.index, 1);
     // The per-second key took only the first, successful check.
     let p = tb("{c}:s", 10, 1000, 10, 1);
     assert_eq!(
@@ -78,11 +80,16 @@ async fn groups_through_the_client_are_atomic() {
             .remaining,
         8
     );
-    // A cross-slot group is the caller's bug, not an outage.
+    // A cross-slot group is the caller's bug, not an outage: rejected,
+    // never allowed, whatever the fail mode.
     let bad = client
         .check_group(vec![tb("{x}a", 1, 1000, 1, 1), tb("{y}b", 1, 1000, 1, 1)])
         .await;
-    assert!(matches!(bad, Outcome::Undecided(u) if u.is_caller_error()));
+    assert!(
+        matches!(&bad, Outcome::Rejected(r) if r.code == tollgate_client::ErrorCode::CrossSlot),
+        "{bad:?}"
+    );
+    assert!(!bad.is_allowed());
     server.stop().await;
 }
 
@@ -101,15 +108,20 @@ async fn server_outage_fails_open_then_the_client_reconnects() {
 
     // Down: an undecided answer, well within the deadline, never an error.
     let outcome = client.check(p.key.clone(), p.limit.clone(), 1).await;
-    let Outcome::Undecided(why) = outcome else {
+    let Outcome::Undecided { why, fail_mode } = outcome else {
         panic!("decided without a server: {outcome:?}")
     };
     assert!(
         matches!(why, Undecided::ConnectionLost | Undecided::Unavailable),
         "{why:?}"
     );
-    assert!(outcome.allowed(FailMode::Open));
-    assert!(!outcome.allowed(FailMode::Closed));
+    assert_eq!(fail_mode, FailMode::Open);
+    assert!(outcome.is_allowed());
+    let closed = client
+        .with_fail_mode(FailMode::Closed)
+        .check(p.key.clone(), p.limit.clone(), 1)
+        .await;
+    assert!(!closed.is_allowed(), "{closed:?}");
 
     // Back on the same port: the client finds it again by itself.
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();

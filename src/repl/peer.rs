@@ -19,7 +19,7 @@
 use crate::server::Shared;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_client::{Client, ClientConfig};
+use tollgate_client::{BreakerConfig, Client, ClientConfig};
 use tollgate_protocol::{Announce, NodeStatus, Role};
 
 /// Whether a primary at (`epoch`, `addr`) outranks one at (`my_epoch`,
@@ -28,7 +28,10 @@ pub(crate) fn outranks(epoch: u64, addr: &str, my_epoch: u64, my_addr: &str) -> 
     epoch > my_epoch || (epoch == my_epoch && addr < my_addr)
 }
 
-fn peer_client(shared: &Shared, peer: &str) -> Client {
+/// A client for the peer: no circuit breaker and no fallback (a probe
+/// must see the peer the moment it answers again, and it asks no
+/// rate-limit questions).
+fn peer_client(shared: &Shared, peer: &str) -> Result<Client, tollgate_client::Error> {
     let config = &shared.config;
     let patience = config.repl_timeout.min(Duration::from_secs(1));
     Client::new(
@@ -40,6 +43,8 @@ fn peer_client(shared: &Shared, peer: &str) -> Client {
             auth_token: config.auth_token.clone().map(String::into_bytes),
             backoff_min: config.heartbeat,
             backoff_max: config.heartbeat.saturating_mul(10),
+            breaker: BreakerConfig::never_open(),
+            fallback: None,
             ..ClientConfig::default()
         },
     )
@@ -58,9 +63,14 @@ pub(crate) async fn start(shared: &Arc<Shared>) {
     // would serve checks beside the real primary until the next probe.
     let give_up = tokio::time::Instant::now() + shared.config.repl_timeout;
     let status = loop {
-        let client = peer_client(shared, &peer);
-        let status = client.status().await;
-        client.close();
+        let status = match peer_client(shared, &peer) {
+            Ok(client) => {
+                let status = client.status().await;
+                client.close();
+                status
+            }
+            Err(e) => Err(e),
+        };
         match status {
             Err(e) if tokio::time::Instant::now() < give_up => {
                 tracing::debug!(%peer, error = %e, "start: no answer from the peer yet");
@@ -79,9 +89,14 @@ pub(crate) async fn start(shared: &Arc<Shared>) {
         }
         Ok(s) if holds_the_data(shared, &s, &me) => {
             tracing::info!(%peer, epoch = s.epoch, "start: the peer holds the data; promoting it");
-            let client = peer_client(shared, &peer);
-            let promoted = client.promote().await;
-            client.close();
+            let promoted = match peer_client(shared, &peer) {
+                Ok(client) => {
+                    let promoted = client.promote().await;
+                    client.close();
+                    promoted
+                }
+                Err(e) => Err(e),
+            };
             match promoted {
                 Ok((epoch, _)) => {
                     node.step_down(peer, epoch, "start: promoted the peer, which held the data")
@@ -117,7 +132,13 @@ fn holds_the_data(shared: &Shared, s: &NodeStatus, me: &str) -> bool {
 /// the task is dropped).
 pub(crate) async fn probe(shared: Arc<Shared>, peer: String) {
     let node = &shared.node;
-    let client = peer_client(&shared, &peer);
+    let client = match peer_client(&shared, &peer) {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::error!(%peer, %error, "cannot make a client for the peer; not probing it");
+            return;
+        }
+    };
     let mut tick = tokio::time::interval(shared.config.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reachable = true;

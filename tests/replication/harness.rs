@@ -131,13 +131,14 @@ pub fn config(deadline: Duration) -> ClientConfig {
         backoff_min: Duration::from_millis(20),
         backoff_max: Duration::from_millis(200),
         client_name: "replication-test".into(),
+        fallback: None,
         ..ClientConfig::default()
     }
 }
 
 /// A client for one node.
 pub fn client(addr: &str) -> Client {
-    Client::new(addr.to_owned(), config(Duration::from_secs(2)))
+    Client::new(addr.to_owned(), config(Duration::from_secs(2))).expect("valid config")
 }
 
 /// The node's STATUS, or None while it cannot be reached.

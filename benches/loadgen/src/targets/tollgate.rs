@@ -1,19 +1,21 @@
 //! Tollgate through its own client crate, as a gateway would call it.
 //!
 //! One [`Client`] per connection (each holds one multiplexed TCP
-//! connection). A request is one CHECK frame of `batch` independent
-//! single-pair checks, sent with [`Client::check_batch`]; `--pipeline`
-//! requests are in flight at once on each connection, multiplexed by the
-//! client's request ids. Per-call work in the client (a pending-map entry,
-//! a oneshot, a queue hop to its writer task, a deadline timer) is part of
-//! what is measured: it is what a gateway pays too.
+//! connection). With `--batch 1` a request is one [`Client::check`], the
+//! call a gateway makes per API request; concurrent calls on a connection
+//! may leave in one CHECK frame (the client coalesces what is queued at the
+//! same moment, with no timer). With a larger `--batch` a request is one
+//! CHECK frame of `batch` independent checks, sent with
+//! [`Client::check_batch`]. `--pipeline` requests are in flight at once on
+//! each connection. Per-call work in the client is part of what is
+//! measured: it is what a gateway pays too. The client's local fallback is
+//! off, so a failure counts as an error, never as a local decision.
 
 use std::sync::Mutex;
 
 use bytes::BytesMut;
-use tollgate_client::{
-    Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Pair, Undecided,
-};
+use tollgate_client::error::code_summary;
+use tollgate_client::{Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Outcome, Pair};
 
 use super::{Answer, Connection, RequestShape, Target, TargetError};
 use crate::workload::{KeyPicker, KeySpace};
@@ -48,6 +50,7 @@ impl Target for TollgateTarget {
         let config = ClientConfig {
             deadline: self.shape.deadline,
             client_name: "tollgate-bench".to_owned(),
+            fallback: None,
             ..ClientConfig::default()
         };
         let client = Client::connect(self.addr.clone(), config)
@@ -136,11 +139,34 @@ impl Connection for TollgateConn {
 
     async fn send(&self, request: CheckBatch) -> Answer {
         let checks = request.len() as u32;
+        if checks == 1 {
+            if let Some(pair) = request.iter().next().and_then(|c| c.first()) {
+                let outcome = self
+                    .client
+                    .check(pair.key.clone(), pair.limit.clone(), pair.cost)
+                    .await;
+                return count(&outcome);
+            }
+        }
         match self.client.check_batch(request).await {
             Ok(results) => fold(&results),
-            Err(e) => Answer::failed(checks, Undecided::from_error(&e).to_string()),
+            Err(e) => Answer::failed(checks, e.summary()),
         }
     }
+}
+
+/// Counts one check's outcome.
+fn count(outcome: &Outcome) -> Answer {
+    let mut answer = Answer::default();
+    match outcome {
+        Outcome::Decided(d) if d.allowed => answer.allowed += 1,
+        Outcome::Decided(_) => answer.denied += 1,
+        Outcome::Rejected(r) => answer.add_error(format!("request rejected: {}", r.code)),
+        Outcome::Undecided { why, .. } | Outcome::Fallback { why, .. } => {
+            answer.add_error(why.to_string())
+        }
+    }
+    answer
 }
 
 /// Counts a CHECKED answer, check by check.
@@ -150,7 +176,7 @@ fn fold(results: &[CheckResult]) -> Answer {
         match result {
             CheckResult::Decision(d) if d.allowed => answer.allowed += 1,
             CheckResult::Decision(_) => answer.denied += 1,
-            CheckResult::Error(code) => answer.add_error(Undecided::from_code(*code).to_string()),
+            CheckResult::Error(code) => answer.add_error(code_summary(*code)),
         }
     }
     answer
@@ -158,7 +184,7 @@ fn fold(results: &[CheckResult]) -> Answer {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_client::{Decision, ErrorCode};
+    use tollgate_client::{ErrorCode, WireDecision as Decision};
 
     use super::*;
 
