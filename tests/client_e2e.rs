@@ -66,7 +66,12 @@ async fn groups_through_the_client_are_atomic() {
             .unwrap()
             .allowed
     );
-    let d = client.check_group(group()).await.decision().unwrap().clone();
+    let d = client
+        .check_group(group())
+        .await
+        .decision()
+        .unwrap()
+        .clone();
     assert!(!d.allowed);
     assert_eq!(d.binding.index, 1);
     // The per-second key took only the first, successful check.

@@ -61,9 +61,8 @@ mod tests {
     #[test]
     fn jitter_spreads_delays() {
         let mut rng = fastrand::Rng::with_seed(7);
-        let delays: std::collections::HashSet<Duration> = (0..50)
-            .map(|_| delay_with(MIN, MAX, 3, &mut rng))
-            .collect();
+        let delays: std::collections::HashSet<Duration> =
+            (0..50).map(|_| delay_with(MIN, MAX, 3, &mut rng)).collect();
         assert!(delays.len() > 40, "only {} distinct delays", delays.len());
     }
 

@@ -442,7 +442,9 @@ impl ClientConfig {
                 });
             }
             if l.hold.is_zero() {
-                return Err(ConfigError::ZeroDuration { field: "lease.hold" });
+                return Err(ConfigError::ZeroDuration {
+                    field: "lease.hold",
+                });
             }
         }
         if let Some(admin) = &self.admin {

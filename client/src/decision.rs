@@ -160,7 +160,7 @@ impl Decision {
     }
 }
 
-/// Whole seconds of `d`, rounded up.
+/// Whole seconds of `d`, rounded up (what HTTP headers carry).
 pub fn ceil_secs(d: Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
@@ -188,7 +188,11 @@ mod tests {
 
     use super::*;
 
-    fn wire(allowed: bool, reset_after_ms: u64, retry_after_ms: u64) -> tollgate_protocol::Decision {
+    fn wire(
+        allowed: bool,
+        reset_after_ms: u64,
+        retry_after_ms: u64,
+    ) -> tollgate_protocol::Decision {
         tollgate_protocol::Decision {
             allowed,
             shadow_denied: false,

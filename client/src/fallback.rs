@@ -77,8 +77,8 @@ impl Fallback {
         peek: bool,
         now: Instant,
     ) -> Decision {
-        let now_ns = u64::try_from(now.saturating_duration_since(self.epoch).as_nanos())
-            .unwrap_or(u64::MAX);
+        let now_ns =
+            u64::try_from(now.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX);
         // Evaluate every pair; the binding one is the least remaining when
         // allowed, the longest wait when denied (as the server reports).
         let mut verdicts = Vec::with_capacity(pairs.len());
@@ -122,7 +122,11 @@ impl Fallback {
             remaining: v.remaining,
             reset_after: v.full_after,
             full_after: v.full_after,
-            retry_after: if allowed { Some(Duration::ZERO) } else { v.retry_after },
+            retry_after: if allowed {
+                Some(Duration::ZERO)
+            } else {
+                v.retry_after
+            },
             lease: None,
         }
     }
@@ -195,7 +199,13 @@ mod tests {
                 LimitRef::Rule(_) => unreachable!(),
             })
             .collect();
-        f.decide(pairs, &limits, |i| Binding::of(i, &pairs[i].limit, None, |_| None), false, now)
+        f.decide(
+            pairs,
+            &limits,
+            |i| Binding::of(i, &pairs[i].limit, None, |_| None),
+            false,
+            now,
+        )
     }
 
     #[test]

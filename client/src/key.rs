@@ -188,7 +188,10 @@ mod tests {
     #[test]
     fn braces_and_separators_are_escaped() {
         let keys = KeyBuilder::new("rl").unwrap();
-        assert_eq!(&keys.key(b"acme-42", "search").unwrap()[..], b"rl:{acme-42}:search");
+        assert_eq!(
+            &keys.key(b"acme-42", "search").unwrap()[..],
+            b"rl:{acme-42}:search"
+        );
         assert_eq!(&keys.key(b"}", "search").unwrap()[..], b"rl:{%7D}:search");
         assert_eq!(
             &keys.key(b"a{b}:c%", "s").unwrap()[..],
@@ -208,7 +211,10 @@ mod tests {
         let b = keys.key(&long, "login").unwrap();
         assert_eq!(hash_tag(&a), hash_tag(&b));
         // A known digest, so every gateway (and every version) agrees.
-        assert_eq!(keys.tag(&long).unwrap(), "=17b16d8ef494060fefa36a6a41567b8c");
+        assert_eq!(
+            keys.tag(&long).unwrap(),
+            "=17b16d8ef494060fefa36a6a41567b8c"
+        );
         let mut other = long.clone();
         other[299] = b'j';
         assert_ne!(keys.tag(&long).unwrap(), keys.tag(&other).unwrap());

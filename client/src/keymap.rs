@@ -165,7 +165,10 @@ mod tests {
         // In one shard: a used entry gets a second chance.
         let one: KeyMap<u32> = KeyMap::new(1);
         one.insert(Bytes::from_static(b"a"), 1);
-        assert_eq!(one.insert(Bytes::from_static(b"b"), 2), Some((Bytes::from_static(b"a"), 1)));
+        assert_eq!(
+            one.insert(Bytes::from_static(b"b"), 2),
+            Some((Bytes::from_static(b"a"), 1))
+        );
         assert_eq!(one.get(b"b", |v| *v), Some(2));
         assert_eq!(one.remove(b"b"), Some(2));
         assert_eq!(one.len(), 0);

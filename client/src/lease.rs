@@ -84,7 +84,13 @@ impl Leases {
 
     /// Spends `cost` leased tokens of `key` if it holds them; counts the
     /// hit either way. Returns the decision when spent locally.
-    pub(crate) fn spend(&self, key: &Bytes, limit: &Limit, cost: u32, now: Instant) -> Option<Decision> {
+    pub(crate) fn spend(
+        &self,
+        key: &Bytes,
+        limit: &Limit,
+        cost: u32,
+        now: Instant,
+    ) -> Option<Decision> {
         let hold = self.config.hold;
         let found = self.table.get(key, |e| {
             if now.duration_since(e.second_start) >= Duration::from_secs(1) {
@@ -138,7 +144,14 @@ impl Leases {
 
     /// Keeps `tokens` leased for `key`; `decision` is the server's answer
     /// to the leasing check (its `remaining` counts the lease as taken).
-    pub(crate) fn store(&self, key: &Bytes, limit: &Limit, tokens: u32, decision: &Decision, now: Instant) {
+    pub(crate) fn store(
+        &self,
+        key: &Bytes,
+        limit: &Limit,
+        tokens: u32,
+        decision: &Decision,
+        now: Instant,
+    ) {
         let mut d = decision.clone();
         // The fleet's view: what the server has left plus what we hold.
         d.remaining += u64::from(tokens);
@@ -252,15 +265,30 @@ mod tests {
     fn lease_size_scales_with_the_rate_and_drops_to_none_for_small_limits() {
         let leases = Leases::new(config());
         // 1000/s refills 100 in 100 ms: capped at 20.
-        assert_eq!(leases.lease_size(&Limit::token_bucket(Rate::per_second(1000), 1000)), 20);
+        assert_eq!(
+            leases.lease_size(&Limit::token_bucket(Rate::per_second(1000), 1000)),
+            20
+        );
         // 50/s refills 5 in 100 ms.
-        assert_eq!(leases.lease_size(&Limit::token_bucket(Rate::per_second(50), 100)), 5);
+        assert_eq!(
+            leases.lease_size(&Limit::token_bucket(Rate::per_second(50), 100)),
+            5
+        );
         // A burst of 15: at most 1 (15 / 10): not leased.
-        assert_eq!(leases.lease_size(&Limit::token_bucket(Rate::per_second(1000), 15)), 0);
+        assert_eq!(
+            leases.lease_size(&Limit::token_bucket(Rate::per_second(1000), 15)),
+            0
+        );
         // 5/s: half a token per hold: not leased.
-        assert_eq!(leases.lease_size(&Limit::token_bucket(Rate::per_second(5), 100)), 0);
+        assert_eq!(
+            leases.lease_size(&Limit::token_bucket(Rate::per_second(5), 100)),
+            0
+        );
         // Windows are not leased (refunds do not cross windows exactly).
-        assert_eq!(leases.lease_size(&Limit::sliding_window(Rate::per_second(1000))), 0);
+        assert_eq!(
+            leases.lease_size(&Limit::sliding_window(Rate::per_second(1000))),
+            0
+        );
     }
 
     #[test]
@@ -304,6 +332,8 @@ mod tests {
             leases.due(t0 + Duration::from_millis(100)),
             vec![(key.clone(), limit, 12)]
         );
-        assert!(leases.spend(&key, &limit, 1, t0 + Duration::from_millis(101)).is_none());
+        assert!(leases
+            .spend(&key, &limit, 1, t0 + Duration::from_millis(101))
+            .is_none());
     }
 }

@@ -46,7 +46,11 @@ impl Metrics {
     /// client with the same `client_name` on the same registry).
     pub(crate) fn register(registry: &Registry, client: &str) -> prometheus::Result<Self> {
         let decisions_vec = IntCounterVec::new(
-            opts("tollgate_client_decisions_total", "Checks decided, by decision and by where they were decided", client),
+            opts(
+                "tollgate_client_decisions_total",
+                "Checks decided, by decision and by where they were decided",
+                client,
+            ),
             &["decision", "source"],
         )?;
         let undecided = IntCounterVec::new(
@@ -54,27 +58,46 @@ impl Metrics {
             &["reason", "fail_mode"],
         )?;
         let rejected = IntCounterVec::new(
-            opts("tollgate_client_rejected_total", "Checks refused as invalid (never allowed), by error code", client),
+            opts(
+                "tollgate_client_rejected_total",
+                "Checks refused as invalid (never allowed), by error code",
+                client,
+            ),
             &["code"],
         )?;
         let latency = Histogram::with_opts(
-            HistogramOpts::new("tollgate_client_check_duration_seconds", "Time a check spends in the client")
-                .const_label("client", client)
-                .buckets(vec![
-                    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5,
-                    0.005, 0.01, 0.025, 0.1,
-                ]),
+            HistogramOpts::new(
+                "tollgate_client_check_duration_seconds",
+                "Time a check spends in the client",
+            )
+            .const_label("client", client)
+            .buckets(vec![
+                0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+                0.01, 0.025, 0.1,
+            ]),
         )?;
         let breaker_open = IntGaugeVec::new(
-            opts("tollgate_client_breaker_open", "1 while the node's circuit breaker is open or half-open", client),
+            opts(
+                "tollgate_client_breaker_open",
+                "1 while the node's circuit breaker is open or half-open",
+                client,
+            ),
             &["node"],
         )?;
         let breaker_transitions = IntCounterVec::new(
-            opts("tollgate_client_breaker_transitions_total", "Circuit breaker state changes", client),
+            opts(
+                "tollgate_client_breaker_transitions_total",
+                "Circuit breaker state changes",
+                client,
+            ),
             &["node", "to"],
         )?;
         let lease_tokens = IntCounterVec::new(
-            opts("tollgate_client_lease_tokens_total", "Tokens leased from the server, spent locally, and refunded", client),
+            opts(
+                "tollgate_client_lease_tokens_total",
+                "Tokens leased from the server, spent locally, and refunded",
+                client,
+            ),
             &["event"],
         )?;
         registry.register(Box::new(decisions_vec.clone()))?;
@@ -144,7 +167,10 @@ mod tests {
         let registry = Registry::new();
         let _a = Metrics::register(&registry, "gw-a").expect("first");
         let _b = Metrics::register(&registry, "gw-b").expect("another name");
-        assert!(Metrics::register(&registry, "gw-a").is_err(), "same name twice");
+        assert!(
+            Metrics::register(&registry, "gw-a").is_err(),
+            "same name twice"
+        );
         let families = registry.gather();
         let mut names: Vec<_> = families.iter().map(|f| f.name().to_owned()).collect();
         names.sort();

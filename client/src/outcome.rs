@@ -175,8 +175,7 @@ impl Failure {
             Error::BatchTooLarge { .. } | Error::GroupTooLarge { .. } => {
                 rejected(ErrorCode::BatchTooLarge)
             }
-            Error::KeyTooLong { .. }
-            | Error::Key(crate::key::KeyError::KeyTooLong { .. }) => {
+            Error::KeyTooLong { .. } | Error::Key(crate::key::KeyError::KeyTooLong { .. }) => {
                 rejected(ErrorCode::KeyTooLong)
             }
             Error::Key(_) => rejected(ErrorCode::Malformed),

@@ -150,7 +150,9 @@ mod tests {
         assert_eq!(policy.key(b"k}ey", "per-day").unwrap(), pairs[1].key);
         assert_eq!(policy.pairs(b"", 1), Err(KeyError::EmptyIdentifier));
         assert!(matches!(
-            policy.clone().limit("per-day", Limit::fixed_window(Rate::per_day(1))),
+            policy
+                .clone()
+                .limit("per-day", Limit::fixed_window(Rate::per_day(1))),
             Err(PolicyError::DuplicateLimit { .. })
         ));
         assert!(Policy::new("a{b").is_err());

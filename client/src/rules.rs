@@ -214,7 +214,10 @@ mod tests {
         assert_eq!(login.failure_mode, FailMode::Closed);
         assert_eq!(login.limit, Limit::sliding_window(Rate::per_minute(10)));
         let search = table.get("search").unwrap();
-        assert_eq!(search.limit, Limit::token_bucket(Rate::per_second(100), 200));
+        assert_eq!(
+            search.limit,
+            Limit::token_bucket(Rate::per_second(100), 200)
+        );
         assert_eq!((search.default_cost, search.shadow), (2, true));
         assert_eq!(
             table.get("day").unwrap().limit,
@@ -223,6 +226,9 @@ mod tests {
                 period_ms: 43_200_000
             })
         );
-        assert!(RuleTable::from_json(br#"{"rules":[{"name":"x","algorithm":"nope","rate":"1/s"}]}"#).is_err());
+        assert!(RuleTable::from_json(
+            br#"{"rules":[{"name":"x","algorithm":"nope","rate":"1/s"}]}"#
+        )
+        .is_err());
     }
 }

@@ -129,16 +129,25 @@ enum Phase {
     Idle,
     /// An attempt task is running; `retrying_after` is the failure that
     /// preceded it, if any: calls fail fast during a retry.
-    Connecting { retrying_after: Option<Arc<Error>> },
+    Connecting {
+        retrying_after: Option<Arc<Error>>,
+    },
     /// The current connection; may have died since (checked on use).
     Connected(Arc<Connection>),
     /// The last attempt failed with `cause`; no new attempt before `until`.
-    BackingOff { until: Instant, cause: Arc<Error> },
+    BackingOff {
+        until: Instant,
+        cause: Arc<Error>,
+    },
     Closed,
 }
 
 impl Shard {
-    pub(crate) fn new(addrs: Vec<String>, config: ClientConfig, metrics: Option<Arc<Metrics>>) -> Self {
+    pub(crate) fn new(
+        addrs: Vec<String>,
+        config: ClientConfig,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Self {
         let now = Instant::now();
         let nodes = addrs
             .into_iter()

@@ -19,9 +19,10 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
-use tollgate_client::{WireDecision as Decision,
-    Algorithm, CheckBatch, CheckResult, Client, ClientConfig, ConfigError, Error,
-    ErrorCode, LeaseRef, Limit, Outcome, Pair, Role, ServerInfo, ServerLimits, Undecided,
+use tollgate_client::{
+    Algorithm, CheckBatch, CheckResult, Client, ClientConfig, ConfigError, Error, ErrorCode,
+    LeaseRef, Limit, Outcome, Pair, Role, ServerInfo, ServerLimits, Undecided,
+    WireDecision as Decision,
 };
 use tollgate_protocol::{
     decode_request, encode_response, Request, RequestId, Response, PROTOCOL_VERSION,
@@ -319,7 +320,17 @@ async fn silent_server_gives_deadline_exceeded_within_the_deadline() {
         let started = Instant::now();
         let outcome = client.check("k0", limit(), 1).await;
         let took = started.elapsed();
-        assert!(matches!(outcome, Outcome::Undecided { why: Undecided::DeadlineExceeded, .. }), "{:?}", outcome);
+        assert!(
+            matches!(
+                outcome,
+                Outcome::Undecided {
+                    why: Undecided::DeadlineExceeded,
+                    ..
+                }
+            ),
+            "{:?}",
+            outcome
+        );
         assert!(outcome.is_allowed(), "the default is fail-open");
         assert!(took >= deadline, "gave up early: {took:?}");
         assert!(
@@ -371,7 +382,17 @@ async fn nothing_listening_is_unavailable_and_backoff_fails_fast() {
         let client = Client::new(addr.to_string(), config).expect("valid config");
         let started = Instant::now();
         let outcome = client.check("k", limit(), 1).await;
-        assert!(matches!(outcome, Outcome::Undecided { why: Undecided::Unavailable, .. }), "{:?}", outcome);
+        assert!(
+            matches!(
+                outcome,
+                Outcome::Undecided {
+                    why: Undecided::Unavailable,
+                    ..
+                }
+            ),
+            "{:?}",
+            outcome
+        );
         assert!(outcome.is_allowed());
         assert!(started.elapsed() < Duration::from_millis(500));
 
@@ -386,7 +407,13 @@ async fn nothing_listening_is_unavailable_and_backoff_fails_fast() {
                 }
                 other => panic!("expected Unavailable, got {other:?}"),
             }
-            assert!(matches!(client.check("k", limit(), 1).await, Outcome::Undecided { why: Undecided::Unavailable, .. }));
+            assert!(matches!(
+                client.check("k", limit(), 1).await,
+                Outcome::Undecided {
+                    why: Undecided::Unavailable,
+                    ..
+                }
+            ));
         }
         assert!(
             tokio::time::timeout(Duration::from_millis(200), listener.accept())
@@ -430,7 +457,17 @@ async fn stuck_handshake_times_out_then_calls_fail_fast() {
         }
         let started = Instant::now();
         let outcome = client.check("k", limit(), 1).await;
-        assert!(matches!(outcome, Outcome::Undecided { why: Undecided::Unavailable, .. }), "{:?}", outcome);
+        assert!(
+            matches!(
+                outcome,
+                Outcome::Undecided {
+                    why: Undecided::Unavailable,
+                    ..
+                }
+            ),
+            "{:?}",
+            outcome
+        );
         assert!(
             started.elapsed() < connect_timeout / 2,
             "waited {:?} while backing off",
@@ -479,7 +516,13 @@ async fn dropped_connection_fails_pending_calls_and_next_call_reconnects() {
             .collect();
         assert_eq!(server.await.expect("server"), CALLS);
         for call in calls {
-            assert!(matches!(call.await.expect("call task"), Outcome::Undecided { why: Undecided::ConnectionLost, .. }));
+            assert!(matches!(
+                call.await.expect("call task"),
+                Outcome::Undecided {
+                    why: Undecided::ConnectionLost,
+                    ..
+                }
+            ));
         }
         assert!(
             started.elapsed() < deadline / 2,
@@ -678,14 +721,32 @@ async fn server_limits_errors_and_admin_calls() {
             client.check_batch(batch).await,
             Err(Error::BatchTooLarge { checks: 3, max: 2 })
         ));
-        assert!(matches!(client.check("k23456789", limit(), 1).await, Outcome::Rejected(tollgate_client::Rejection { code: ErrorCode::KeyTooLong, .. })));
-        assert!(matches!(client
+        assert!(matches!(
+            client.check("k23456789", limit(), 1).await,
+            Outcome::Rejected(tollgate_client::Rejection {
+                code: ErrorCode::KeyTooLong,
+                ..
+            })
+        ));
+        assert!(matches!(
+            client
                 .check_group(vec![pair("{a}1"), pair("{a}2"), pair("{a}3")])
-                .await, Outcome::Rejected(tollgate_client::Rejection { code: ErrorCode::BatchTooLarge, .. })));
+                .await,
+            Outcome::Rejected(tollgate_client::Rejection {
+                code: ErrorCode::BatchTooLarge,
+                ..
+            })
+        ));
         let oversized = client
             .check_group(vec![pair("{a}12345"), pair("{a}23456")])
             .await;
-        assert!(matches!(oversized, Outcome::Rejected(tollgate_client::Rejection { code: ErrorCode::FrameTooLarge, .. })));
+        assert!(matches!(
+            oversized,
+            Outcome::Rejected(tollgate_client::Rejection {
+                code: ErrorCode::FrameTooLarge,
+                ..
+            })
+        ));
         assert!(!oversized.is_allowed(), "a rejected request never passes");
         assert_eq!(client.reset(Vec::new()).await.expect("empty reset"), 0);
         assert!(
@@ -697,9 +758,21 @@ async fn server_limits_errors_and_admin_calls() {
         assert_eq!(remaining(&client.check("k3", limit(), 1).await), Some(3));
         assert_eq!(remaining(&client.peek("k4", limit(), 1).await), Some(4));
         let invalid = client.check("invalid", limit(), 1).await;
-        assert!(matches!(invalid, Outcome::Rejected(tollgate_client::Rejection { code: ErrorCode::InvalidLimit, .. })));
+        assert!(matches!(
+            invalid,
+            Outcome::Rejected(tollgate_client::Rejection {
+                code: ErrorCode::InvalidLimit,
+                ..
+            })
+        ));
         assert!(!invalid.is_allowed(), "rejected, whatever the fail mode");
-        assert!(matches!(client.check("drain", limit(), 1).await, Outcome::Undecided { why: Undecided::ServerError(ErrorCode::ShuttingDown), .. }));
+        assert!(matches!(
+            client.check("drain", limit(), 1).await,
+            Outcome::Undecided {
+                why: Undecided::ServerError(ErrorCode::ShuttingDown),
+                ..
+            }
+        ));
         let mut batch = CheckBatch::default();
         batch.push(pair("k1"));
         batch.push(pair("invalid"));
@@ -791,7 +864,13 @@ async fn server_limits_errors_and_admin_calls() {
 
         client.close();
         assert!(matches!(client.ping().await, Err(Error::Closed)));
-        assert!(matches!(client.check("k1", limit(), 1).await, Outcome::Undecided { why: Undecided::Unavailable, .. }));
+        assert!(matches!(
+            client.check("k1", limit(), 1).await,
+            Outcome::Undecided {
+                why: Undecided::Unavailable,
+                ..
+            }
+        ));
         // The server sees the connection end.
         server.await.expect("server");
     })

@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tollgate_client::{WireDecision as Decision,
-    Algorithm, CheckResult, Client, ClientConfig, ErrorCode, Limit, Outcome, Role,
-    ServerLimits, Undecided,
+use tollgate_client::{
+    Algorithm, CheckResult, Client, ClientConfig, ErrorCode, Limit, Outcome, Role, ServerLimits,
+    Undecided, WireDecision as Decision,
 };
 use tollgate_protocol::{decode_request, encode_response, Request, Response, PROTOCOL_VERSION};
 
@@ -160,7 +160,16 @@ async fn without_a_primary_checks_are_undecided_until_one_appears() {
     let b = FakeNode::start(2, Role::Standby, 1).await;
     let client = shard(&[&a, &b]);
     let outcome = client.check("k", limit(), 1).await;
-    assert!(matches!(outcome, Outcome::Undecided { why: Undecided::Unavailable, .. }), "no primary: fail open or closed");
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Undecided {
+                why: Undecided::Unavailable,
+                ..
+            }
+        ),
+        "no primary: fail open or closed"
+    );
     b.set(Role::Primary, 2);
     // The next rounds come after the backoff (10-50 ms, jittered).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

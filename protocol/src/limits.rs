@@ -153,8 +153,8 @@ impl Limit {
     pub fn window(&self) -> Duration {
         match self.algorithm {
             Algorithm::TokenBucket | Algorithm::LeakyBucket if self.count > 0 => {
-                let ms = u128::from(self.burst) * u128::from(self.period_ms)
-                    / u128::from(self.count);
+                let ms =
+                    u128::from(self.burst) * u128::from(self.period_ms) / u128::from(self.count);
                 Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
             }
             _ => Duration::from_millis(self.period_ms),
@@ -206,7 +206,10 @@ mod tests {
         assert_eq!(tb.capacity(), 200);
         assert_eq!(tb.window(), Duration::from_secs(2));
         let day = Limit::fixed_window("10000/day".parse().unwrap());
-        assert_eq!((day.count, day.period_ms, day.burst), (10_000, 86_400_000, 0));
+        assert_eq!(
+            (day.count, day.period_ms, day.burst),
+            (10_000, 86_400_000, 0)
+        );
         assert_eq!(day.window(), Duration::from_secs(86_400));
         let c = Limit::concurrency(8, Duration::from_secs(30));
         assert_eq!((c.count, c.period_ms, c.capacity()), (8, 30_000, 8));

@@ -176,7 +176,10 @@ async fn a_standby_started_later_holds_the_same_counters_after_a_full_sync() {
     caught_up(&a.addr, &c.addr).await;
     assert!(matches!(
         client(&c.addr).peek(keys[0].0.clone(), keys[0].1, 1).await,
-        Outcome::Undecided { why: Undecided::ServerError(ErrorCode::NotPrimary), .. }
+        Outcome::Undecided {
+            why: Undecided::ServerError(ErrorCode::NotPrimary),
+            ..
+        }
     ));
 }
 
@@ -268,7 +271,10 @@ async fn sigkill_of_the_primary_promotes_the_standby_and_the_old_primary_returns
     );
     assert!(matches!(
         client(&a_addr).check(hot_key, hot, 1).await,
-        Outcome::Undecided { why: Undecided::ServerError(ErrorCode::NotPrimary), .. }
+        Outcome::Undecided {
+            why: Undecided::ServerError(ErrorCode::NotPrimary),
+            ..
+        }
     ));
     // The returning node holds the exhausted key too, and B stays primary.
     assert_eq!(peek(&client(&a_addr), hot_key, hot).await.remaining, 0);

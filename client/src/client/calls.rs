@@ -23,7 +23,9 @@ pub(crate) async fn checks(
     let conn = shard.connection(Wait::Until(deadline)).await?;
     check_limits(&checks, &conn.info().limits)?;
     if shard.node_count() < 2 {
-        return conn.exchange(Outgoing::Checks { kind, checks }, deadline).await;
+        return conn
+            .exchange(Outgoing::Checks { kind, checks }, deadline)
+            .await;
     }
     // A shard of several nodes may need to resend after NotPrimary; the
     // copy is cheap (`Bytes` and rule names are reference counted).

@@ -64,7 +64,8 @@ impl Client {
     /// key cannot be built, is `Rejected(Malformed)` (respectively
     /// `KeyTooLong`): never allowed.
     pub async fn check_policy(&self, policy: &Policy, identifier: &[u8], cost: u32) -> Outcome {
-        self.policy(BatchKind::Check, policy, identifier, cost).await
+        self.policy(BatchKind::Check, policy, identifier, cost)
+            .await
     }
 
     /// Like [`check_policy`](Self::check_policy), without charging anything.
@@ -72,7 +73,13 @@ impl Client {
         self.policy(BatchKind::Peek, policy, identifier, cost).await
     }
 
-    async fn policy(&self, kind: BatchKind, policy: &Policy, identifier: &[u8], cost: u32) -> Outcome {
+    async fn policy(
+        &self,
+        kind: BatchKind,
+        policy: &Policy,
+        identifier: &[u8],
+        cost: u32,
+    ) -> Outcome {
         match policy.pairs(identifier, cost) {
             Ok(pairs) => {
                 let names = policy.names();
@@ -80,7 +87,9 @@ impl Client {
             }
             Err(e) => {
                 let code = match e {
-                    crate::key::KeyError::KeyTooLong { .. } => tollgate_protocol::ErrorCode::KeyTooLong,
+                    crate::key::KeyError::KeyTooLong { .. } => {
+                        tollgate_protocol::ErrorCode::KeyTooLong
+                    }
                     _ => tollgate_protocol::ErrorCode::Malformed,
                 };
                 let outcome = Outcome::Rejected(Rejection {
@@ -141,8 +150,13 @@ impl Client {
     pub async fn refund_group(&self, pairs: Vec<Pair>) -> Result<Decision, Error> {
         let kept: Kept = pairs.iter().cloned().collect();
         let deadline = Deadline::after(self.deadline);
-        let answer = calls::checks(&self.inner.shard, BatchKind::Refund, Checks::Group(pairs), deadline)
-            .await?;
+        let answer = calls::checks(
+            &self.inner.shard,
+            BatchKind::Refund,
+            Checks::Group(pairs),
+            deadline,
+        )
+        .await?;
         match calls::results(answer, "REFUND")?.first() {
             Some(CheckResult::Decision(d)) => Ok(self.describe(d, &kept, None)),
             Some(CheckResult::Error(code)) => Err(Error::Server {
@@ -190,7 +204,9 @@ impl Client {
                     d.binding = self.binding(0, &pair.limit, names);
                     return Outcome::Decided(d);
                 }
-                lease = leases.want(&pair.key, &limit, now).map(|size| (size, limit, cost));
+                lease = leases
+                    .want(&pair.key, &limit, now)
+                    .map(|size| (size, limit, cost));
             }
         }
         let checks = match (&pairs[..], lease) {
@@ -218,13 +234,17 @@ impl Client {
                 Ok(CheckResult::Decision(_)) => {
                     // Near the limit: ask for the plain cost, lease later.
                     leases.cool(&pairs[0].key, now);
-                    result = self.one(kind, Checks::One(pairs[0].clone()), deadline).await;
+                    result = self
+                        .one(kind, Checks::One(pairs[0].clone()), deadline)
+                        .await;
                 }
                 _ => {}
             }
         }
         let failure = match result {
-            Ok(CheckResult::Decision(d)) => return Outcome::Decided(self.describe(&d, &pairs, names)),
+            Ok(CheckResult::Decision(d)) => {
+                return Outcome::Decided(self.describe(&d, &pairs, names))
+            }
             Ok(CheckResult::Error(code)) => Failure::from_code(code),
             Err(error) => {
                 tracing::debug!(%error, "check undecided");
@@ -246,7 +266,12 @@ impl Client {
     }
 
     /// One check through the shard: its result, or why there is none.
-    async fn one(&self, kind: BatchKind, checks: Checks, deadline: Deadline) -> Result<CheckResult, Error> {
+    async fn one(
+        &self,
+        kind: BatchKind,
+        checks: Checks,
+        deadline: Deadline,
+    ) -> Result<CheckResult, Error> {
         match calls::checks(&self.inner.shard, kind, checks, deadline).await? {
             Answer::One(result) => Ok(result),
             Answer::Results(mut r) if r.len() == 1 => Ok(r.remove(0)),
@@ -291,14 +316,23 @@ impl Client {
     }
 
     /// A server decision, described with the pair it names.
-    fn describe(&self, wire: &WireDecision, pairs: &[Pair], names: Option<&[Arc<str>]>) -> Decision {
+    fn describe(
+        &self,
+        wire: &WireDecision,
+        pairs: &[Pair],
+        names: Option<&[Arc<str>]>,
+    ) -> Decision {
         let index = usize::from(wire.pair).min(pairs.len().saturating_sub(1));
         let binding = match pairs.get(index) {
             Some(p) => self.binding(index, &p.limit, names),
-            None => self.binding(0, &LimitRef::Inline(Limit::token_bucket(
-                tollgate_protocol::units::Rate::per_second(1),
-                1,
-            )), names),
+            None => self.binding(
+                0,
+                &LimitRef::Inline(Limit::token_bucket(
+                    tollgate_protocol::units::Rate::per_second(1),
+                    1,
+                )),
+                names,
+            ),
         };
         Decision::from_wire(wire, binding)
     }
@@ -329,9 +363,15 @@ impl Client {
 
     /// The local fallback's decision, when there is a fallback and every
     /// pair's limit is known. Never for refunds.
-    fn fall_back(&self, kind: BatchKind, pairs: &[Pair], names: Option<&[Arc<str>]>) -> Option<Decision> {
+    fn fall_back(
+        &self,
+        kind: BatchKind,
+        pairs: &[Pair],
+        names: Option<&[Arc<str>]>,
+    ) -> Option<Decision> {
         let fallback = self.inner.fallback.as_ref()?;
-        let limits: Option<SmallVec<[Limit; 2]>> = pairs.iter().map(|p| self.resolve(&p.limit)).collect();
+        let limits: Option<SmallVec<[Limit; 2]>> =
+            pairs.iter().map(|p| self.resolve(&p.limit)).collect();
         let limits = limits?;
         let costs: Kept = pairs
             .iter()

@@ -232,7 +232,8 @@ impl Client {
                 field: "admin",
             }));
         };
-        let table = Arc::new(crate::rules::fetch(admin, crate::config::DEFAULT_RULES_TIMEOUT).await?);
+        let table =
+            Arc::new(crate::rules::fetch(admin, crate::config::DEFAULT_RULES_TIMEOUT).await?);
         self.inner.rules.store(Arc::clone(&table));
         Ok(table)
     }
@@ -454,7 +455,11 @@ impl Client {
 
 /// Refunds `due` leases (best effort: a lease that cannot be given back
 /// simply expires with the bucket's refill).
-async fn refund_due(shard: &Arc<Shard>, due: Vec<(Bytes, tollgate_protocol::Limit, u32)>, budget: Duration) {
+async fn refund_due(
+    shard: &Arc<Shard>,
+    due: Vec<(Bytes, tollgate_protocol::Limit, u32)>,
+    budget: Duration,
+) {
     if due.is_empty() {
         return;
     }
@@ -465,7 +470,9 @@ async fn refund_due(shard: &Arc<Shard>, due: Vec<(Bytes, tollgate_protocol::Limi
         });
     for batch in refund_batches(due, max_batch) {
         let deadline = Deadline::after(budget);
-        if let Err(error) = calls::checks(shard, BatchKind::Refund, Checks::Batch(batch), deadline).await {
+        if let Err(error) =
+            calls::checks(shard, BatchKind::Refund, Checks::Batch(batch), deadline).await
+        {
             tracing::debug!(%error, "lease refund failed; the tokens come back with the refill");
         }
     }

@@ -225,7 +225,11 @@ impl Connection {
     }
 
     /// Sends a plain request and returns the response.
-    pub(crate) async fn call(&self, request: Request, deadline: Deadline) -> Result<Response, Error> {
+    pub(crate) async fn call(
+        &self,
+        request: Request,
+        deadline: Deadline,
+    ) -> Result<Response, Error> {
         match self.exchange(Outgoing::Request(request), deadline).await? {
             Answer::Response(r) => Ok(r),
             Answer::One(_) | Answer::Results(_) => Err(Error::UnexpectedResponse {

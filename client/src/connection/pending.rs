@@ -197,9 +197,14 @@ enum SlotState {
     /// Answered (or failed); the call has not taken it yet.
     Done(Result<Answer, Error>),
     /// A merged CHECK frame: its answer is cut among the members.
-    Merged { members: SmallVec<[Member; 8]>, name: &'static str },
+    Merged {
+        members: SmallVec<[Member; 8]>,
+        name: &'static str,
+    },
     /// A PING the driver sent to a suspect connection.
-    Probe { deadline: Instant },
+    Probe {
+        deadline: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -287,13 +292,16 @@ impl Pending {
 
     /// Whether a queued request still has a caller (or is a probe).
     pub(crate) fn wanted(&mut self, id: RequestId) -> bool {
-        self.slot_mut(id).is_some_and(|s| {
-            matches!(s.state, SlotState::Waiting { .. } | SlotState::Probe { .. })
-        })
+        self.slot_mut(id)
+            .is_some_and(|s| matches!(s.state, SlotState::Waiting { .. } | SlotState::Probe { .. }))
     }
 
     /// A slot for a merged frame of `members`.
-    pub(crate) fn merged(&mut self, members: SmallVec<[Member; 8]>, name: &'static str) -> Option<RequestId> {
+    pub(crate) fn merged(
+        &mut self,
+        members: SmallVec<[Member; 8]>,
+        name: &'static str,
+    ) -> Option<RequestId> {
         self.alloc(SlotState::Merged { members, name })
     }
 
@@ -309,7 +317,12 @@ impl Pending {
     }
 
     /// Ends the waiting slot `id` with `result`; returns its waker.
-    pub(crate) fn complete(&mut self, id: RequestId, result: Result<Answer, Error>, wakers: &mut Wakers) -> bool {
+    pub(crate) fn complete(
+        &mut self,
+        id: RequestId,
+        result: Result<Answer, Error>,
+        wakers: &mut Wakers,
+    ) -> bool {
         let Some(slot) = self.slot_mut(id) else {
             return false;
         };
@@ -329,7 +342,12 @@ impl Pending {
 
     /// Hands the answer of frame `id` to its call(s). Returns the number of
     /// calls answered and whether it was the probe's.
-    pub(crate) fn deliver(&mut self, id: RequestId, answer: Result<Response, Error>, wakers: &mut Wakers) -> (u32, bool) {
+    pub(crate) fn deliver(
+        &mut self,
+        id: RequestId,
+        answer: Result<Response, Error>,
+        wakers: &mut Wakers,
+    ) -> (u32, bool) {
         let Some(slot) = self.slot_mut(id) else {
             tracing::trace!(request_id = id, "answer for a call that gave up; dropped");
             return (0, false);
@@ -357,7 +375,13 @@ impl Pending {
         }
     }
 
-    fn deliver_merged(&mut self, members: &[Member], name: &'static str, answer: Result<Response, Error>, wakers: &mut Wakers) -> u32 {
+    fn deliver_merged(
+        &mut self,
+        members: &[Member],
+        name: &'static str,
+        answer: Result<Response, Error>,
+        wakers: &mut Wakers,
+    ) -> u32 {
         let mut answered = 0;
         match answer {
             Ok(Response::Checked(results)) => {
@@ -394,7 +418,12 @@ impl Pending {
 
     /// Times out the waiting slots past their deadline and re-arms at the
     /// earliest remaining one (or `idle_rearm` from now).
-    pub(crate) fn sweep(&mut self, now: Instant, idle_rearm: Duration, wakers: &mut Wakers) -> Swept {
+    pub(crate) fn sweep(
+        &mut self,
+        now: Instant,
+        idle_rearm: Duration,
+        wakers: &mut Wakers,
+    ) -> Swept {
         let mut swept = Swept::default();
         let mut next = now + idle_rearm;
         for index in 0..self.slots.len() {
@@ -487,7 +516,13 @@ impl Shared {
     }
 
     /// Queues `outgoing` for a call due by `deadline`.
-    fn submit(&self, outgoing: Outgoing, deadline: Instant, budget: Duration, waker: Waker) -> Result<RequestId, Error> {
+    fn submit(
+        &self,
+        outgoing: Outgoing,
+        deadline: Instant,
+        budget: Duration,
+        waker: Waker,
+    ) -> Result<RequestId, Error> {
         let (shape, name) = match &outgoing {
             Outgoing::Checks { kind, checks } => (checks.shape(), kind.name()),
             Outgoing::Request(r) => (Shape::Response, request_name(r)),
@@ -510,7 +545,9 @@ impl Shared {
                     shape,
                     name,
                 })
-                .ok_or(Error::Overloaded { queued: p.queue.len() })?;
+                .ok_or(Error::Overloaded {
+                    queued: p.queue.len(),
+                })?;
             p.waiting += 1;
             p.queue.push((id, outgoing));
             let wake_writer = std::mem::replace(&mut p.writer_parked, false);
@@ -574,7 +611,12 @@ enum CallState {
 }
 
 impl<'a> Call<'a> {
-    pub(crate) fn new(shared: &'a Shared, outgoing: Outgoing, deadline: Instant, budget: Duration) -> Self {
+    pub(crate) fn new(
+        shared: &'a Shared,
+        outgoing: Outgoing,
+        deadline: Instant,
+        budget: Duration,
+    ) -> Self {
         Self {
             shared,
             state: CallState::Start {
@@ -596,7 +638,10 @@ impl Future for Call<'_> {
                 outgoing,
                 deadline,
                 budget,
-            } => match this.shared.submit(outgoing, deadline, budget, cx.waker().clone()) {
+            } => match this
+                .shared
+                .submit(outgoing, deadline, budget, cx.waker().clone())
+            {
                 Ok(id) => {
                     this.state = CallState::Waiting(id);
                     Poll::Pending

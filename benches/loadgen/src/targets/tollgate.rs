@@ -15,7 +15,9 @@ use std::sync::Mutex;
 
 use bytes::BytesMut;
 use tollgate_client::error::code_summary;
-use tollgate_client::{Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Outcome, Pair};
+use tollgate_client::{
+    Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Outcome, Pair,
+};
 
 use super::{Answer, Connection, RequestShape, Target, TargetError};
 use crate::workload::{KeyPicker, KeySpace};
