@@ -149,3 +149,81 @@ async fn server_outage_fails_open_then_the_client_reconnects() {
     shutdown.cancel();
     join.await.unwrap().unwrap();
 }
+
+/// Token leasing: gateways lease tokens of a hot key and spend them without
+/// a round trip; the server never admits more than it charged, and over an
+/// interval the fleet admits at most `gateways x lease` beyond the limit
+/// (tokens leased before the interval, spent in it). Server time is frozen
+/// and advanced by hand, so the bounds are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasing_overshoot_stays_within_gateways_times_lease() {
+    use tollgate_client::{LeaseConfig, Limit, Rate, Source};
+    const GATEWAYS: usize = 3;
+    const LEASE: u64 = 10;
+    let server = TestServer::start().await;
+    // 100/s, burst 100: a lease is min(10, 100 / 1, what 100/s refills in
+    // the hold) = 10 tokens.
+    let limit = Limit::token_bucket(Rate::per_second(100), 100);
+    let gateways: Vec<Client> = (0..GATEWAYS)
+        .map(|g| {
+            Client::new(
+                server.addr.to_string(),
+                ClientConfig {
+                    client_name: format!("gw{g}"),
+                    lease: Some(LeaseConfig {
+                        max_lease: LEASE as u32,
+                        capacity_divisor: 1,
+                        hold: Duration::from_secs(60),
+                        hot_after: 1,
+                        max_keys: 100,
+                    }),
+                    ..config()
+                },
+            )
+            .expect("valid config")
+        })
+        .collect();
+    let key = "rl:{hot}:x";
+    // Round robin over the gateways until one is denied: every admission
+    // was charged at the server (frozen clock: at most the burst).
+    let mut admitted = 0u64;
+    let mut leased = 0u64;
+    'first: loop {
+        for gw in &gateways {
+            match gw.check(key, limit, 1).await {
+                Outcome::Decided(d) if d.allowed => {
+                    admitted += 1;
+                    leased += u64::from(d.source == Source::Lease);
+                }
+                Outcome::Decided(_) => break 'first,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert!(admitted <= 100, "admitted {admitted} of a burst of 100");
+    assert!(leased > 0, "no check was served from a lease");
+    // One second later the bucket is full again: 100 more, plus whatever
+    // the other gateways still hold from their leases.
+    server.clock.advance(Duration::from_secs(1));
+    let mut second = 0u64;
+    for gw in &gateways {
+        loop {
+            match gw.check(key, limit, 1).await {
+                Outcome::Decided(d) if d.allowed => second += 1,
+                Outcome::Decided(_) => break,
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    // Exactly the refill, plus the tokens leased in the first second and
+    // spent in this one.
+    assert!(second >= 100, "only {second}");
+    assert!(
+        second <= 100 + GATEWAYS as u64 * LEASE,
+        "{second} admitted: overshoot beyond gateways x lease"
+    );
+    for gw in &gateways {
+        gw.close();
+    }
+    server.stop().await;
+}

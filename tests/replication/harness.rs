@@ -95,6 +95,26 @@ impl Node {
         }
     }
 
+    /// SIGSTOP: the process hangs with its sockets open (the kernel still
+    /// accepts connections and ACKs bytes nobody reads).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("running");
+        let status = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} failed");
+    }
+
     /// Starts the process again with exactly the same flags.
     pub fn restart(&mut self) {
         self.kill();
