@@ -50,3 +50,9 @@ mod service;
 pub use route::{KeyExtractor, KeyExtractorError, Route};
 pub use service::{RateLimit, RateLimitLayer};
 pub use tollgate_client::Policy;
+
+/// The README's client and gateway examples, compiled as doc tests so the
+/// contract cannot drift from the code.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -24,7 +24,8 @@ use tokio::net::tcp::OwnedReadHalf;
 use tokio::time::Instant;
 use tollgate_protocol::{decode_response, RequestId, Response};
 
-use super::pending::{Shared, Swept, Wakers};
+use super::call::Shared;
+use super::pending::{Swept, Wakers};
 use super::{StopOnExit, READ_CHUNK};
 use crate::error::Error;
 use crate::shard::Node;

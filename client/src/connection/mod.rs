@@ -15,6 +15,7 @@
 //! - a request whose caller gave up (deadline, dropped future) before the
 //!   writer took it is not sent, hence not charged.
 
+mod call;
 mod driver;
 pub(crate) mod pending;
 mod writer;
@@ -36,7 +37,8 @@ use tollgate_protocol::{
 use crate::config::ClientConfig;
 use crate::error::Error;
 use crate::shard::Node;
-use pending::{Answer, Call, Outgoing, Shared};
+use call::{Call, Shared};
+use pending::{Answer, Outgoing};
 
 /// Request id of HELLO. Slot ids are never 0.
 const HELLO_ID: RequestId = 0;

@@ -19,14 +19,10 @@
 //!   driver sweeps them, armed at the earliest (`armed`); a call with a
 //!   deadline before `armed` wakes the driver to re-arm.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use smallvec::SmallVec;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tollgate_protocol::{CheckBatch, CheckResult, Pair, Request, RequestId, Response};
 
@@ -278,7 +274,8 @@ impl Pending {
         self.slots.get_mut(index).filter(|s| s.id == id)
     }
 
-    fn release(&mut self, id: RequestId) {
+    /// Frees the slot of a call that gave up (its future was dropped).
+    pub(crate) fn release(&mut self, id: RequestId) {
         let Some(slot) = self.slot_mut(id) else {
             return;
         };
@@ -288,6 +285,55 @@ impl Pending {
             self.waiting -= 1;
         }
         self.free.push((id & INDEX_MASK) - 1);
+    }
+
+    /// A waiting slot for a new call due by `deadline`; `None` when full.
+    pub(crate) fn wait(
+        &mut self,
+        waker: Waker,
+        deadline: Instant,
+        budget: Duration,
+        shape: Shape,
+        name: &'static str,
+    ) -> Option<RequestId> {
+        let id = self.alloc(SlotState::Waiting {
+            waker: Some(waker),
+            deadline,
+            budget,
+            shape,
+            name,
+        })?;
+        self.waiting += 1;
+        Some(id)
+    }
+
+    /// The answer of call `id` when it is done (freeing its slot); else
+    /// keeps `waker` to wake it.
+    pub(crate) fn poll_answer(
+        &mut self,
+        id: RequestId,
+        waker: &Waker,
+    ) -> Poll<Result<Answer, Error>> {
+        let Some(slot) = self.slot_mut(id) else {
+            return Poll::Ready(Err(Error::ConnectionLost));
+        };
+        match &mut slot.state {
+            SlotState::Waiting { waker: kept, .. } => {
+                if !kept.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                    *kept = Some(waker.clone());
+                }
+                Poll::Pending
+            }
+            SlotState::Done(_) => {
+                let SlotState::Done(result) = std::mem::replace(&mut slot.state, SlotState::Free)
+                else {
+                    return Poll::Ready(Err(Error::ConnectionLost));
+                };
+                self.free.push((id & INDEX_MASK) - 1);
+                Poll::Ready(result)
+            }
+            _ => Poll::Ready(Err(Error::ConnectionLost)),
+        }
     }
 
     /// Whether a queued request still has a caller (or is a probe).
@@ -491,200 +537,5 @@ fn cut(shape: Shape, name: &'static str, response: Response) -> Result<Answer, E
             request: name,
             got: crate::connection::response_name(&other),
         }),
-    }
-}
-
-/// The state a connection's calls, writer and driver share.
-pub(crate) struct Shared {
-    pub(crate) pending: Mutex<Pending>,
-    /// Wakes the parked writer.
-    pub(crate) writer_wake: Notify,
-    /// Wakes the driver to re-arm its deadline sweep.
-    pub(crate) sweep_wake: Notify,
-    /// Most requests waiting for the writer.
-    pub(crate) max_queued: usize,
-}
-
-impl Shared {
-    pub(crate) fn new(max_queued: usize, idle_rearm: Duration) -> Self {
-        Self {
-            pending: Mutex::new(Pending::new(Instant::now() + idle_rearm)),
-            writer_wake: Notify::new(),
-            sweep_wake: Notify::new(),
-            max_queued,
-        }
-    }
-
-    /// Queues `outgoing` for a call due by `deadline`.
-    fn submit(
-        &self,
-        outgoing: Outgoing,
-        deadline: Instant,
-        budget: Duration,
-        waker: Waker,
-    ) -> Result<RequestId, Error> {
-        let (shape, name) = match &outgoing {
-            Outgoing::Checks { kind, checks } => (checks.shape(), kind.name()),
-            Outgoing::Request(r) => (Shape::Response, request_name(r)),
-        };
-        let (id, wake_writer, wake_sweep) = {
-            let mut p = self.pending.lock();
-            if p.closed {
-                return Err(Error::ConnectionLost);
-            }
-            if p.queue.len() >= self.max_queued {
-                return Err(Error::Overloaded {
-                    queued: p.queue.len(),
-                });
-            }
-            let id = p
-                .alloc(SlotState::Waiting {
-                    waker: Some(waker),
-                    deadline,
-                    budget,
-                    shape,
-                    name,
-                })
-                .ok_or(Error::Overloaded {
-                    queued: p.queue.len(),
-                })?;
-            p.waiting += 1;
-            p.queue.push((id, outgoing));
-            let wake_writer = std::mem::replace(&mut p.writer_parked, false);
-            let wake_sweep = deadline < p.armed;
-            if wake_sweep {
-                p.armed = deadline;
-            }
-            (id, wake_writer, wake_sweep)
-        };
-        if wake_writer {
-            self.writer_wake.notify_one();
-        }
-        if wake_sweep {
-            self.sweep_wake.notify_one();
-        }
-        Ok(id)
-    }
-
-    /// Closes the map and fails every waiting call. Idempotent.
-    pub(crate) fn close(&self) {
-        let mut wakers = Wakers::new();
-        self.pending.lock().close(&mut wakers);
-        wakers.into_iter().for_each(Waker::wake);
-        // A parked writer must see `closed` and stop.
-        self.writer_wake.notify_one();
-    }
-
-    pub(crate) fn in_flight(&self) -> usize {
-        self.pending.lock().waiting()
-    }
-}
-
-/// The name of a request, for errors.
-pub(crate) fn request_name(request: &Request) -> &'static str {
-    match request {
-        Request::Hello { .. } => "HELLO",
-        Request::Ping => "PING",
-        Request::Check(_) => "CHECK",
-        Request::Peek(_) => "PEEK",
-        Request::Reset(_) => "RESET",
-        Request::Refund(_) => "REFUND",
-        Request::Release(_) => "RELEASE",
-        Request::Repl(_) => "REPL",
-    }
-}
-
-/// A call in flight: submits on first poll, then waits for its slot.
-pub(crate) struct Call<'a> {
-    shared: &'a Shared,
-    state: CallState,
-}
-
-enum CallState {
-    Start {
-        outgoing: Outgoing,
-        deadline: Instant,
-        budget: Duration,
-    },
-    Waiting(RequestId),
-    Finished,
-}
-
-impl<'a> Call<'a> {
-    pub(crate) fn new(
-        shared: &'a Shared,
-        outgoing: Outgoing,
-        deadline: Instant,
-        budget: Duration,
-    ) -> Self {
-        Self {
-            shared,
-            state: CallState::Start {
-                outgoing,
-                deadline,
-                budget,
-            },
-        }
-    }
-}
-
-impl Future for Call<'_> {
-    type Output = Result<Answer, Error>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
-        match std::mem::replace(&mut this.state, CallState::Finished) {
-            CallState::Start {
-                outgoing,
-                deadline,
-                budget,
-            } => match this
-                .shared
-                .submit(outgoing, deadline, budget, cx.waker().clone())
-            {
-                Ok(id) => {
-                    this.state = CallState::Waiting(id);
-                    Poll::Pending
-                }
-                Err(e) => Poll::Ready(Err(e)),
-            },
-            CallState::Waiting(id) => {
-                let mut p = this.shared.pending.lock();
-                let Some(slot) = p.slot_mut(id) else {
-                    return Poll::Ready(Err(Error::ConnectionLost));
-                };
-                match &mut slot.state {
-                    SlotState::Done(_) => {
-                        let SlotState::Done(result) =
-                            std::mem::replace(&mut slot.state, SlotState::Free)
-                        else {
-                            return Poll::Ready(Err(Error::ConnectionLost));
-                        };
-                        p.free.push((id & INDEX_MASK) - 1);
-                        Poll::Ready(result)
-                    }
-                    SlotState::Waiting { waker, .. } => {
-                        if !waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                            *waker = Some(cx.waker().clone());
-                        }
-                        drop(p);
-                        this.state = CallState::Waiting(id);
-                        Poll::Pending
-                    }
-                    _ => Poll::Ready(Err(Error::ConnectionLost)),
-                }
-            }
-            CallState::Finished => Poll::Ready(Err(Error::ConnectionLost)),
-        }
-    }
-}
-
-impl Drop for Call<'_> {
-    fn drop(&mut self) {
-        // A call dropped before its answer frees its slot: a queued request
-        // is then not sent, a late answer finds nothing.
-        if let CallState::Waiting(id) = self.state {
-            self.shared.pending.lock().release(id);
-        }
     }
 }

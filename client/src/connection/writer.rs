@@ -17,7 +17,8 @@ use smallvec::SmallVec;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tollgate_protocol::{encode_request, CheckBatch, Request, RequestId, ServerLimits};
 
-use super::pending::{BatchKind, Checks, Member, Outgoing, Pending, Shared, Wakers};
+use super::call::Shared;
+use super::pending::{BatchKind, Checks, Member, Outgoing, Pending, Wakers};
 use super::{StopOnExit, READ_CHUNK};
 use crate::error::Error;
 
@@ -209,4 +210,177 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
     // Dropping `exit` fails the waiting calls; dropping the write half then
     // shuts down our side of the socket.
     drop(exit);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Waker};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::time::Instant;
+    use tokio_util::sync::CancellationToken;
+    use tollgate_protocol::units::Rate;
+    use tollgate_protocol::{decode_request, Limit, Pair, Request, ServerLimits};
+
+    use super::*;
+    use crate::connection::pending::Shape;
+
+    /// A real socket's write half that counts the writes made on it.
+    struct CountingWriter<W> {
+        inner: W,
+        writes: Arc<AtomicUsize>,
+    }
+
+    impl<W: AsyncWrite + Unpin> AsyncWrite for CountingWriter<W> {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+            if let Poll::Ready(Ok(_)) = polled {
+                self.writes.fetch_add(1, Ordering::SeqCst);
+            }
+            polled
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    fn check(key: &'static str) -> Outgoing {
+        Outgoing::Checks {
+            kind: BatchKind::Check,
+            checks: Checks::One(Pair::inline(
+                Bytes::from_static(key.as_bytes()),
+                Limit::token_bucket(Rate::per_second(5), 10),
+                1,
+            )),
+        }
+    }
+
+    /// Queues `outgoing` as a call waiting for an answer.
+    fn queue(shared: &Shared, outgoing: Outgoing) -> RequestId {
+        let shape = match &outgoing {
+            Outgoing::Checks { checks, .. } => checks.shape(),
+            Outgoing::Request(_) => Shape::Response,
+        };
+        let mut p = shared.pending.lock();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let id = p
+            .wait(
+                Waker::noop().clone(),
+                deadline,
+                Duration::from_secs(60),
+                shape,
+                "CHECK",
+            )
+            .expect("room");
+        p.queue.push((id, outgoing));
+        id
+    }
+
+    /// Calls queued while the writer is busy (here: not yet started) go
+    /// out in one write: the CHECKs merged into one frame, the PING on its
+    /// own; calls whose caller gave up are not sent at all, and a call too
+    /// large for the server's frame fails alone.
+    #[tokio::test]
+    async fn queued_calls_leave_in_one_write_checks_merged_abandoned_dropped() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client_side = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (mut server_side, _) = listener.accept().await.expect("accept");
+        let (_read_half, write_half) = client_side.into_split();
+
+        let shared = Arc::new(Shared::new(64, Duration::from_secs(60)));
+        let mut sent = Vec::new();
+        for i in 0..10 {
+            let id = queue(&shared, check(if i % 2 == 0 { "even" } else { "odd" }));
+            // Every fifth caller gave up before the writer ran.
+            if i % 5 == 4 {
+                shared.pending.lock().release(id);
+            } else {
+                sent.push(id);
+            }
+        }
+        let big = Outgoing::Checks {
+            kind: BatchKind::Check,
+            checks: Checks::One(Pair::inline(
+                Bytes::from(vec![b'k'; 500]),
+                Limit::token_bucket(Rate::per_second(5), 10),
+                1,
+            )),
+        };
+        let big_id = queue(&shared, big);
+        let ping = queue(&shared, Outgoing::Request(Request::Ping));
+
+        let writes = Arc::new(AtomicUsize::new(0));
+        let stop = CancellationToken::new();
+        let limits = ServerLimits {
+            max_frame: 400,
+            ..ServerLimits::default()
+        };
+        let writer = tokio::spawn(write_loop(
+            CountingWriter {
+                inner: write_half,
+                writes: Arc::clone(&writes),
+            },
+            Arc::clone(&shared),
+            StopOnExit {
+                shared: Arc::clone(&shared),
+                stop: stop.clone(),
+                alive: Arc::new(AtomicBool::new(true)),
+            },
+            limits,
+        ));
+
+        let mut buf = bytes::BytesMut::with_capacity(4096);
+        let mut frames = Vec::new();
+        while frames.len() < 2 {
+            assert_ne!(server_side.read_buf(&mut buf).await.expect("read"), 0);
+            while let Some(frame) =
+                decode_request(&mut buf, &ServerLimits::default()).expect("valid")
+            {
+                frames.push(frame);
+            }
+        }
+        // The 8 wanted checks in one CHECK frame (a merged slot's id), then
+        // the PING with its own id.
+        let Request::Check(batch) = &frames[0].1 else {
+            panic!("first frame: {:?}", frames[0]);
+        };
+        assert_eq!(batch.len(), sent.len());
+        assert!(
+            !sent.contains(&frames[0].0),
+            "a merged frame has its own id"
+        );
+        assert_eq!(frames[1], (ping, Request::Ping));
+        assert_eq!(writes.load(Ordering::SeqCst), 1, "one write for the lot");
+        // The oversized call failed alone, with the numbers.
+        let mut p = shared.pending.lock();
+        match p.poll_answer(big_id, Waker::noop()) {
+            Poll::Ready(Err(Error::FrameTooLarge { len, max: 400 })) => {
+                assert_eq!(len, 7 + 1 + 2 + 500 + 25 + 4);
+            }
+            other => panic!("expected FrameTooLarge, got {other:?}"),
+        }
+        assert_eq!(p.waiting(), sent.len() + 1, "the others still wait");
+        drop(p);
+        stop.cancel();
+        writer.await.expect("writer task");
+    }
 }
