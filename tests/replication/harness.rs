@@ -97,15 +97,18 @@ impl Node {
 
     /// SIGSTOP: the process hangs with its sockets open (the kernel still
     /// accepts connections and ACKs bytes nobody reads).
+    #[allow(dead_code)] // used by tests/client_faults.rs, which shares this harness
     pub fn pause(&self) {
         self.signal("-STOP");
     }
 
     /// SIGCONT after [`pause`](Self::pause).
+    #[allow(dead_code)]
     pub fn resume(&self) {
         self.signal("-CONT");
     }
 
+    #[allow(dead_code)]
     fn signal(&self, signal: &str) {
         let child = self.child.as_ref().expect("running");
         let status = Command::new("kill")
