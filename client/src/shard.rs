@@ -227,16 +227,22 @@ impl Shard {
     /// The live connection whose node admits a call, starting an attempt if
     /// there is none.
     pub(crate) async fn connection(self: &Arc<Self>, wait: Wait) -> Result<Arc<Connection>, Error> {
-        // Fast path: connected, alive, breaker closed. No lock.
-        if let Some(conn) = self.current.load().as_ref() {
-            if conn.is_alive() {
-                conn.node().admit()?;
-                return Ok(Arc::clone(conn));
-            }
+        if let Some(ready) = self.ready() {
+            return ready;
         }
-        let conn = self.connection_slow(wait).await?;
+        // Boxed: the slow path's state (a Notified, a timer) would otherwise
+        // be part of every call's future, and be moved with it.
+        let conn = Box::pin(self.connection_slow(wait)).await?;
         conn.node().admit()?;
         Ok(conn)
+    }
+
+    /// The fast path, without a future: connected, alive, breaker closed.
+    /// No lock. `None` when the slow path must run.
+    pub(crate) fn ready(&self) -> Option<Result<Arc<Connection>, Error>> {
+        let current = self.current.load();
+        let conn = current.as_ref().filter(|c| c.is_alive())?;
+        Some(conn.node().admit().map(|()| Arc::clone(conn)))
     }
 
     async fn connection_slow(self: &Arc<Self>, wait: Wait) -> Result<Arc<Connection>, Error> {

@@ -20,32 +20,37 @@ pub(crate) async fn checks(
     checks: Checks,
     deadline: Deadline,
 ) -> Result<Answer, Error> {
-    let conn = shard.connection(Wait::Until(deadline)).await?;
-    check_limits(&checks, &conn.info().limits)?;
-    if shard.node_count() < 2 {
-        return conn
-            .exchange(Outgoing::Checks { kind, checks }, deadline)
-            .await;
-    }
-    // A shard of several nodes may need to resend after NotPrimary; the
-    // copy is cheap (`Bytes` and rule names are reference counted).
-    let first = Outgoing::Checks {
-        kind,
-        checks: checks.clone(),
+    let conn = match shard.ready() {
+        Some(ready) => ready?,
+        None => Box::pin(shard.connection(Wait::Until(deadline))).await?,
     };
-    let answer = conn.exchange(first, deadline).await?;
-    match answer {
-        Answer::Response(Response::Error {
-            code: ErrorCode::NotPrimary,
-            message,
-        }) if shard.node_count() > 1 => {
+    check_limits(&checks, &conn.info().limits)?;
+    // A shard of several nodes may need to resend after NotPrimary; the
+    // copy is cheap (`Bytes` and rule names are reference counted). One
+    // await of the exchange, so a call's future holds one exchange's state.
+    let retry = (shard.node_count() > 1).then(|| checks.clone());
+    let answer = conn
+        .exchange(Outgoing::Checks { kind, checks }, deadline)
+        .await?;
+    match (answer, retry) {
+        (
+            Answer::Response(Response::Error {
+                code: ErrorCode::NotPrimary,
+                message,
+            }),
+            Some(checks),
+        ) => {
             tracing::info!(%message, "node is not primary; looking for the primary again");
             shard.invalidate(&conn);
-            let conn = shard.connection(Wait::Until(deadline)).await?;
-            conn.exchange(Outgoing::Checks { kind, checks }, deadline)
-                .await
+            // Boxed: a rare path whose state need not weigh on every call.
+            Box::pin(async move {
+                let conn = shard.connection(Wait::Until(deadline)).await?;
+                conn.exchange(Outgoing::Checks { kind, checks }, deadline)
+                    .await
+            })
+            .await
         }
-        other => Ok(other),
+        (other, _) => Ok(other),
     }
 }
 

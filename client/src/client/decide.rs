@@ -29,7 +29,7 @@ use crate::outcome::{Failure, Outcome, Rejection};
 use crate::policy::Policy;
 
 /// The pairs of a check, kept to describe and fall back on its answer.
-type Kept = SmallVec<[Pair; 2]>;
+type Kept = SmallVec<[Pair; 1]>;
 
 impl Client {
     /// Checks `cost` units of `key` against `limit`, charging them if
@@ -173,8 +173,32 @@ impl Client {
     /// The one pipeline (see the module docs).
     async fn decide(&self, kind: BatchKind, pairs: Kept, names: Option<&[Arc<str>]>) -> Outcome {
         self.start_background();
+        // The one clock read of a check: its deadline, its lease time, its
+        // latency.
         let started = Instant::now();
-        let outcome = self.decide_inner(kind, pairs, names, started).await;
+        let deadline = Deadline {
+            at: started + self.deadline,
+            budget: self.deadline,
+        };
+        let leasing = self.inner.leases.is_some() && kind == BatchKind::Check && pairs.len() == 1;
+        let outcome = if leasing {
+            // Boxed: leasing is opt-in, its state need not weigh on every
+            // check's future.
+            Box::pin(self.leased(&pairs, names, started, deadline)).await
+        } else {
+            None
+        };
+        let outcome = match outcome {
+            Some(o) => o,
+            None => {
+                let checks = match &pairs[..] {
+                    [pair] => Checks::One(pair.clone()),
+                    _ => Checks::Group(pairs.to_vec()),
+                };
+                let result = self.one(kind, checks, deadline).await;
+                self.conclude(kind, result, &pairs, names)
+            }
+        };
         self.observe(&outcome, started);
         outcome
     }
@@ -185,65 +209,67 @@ impl Client {
         }
     }
 
-    async fn decide_inner(
+    /// The leasing path of a single-pair CHECK: spend leased tokens, or ask
+    /// for `cost + lease` when the key is hot. `None` when the key is not
+    /// leased (not a known token bucket, not hot).
+    async fn leased(
         &self,
-        kind: BatchKind,
-        pairs: Kept,
+        pairs: &Kept,
         names: Option<&[Arc<str>]>,
         now: Instant,
-    ) -> Outcome {
-        let deadline = Deadline::after(self.deadline);
-        let mut lease = None;
-        if let (Some(leases), BatchKind::Check, [pair]) = (&self.inner.leases, kind, &pairs[..]) {
-            if let Some(limit) = self.resolve(&pair.limit) {
-                let cost = self.effective_cost(pair);
-                if let Some(mut d) = leases.spend(&pair.key, &limit, cost, now) {
-                    if let Some(m) = &self.inner.metrics {
-                        m.lease_tokens("spent", u64::from(cost));
-                    }
-                    d.binding = self.binding(0, &pair.limit, names);
-                    return Outcome::Decided(d);
-                }
-                lease = leases
-                    .want(&pair.key, &limit, now)
-                    .map(|size| (size, limit, cost));
+        deadline: Deadline,
+    ) -> Option<Outcome> {
+        let leases = self.inner.leases.as_ref()?;
+        let pair = pairs.first()?;
+        let limit = self.resolve(&pair.limit)?;
+        let cost = self.effective_cost(pair);
+        if let Some(mut d) = leases.spend(&pair.key, &limit, cost, now) {
+            if let Some(m) = &self.inner.metrics {
+                m.lease_tokens("spent", u64::from(cost));
             }
+            d.binding = self.binding(0, &pair.limit, names);
+            return Some(Outcome::Decided(d));
         }
-        let checks = match (&pairs[..], lease) {
-            ([pair], Some((size, _, cost))) => Checks::One(Pair {
-                cost: cost.saturating_add(size),
-                ..pair.clone()
-            }),
-            ([pair], None) => Checks::One(pair.clone()),
-            _ => Checks::Group(pairs.to_vec()),
+        let size = leases.want(&pair.key, &limit, now)?;
+        let leasing = Checks::One(Pair {
+            cost: cost.saturating_add(size),
+            ..pair.clone()
+        });
+        let result = self.one(BatchKind::Check, leasing, deadline).await;
+        let result = match result {
+            Ok(CheckResult::Decision(d)) if d.allowed => {
+                let mut decision = self.describe(&d, pairs, names);
+                leases.store(&pair.key, &limit, size, &decision, now);
+                if let Some(m) = &self.inner.metrics {
+                    m.lease_tokens("leased", u64::from(size));
+                }
+                self.start_refunds(leases);
+                decision.remaining += u64::from(size);
+                return Some(Outcome::Decided(decision));
+            }
+            Ok(CheckResult::Decision(_)) => {
+                // Near the limit: ask for the plain cost, lease later.
+                leases.cool(&pair.key, now);
+                self.one(BatchKind::Check, Checks::One(pair.clone()), deadline)
+                    .await
+            }
+            other => other,
         };
-        let mut result = self.one(kind, checks, deadline).await;
-        if let (Some((size, limit, _)), Some(leases)) = (lease, &self.inner.leases) {
-            match &result {
-                Ok(CheckResult::Decision(d)) if d.allowed => {
-                    let decision = self.describe(d, &pairs, names);
-                    leases.store(&pairs[0].key, &limit, size, &decision, now);
-                    if let Some(m) = &self.inner.metrics {
-                        m.lease_tokens("leased", u64::from(size));
-                    }
-                    self.start_refunds(leases);
-                    let mut decision = decision;
-                    decision.remaining += u64::from(size);
-                    return Outcome::Decided(decision);
-                }
-                Ok(CheckResult::Decision(_)) => {
-                    // Near the limit: ask for the plain cost, lease later.
-                    leases.cool(&pairs[0].key, now);
-                    result = self
-                        .one(kind, Checks::One(pairs[0].clone()), deadline)
-                        .await;
-                }
-                _ => {}
-            }
-        }
+        Some(self.conclude(BatchKind::Check, result, pairs, names))
+    }
+
+    /// The outcome of a check's result: a decision, a rejection, or the
+    /// fail mode's answer (the fallback's decision when it fails open).
+    fn conclude(
+        &self,
+        kind: BatchKind,
+        result: Result<CheckResult, Error>,
+        pairs: &[Pair],
+        names: Option<&[Arc<str>]>,
+    ) -> Outcome {
         let failure = match result {
             Ok(CheckResult::Decision(d)) => {
-                return Outcome::Decided(self.describe(&d, &pairs, names))
+                return Outcome::Decided(self.describe(&d, pairs, names))
             }
             Ok(CheckResult::Error(code)) => Failure::from_code(code),
             Err(error) => {
@@ -254,9 +280,9 @@ impl Client {
         match failure {
             Failure::Rejected(r) => Outcome::Rejected(r),
             Failure::Undecided(why) => {
-                let fail_mode = self.fail_mode_of(&pairs);
+                let fail_mode = self.fail_mode_of(pairs);
                 if fail_mode == FailMode::Open {
-                    if let Some(decision) = self.fall_back(kind, &pairs, names) {
+                    if let Some(decision) = self.fall_back(kind, pairs, names) {
                         return Outcome::Fallback { decision, why };
                     }
                 }
@@ -389,3 +415,4 @@ impl Client {
         ))
     }
 }
+

@@ -218,12 +218,8 @@ impl Connection {
 
     /// Sends `outgoing` and waits for its answer until `deadline`. No timer:
     /// the driver's sweep ends the call at its deadline.
-    pub(crate) async fn exchange(
-        &self,
-        outgoing: Outgoing,
-        deadline: Deadline,
-    ) -> Result<Answer, Error> {
-        Call::new(&self.shared, outgoing, deadline.at, deadline.budget).await
+    pub(crate) fn exchange(&self, outgoing: Outgoing, deadline: Deadline) -> Call<'_> {
+        Call::new(&self.shared, outgoing, deadline.at, deadline.budget)
     }
 
     /// Sends a plain request and returns the response.

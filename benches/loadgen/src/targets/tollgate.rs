@@ -13,7 +13,7 @@
 
 use std::sync::Mutex;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use tollgate_client::error::code_summary;
 use tollgate_client::{
     Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Outcome, Pair,
@@ -113,12 +113,27 @@ pub struct TollgateConn {
     limit: Limit,
 }
 
-impl Connection for TollgateConn {
-    type Request = CheckBatch;
+/// A request: one check (a gateway's call per API request), or a batch.
+pub enum Request {
+    One(Pair),
+    Batch(CheckBatch),
+}
 
-    fn build(&self, picker: &mut KeyPicker) -> CheckBatch {
+impl Connection for TollgateConn {
+    type Request = Request;
+
+    fn build(&self, picker: &mut KeyPicker) -> Request {
         const LEN: usize = KeySpace::KEY_LEN;
         let checks = self.shape.batch as usize;
+        if checks == 1 {
+            let mut key = [0; LEN];
+            self.shape.keys.write_key(picker.next_index(), &mut key);
+            return Request::One(Pair {
+                key: Bytes::copy_from_slice(&key),
+                limit: self.limit.into(),
+                cost: self.shape.rule.cost,
+            });
+        }
         // All key names of the request in one buffer, each pair a slice of
         // it: one allocation per request, not one per key.
         let mut names = BytesMut::with_capacity(checks * LEN);
@@ -136,23 +151,19 @@ impl Connection for TollgateConn {
                 cost: self.shape.rule.cost,
             });
         }
-        batch
+        Request::Batch(batch)
     }
 
-    async fn send(&self, request: CheckBatch) -> Answer {
-        let checks = request.len() as u32;
-        if checks == 1 {
-            if let Some(pair) = request.iter().next().and_then(|c| c.first()) {
-                let outcome = self
-                    .client
-                    .check(pair.key.clone(), pair.limit.clone(), pair.cost)
-                    .await;
-                return count(&outcome);
+    async fn send(&self, request: Request) -> Answer {
+        match request {
+            Request::One(pair) => count(&self.client.check(pair.key, pair.limit, pair.cost).await),
+            Request::Batch(batch) => {
+                let checks = batch.len() as u32;
+                match self.client.check_batch(batch).await {
+                    Ok(results) => fold(&results),
+                    Err(e) => Answer::failed(checks, e.summary()),
+                }
             }
-        }
-        match self.client.check_batch(request).await {
-            Ok(results) => fold(&results),
-            Err(e) => Answer::failed(checks, e.summary()),
         }
     }
 }
