@@ -31,6 +31,8 @@ pub mod admin_client;
 pub mod algorithm;
 pub mod cli;
 pub mod clock;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod config;
 mod repl;
 pub mod rules;
