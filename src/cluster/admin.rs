@@ -18,10 +18,10 @@ use super::{ClusterError, Etcd, Keyspace, RoutingTable, ShardId, SlotMove, SlotR
 /// A cluster's topology: the [`Topology`] and its version.
 pub async fn load_topology(etcd: &Etcd, keys: &Keyspace) -> Result<(Topology, u64), ClusterError> {
     let answer = etcd
-        .call(
-            "read the topology",
-            etcd.client().get(keys.topology(), None),
-        )
+        .call("read the topology", |mut c| {
+            let key = keys.topology();
+            async move { c.get(key, None).await }
+        })
         .await?;
     let kv = answer
         .kvs()
@@ -61,7 +61,10 @@ pub async fn init(
         .and_then([TxnOp::put(key.clone(), value, None)])
         .or_else([TxnOp::get(key, None)]);
     let answer = etcd
-        .call("create the cluster", etcd.client().txn(txn))
+        .call("create the cluster", |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
         .await?;
     if answer.succeeded() {
         let version = answer.header().map_or(0, |h| h.revision()) as u64;
@@ -122,7 +125,10 @@ pub async fn replace_topology(
         .and_then([TxnOp::put(key, value, None)])
         .or_else(reads);
     let answer = etcd
-        .call("change the topology", etcd.client().txn(txn))
+        .call("change the topology", |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
         .await?;
     if answer.succeeded() {
         return Ok(answer.header().map_or(0, |h| h.revision()) as u64);

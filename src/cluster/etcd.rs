@@ -6,6 +6,13 @@
 //! pings so a dead member or a partition is noticed, and `require_leader`
 //! so a member cut off from its quorum refuses at once instead of serving
 //! stale reads or holding a watch that will never fire.
+//!
+//! etcd-client balances requests over every endpoint, dead ones included: a
+//! request sent to a member that is down fails with "tcp connect error"
+//! although the others are up. Such a request never left this process, so
+//! [`Etcd::call`] sends it again (another endpoint is picked) until the
+//! deadline. Any other failure is reported: a request that may have reached
+//! etcd is never sent twice.
 
 use std::future::Future;
 use std::time::Duration;
@@ -61,18 +68,49 @@ impl Etcd {
         self.request_timeout
     }
 
-    /// Runs one unary request under the request deadline.
-    pub(crate) async fn call<T>(
+    /// Runs one unary request (built by `request` from a client) under the
+    /// request deadline, sending it again while it fails to connect.
+    pub(crate) async fn call<T, F, Fut>(
         &self,
         op: &'static str,
-        request: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, ClusterError> {
-        match tokio::time::timeout(self.request_timeout, request).await {
+        mut request: F,
+    ) -> Result<T, ClusterError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let attempts = async {
+            loop {
+                match request(self.client()).await {
+                    Err(e) if never_sent(&e) => {
+                        tracing::debug!(op, error = %e, "etcd member unreachable; trying again");
+                        tokio::time::sleep(CONNECT_RETRY).await;
+                    }
+                    done => return done,
+                }
+            }
+        };
+        match tokio::time::timeout(self.request_timeout, attempts).await {
             Ok(result) => result.map_err(ClusterError::etcd(op)),
             Err(_) => Err(ClusterError::Timeout {
                 op,
                 after: self.request_timeout,
             }),
         }
+    }
+}
+
+/// Pause between two attempts of a request that could not connect.
+const CONNECT_RETRY: Duration = Duration::from_millis(20);
+
+/// True when `e` says the request could not even be sent: gRPC
+/// UNAVAILABLE from the transport failing to connect.
+pub(crate) fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable && status.message().contains("connect")
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
     }
 }

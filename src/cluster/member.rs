@@ -103,11 +103,10 @@ impl Member {
         }
         let sent = Instant::now();
         let grant = etcd
-            .call(
-                "grant a lease",
-                etcd.client()
-                    .lease_grant(settings.lease_ttl.as_secs() as i64, None),
-            )
+            .call("grant a lease", |mut c| {
+                let ttl = settings.lease_ttl.as_secs() as i64;
+                async move { c.lease_grant(ttl, None).await }
+            })
             .await?;
         // etcd may raise a TTL below its minimum: use what it granted.
         let ttl = Duration::from_secs(grant.ttl().max(1) as u64);
@@ -115,10 +114,10 @@ impl Member {
             LeaseDeadline::new(grant.id(), sent + ttl.saturating_sub(settings.lease_margin));
         let value = serde_json::to_vec(&record).expect("a node record serializes");
         let put = PutOptions::new().with_lease(grant.id());
-        etcd.call(
-            "register the node",
-            etcd.client().put(keys.node(&record.addr), value, Some(put)),
-        )
+        etcd.call("register the node", |mut c| {
+            let (key, value, put) = (keys.node(&record.addr), value.clone(), put.clone());
+            async move { c.put(key, value, Some(put)).await }
+        })
         .await?;
         let cancel = CancellationToken::new();
         let renewal = tokio::spawn(renew(
@@ -190,7 +189,10 @@ impl Member {
             .or_else([TxnOp::get(key.clone(), None)]);
         let answer = self
             .etcd
-            .call("campaign", self.etcd.client().txn(txn))
+            .call("campaign", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await
             .map_err(|e| self.lease_error(e))?;
         if answer.succeeded() {
@@ -235,7 +237,10 @@ impl Member {
             .and_then([TxnOp::delete(key, None)]);
         let answer = self
             .etcd
-            .call("resign", self.etcd.client().txn(txn))
+            .call("resign", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await?;
         Ok(answer.succeeded())
     }
@@ -248,7 +253,9 @@ impl Member {
         let lease = self.lease_id();
         self.deadline.lose();
         self.etcd
-            .call("revoke the lease", self.etcd.client().lease_revoke(lease))
+            .call("revoke the lease", |mut c| async move {
+                c.lease_revoke(lease).await
+            })
             .await
             .map(|_| ())
     }

@@ -42,11 +42,10 @@ impl Mirror {
     /// Reads every key of the cluster at one revision.
     pub(crate) async fn load(etcd: &Etcd, keys: &Keyspace) -> Result<Self, ClusterError> {
         let answer = etcd
-            .call(
-                "read the cluster",
-                etcd.client()
-                    .get(keys.prefix(), Some(GetOptions::new().with_prefix())),
-            )
+            .call("read the cluster", |mut c| {
+                let prefix = keys.prefix().to_owned();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
             .await?;
         let mut mirror = Mirror {
             revision: answer.header().map_or(0, |h| h.revision()) as u64,
