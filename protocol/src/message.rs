@@ -346,6 +346,8 @@ pub enum Request {
     Release(Vec<LeaseRef>),
     /// Replication and operations: REPLICATE, REPL_ACK, PROMOTE, STATUS.
     Repl(crate::replication::ReplRequest),
+    /// The cluster's slot map (answered by TOPOLOGY_OK).
+    Topology,
 }
 
 /// Role of the answering node (replication fills in `Standby`).
@@ -473,6 +475,11 @@ pub enum Response {
     /// Replication and operations: REPL_STREAM and the stream's frames,
     /// STATUS_OK, PROMOTED.
     Repl(crate::replication::ReplResponse),
+    /// TOPOLOGY_OK: the cluster's slot map.
+    Topology(crate::cluster::ClusterTopology),
+    /// MOVED: the request's slot is served elsewhere; nothing was
+    /// evaluated or charged.
+    Moved(crate::cluster::Moved),
 }
 
 /// Typed error codes. Wire values are stable; unknown values decode as
@@ -509,12 +516,17 @@ pub enum ErrorCode {
     /// REPLICATE from a standby that knows a higher epoch than this
     /// primary's: this primary is stale and must not be followed.
     StaleEpoch,
+    /// Cluster mode: nobody may serve the slot right now (it is being
+    /// moved, or its shard has no primary, or this primary's lease
+    /// deadline passed). Nothing was charged; retry shortly, after
+    /// fetching TOPOLOGY again.
+    TryAgain,
     Unknown(u16),
 }
 
 impl ErrorCode {
-    /// Every code this crate knows, in wire order (1..=16).
-    pub const KNOWN: [ErrorCode; 16] = [
+    /// Every code this crate knows, in wire order (1..=17).
+    pub const KNOWN: [ErrorCode; 17] = [
         Self::Malformed,
         Self::UnknownOpcode,
         Self::FrameTooLarge,
@@ -531,6 +543,7 @@ impl ErrorCode {
         Self::UnknownRule,
         Self::StoreFull,
         Self::StaleEpoch,
+        Self::TryAgain,
     ];
 
     /// The code's name as in the spec's error table (`"CrossSlot"`);
@@ -553,6 +566,7 @@ impl ErrorCode {
             Self::UnknownRule => "UnknownRule",
             Self::StoreFull => "StoreFull",
             Self::StaleEpoch => "StaleEpoch",
+            Self::TryAgain => "TryAgain",
             Self::Unknown(_) => "Unknown",
         }
     }
@@ -575,6 +589,7 @@ impl ErrorCode {
             Self::UnknownRule => 14,
             Self::StoreFull => 15,
             Self::StaleEpoch => 16,
+            Self::TryAgain => 17,
             Self::Unknown(v) => v,
         }
     }
@@ -597,6 +612,7 @@ impl ErrorCode {
             14 => Self::UnknownRule,
             15 => Self::StoreFull,
             16 => Self::StaleEpoch,
+            17 => Self::TryAgain,
             other => Self::Unknown(other),
         }
     }
@@ -621,6 +637,7 @@ impl std::fmt::Display for ErrorCode {
             Self::UnknownRule => "unknown rule",
             Self::StoreFull => "store full: new keys refused at the memory cap",
             Self::StaleEpoch => "stale epoch",
+            Self::TryAgain => "try again: the slot is moving or its shard has no primary",
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };
         f.write_str(s)
