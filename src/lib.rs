@@ -17,6 +17,9 @@
 //! - [`rules`]: named rules from the rules file, hot reload;
 //! - [`throttled`]: the most denied keys, in bounded memory;
 //! - `repl`: replication to a standby, roles and epochs, failover;
+//! - `cluster` (feature `cluster`): the etcd control plane of cluster
+//!   mode: registrations, elections and epochs, lease deadlines, the
+//!   watch-fed routing table (docs/CLUSTER.md);
 //! - `server` (with its admin HTTP API), `config`, `cli`: the network
 //!   server and the binary's commands; [`admin_client`] for the CLI.
 //!
