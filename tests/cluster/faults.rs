@@ -134,7 +134,11 @@ async fn without_quorum_the_deadline_passes_and_the_cluster_recovers_when_quorum
     .await;
     eprintln!(
         "quorum back: A's lease was {}",
-        if renewed { "kept and renewed" } else { "revoked" }
+        if renewed {
+            "kept and renewed"
+        } else {
+            "revoked"
+        }
     );
     if renewed {
         assert_eq!(a.campaign().await.unwrap(), Campaign::Elected { epoch: e1 });

@@ -181,7 +181,10 @@ fn check_stream<M>(
 /// Slots in decoded cluster answers are real slots, ranges not reversed.
 fn check_response_shape(response: &Response) {
     let check_span = |s: &SlotSpan| {
-        assert!(s.first <= s.last && s.last < SLOT_COUNT, "bad slot range decoded: {s:?}");
+        assert!(
+            s.first <= s.last && s.last < SLOT_COUNT,
+            "bad slot range decoded: {s:?}"
+        );
     };
     match response {
         Response::Topology(t) => {

@@ -10,7 +10,9 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::frame::{encode_frame, invalid, put_short_string, short_string, wire_len, PayloadReader};
+use super::frame::{
+    encode_frame, invalid, put_short_string, short_string, wire_len, PayloadReader,
+};
 use super::{DecodeError, EncodeError};
 use crate::cluster::{ClusterTopology, Moved, MovingSlots, ShardInfo, SlotSpan, SLOT_COUNT};
 use crate::codec::opcode;
@@ -104,7 +106,9 @@ pub(crate) fn encode_topology(
         + topology
             .shards
             .iter()
-            .map(|s| MIN_SHARD_LEN + s.primary.len() + s.standbys.len() * 16 + s.slots.len() * SPAN_LEN)
+            .map(|s| {
+                MIN_SHARD_LEN + s.primary.len() + s.standbys.len() * 16 + s.slots.len() * SPAN_LEN
+            })
             .sum::<usize>()
         + 2
         + topology.moving.len() * MOVE_LEN;
@@ -115,11 +119,19 @@ pub(crate) fn encode_topology(
             dst.put_u16(shard.id);
             dst.put_u64(shard.epoch);
             put_short_string(dst, &shard.primary, "primary address")?;
-            dst.put_u8(wire_len(shard.standbys.len(), "standbys of a shard", u8::MAX)?);
+            dst.put_u8(wire_len(
+                shard.standbys.len(),
+                "standbys of a shard",
+                u8::MAX,
+            )?);
             for standby in &shard.standbys {
                 put_short_string(dst, standby, "standby address")?;
             }
-            dst.put_u16(wire_len(shard.slots.len(), "slot ranges of a shard", u16::MAX)?);
+            dst.put_u16(wire_len(
+                shard.slots.len(),
+                "slot ranges of a shard",
+                u16::MAX,
+            )?);
             for span in &shard.slots {
                 dst.put_u16(span.first);
                 dst.put_u16(span.last);
@@ -141,9 +153,15 @@ pub(crate) fn encode_moved(
     moved: &Moved,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
-    encode_frame(dst, opcode::MOVED, request_id, 11 + moved.addr.len(), |dst| {
-        dst.put_u16(moved.slot);
-        dst.put_u64(moved.version);
-        put_short_string(dst, &moved.addr, "owner address")
-    })
+    encode_frame(
+        dst,
+        opcode::MOVED,
+        request_id,
+        11 + moved.addr.len(),
+        |dst| {
+            dst.put_u16(moved.slot);
+            dst.put_u64(moved.version);
+            put_short_string(dst, &moved.addr, "owner address")
+        },
+    )
 }

@@ -8,7 +8,9 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::frame::{encode_frame, invalid, put_short_string, short_string, wire_len, PayloadReader};
+use super::frame::{
+    encode_frame, invalid, put_short_string, short_string, wire_len, PayloadReader,
+};
 use super::{opcode, DecodeError, EncodeError};
 use crate::message::{RequestId, Role};
 use crate::replication::{

@@ -174,9 +174,7 @@ pub fn encode_response(
         ),
         Response::Pong => encode_frame(dst, opcode::PONG, request_id, 0, |_| Ok(())),
         Response::Repl(repl) => super::replication::encode_repl_response(request_id, repl, dst),
-        Response::Topology(topology) => {
-            super::cluster::encode_topology(request_id, topology, dst)
-        }
+        Response::Topology(topology) => super::cluster::encode_topology(request_id, topology, dst),
         Response::Moved(moved) => super::cluster::encode_moved(request_id, moved, dst),
         Response::Checked(results) => encode_checked(request_id, results.iter().copied(), dst),
         Response::ResetDone(removed) => {

@@ -185,7 +185,10 @@ fn slots_out_of_range_and_reversed_ranges_are_malformed() {
     // TOPOLOGY carries nothing.
     let mut src = raw_frame(opcode::TOPOLOGY, 5, &[0]);
     let err = decode_request(&mut src, &ServerLimits::default()).expect_err("trailing");
-    assert!(matches!(err, DecodeError::TrailingBytes { extra: 1, .. }), "{err}");
+    assert!(
+        matches!(err, DecodeError::TrailingBytes { extra: 1, .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -273,10 +276,16 @@ fn topology_ok_example() {
             ("00 00", "shard 0: id 0"),
             ("00 00 00 00 00 00 00 11", "epoch: 17"),
             ("0d", "primary_len: 13"),
-            ("31 30 2e 30 2e 30 2e 31 3a 37 37 30 30", "primary: `10.0.0.1:7700`"),
+            (
+                "31 30 2e 30 2e 30 2e 31 3a 37 37 30 30",
+                "primary: `10.0.0.1:7700`",
+            ),
             ("01", "n_standbys: 1"),
             ("0d", "addr_len: 13"),
-            ("31 30 2e 30 2e 30 2e 32 3a 37 37 30 30", "standby: `10.0.0.2:7700`"),
+            (
+                "31 30 2e 30 2e 30 2e 32 3a 37 37 30 30",
+                "standby: `10.0.0.2:7700`",
+            ),
             ("00 01", "n_ranges: 1"),
             ("00 00 1f ff", "slots 0-8191"),
             ("00 01", "shard 1: id 1"),
@@ -284,7 +293,10 @@ fn topology_ok_example() {
             ("00", "primary_len: 0"),
             ("01", "n_standbys: 1"),
             ("0d", "addr_len: 13"),
-            ("31 30 2e 30 2e 30 2e 34 3a 37 37 30 30", "standby: `10.0.0.4:7700`"),
+            (
+                "31 30 2e 30 2e 30 2e 34 3a 37 37 30 30",
+                "standby: `10.0.0.4:7700`",
+            ),
             ("00 01", "n_ranges: 1"),
             ("20 00 3f ff", "slots 8192-16383"),
             ("00 01", "n_moving: 1"),
@@ -315,7 +327,10 @@ fn moved_example() {
             ("2c 28", "slot: 11304"),
             ("00 00 00 00 00 00 00 2a", "version: 42"),
             ("0d", "addr_len: 13"),
-            ("31 30 2e 30 2e 30 2e 33 3a 37 37 30 30", "addr: `10.0.0.3:7700`"),
+            (
+                "31 30 2e 30 2e 30 2e 33 3a 37 37 30 30",
+                "addr: `10.0.0.3:7700`",
+            ),
         ],
     );
 }
