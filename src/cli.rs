@@ -378,11 +378,11 @@ async fn serve(args: ServeArgs) -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    init_logging(config.log_format);
-    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+    init_logging(config.logging.log_format);
+    let listener = match tokio::net::TcpListener::bind(config.network.listen).await {
         Ok(l) => l,
         Err(e) => {
-            tracing::error!(listen = %config.listen, error = %e, "cannot listen");
+            tracing::error!(listen = %config.network.listen, error = %e, "cannot listen");
             return ExitCode::from(2);
         }
     };
@@ -390,7 +390,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    let admin = match config.admin {
+    let admin = match config.admin.listen {
         AdminAddr::Off => None,
         AdminAddr::On(at) => match tokio::net::TcpListener::bind(at).await {
             Ok(l) => Some(l),
@@ -780,7 +780,7 @@ pub fn render_status(s: &tollgate_protocol::NodeStatus, json: bool) -> String {
         tollgate_protocol::Role::Standby => "standby",
     };
     if json {
-        crate::repl::status_json(s).to_string()
+        crate::node::status::to_json(s).to_string()
     } else {
         let mut out = format!(
             "role: {role}\nepoch: {}\noffset: {}\naddr: {}\nprimary: {}",

@@ -32,7 +32,7 @@ pub mod algorithm;
 pub mod cli;
 pub mod clock;
 pub mod config;
-mod repl;
+mod node;
 pub mod rules;
 pub mod server;
 pub mod slot;
