@@ -14,8 +14,10 @@
 //! node its replication settings, the store a [`StoreConfig`] built here
 //! (the store does not know this module).
 
+mod file;
 mod sections;
 
+pub use file::{ConfigFile, FileError};
 pub use sections::*;
 
 use crate::store::StoreConfig;
@@ -170,9 +172,12 @@ fn human_opt<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Erro
     }
 }
 
+/// What `--print-config` shows of a secret.
+pub const REDACTED: &str = "<redacted>";
+
 fn redacted<S: Serializer>(t: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
     match t {
-        Some(_) => s.serialize_str("<redacted>"),
+        Some(_) => s.serialize_str(REDACTED),
         None => s.serialize_none(),
     }
 }
