@@ -6,8 +6,8 @@
 //! replication task never touch the registry; [`ReplMetrics::refresh`]
 //! copies them in (counters move by the difference since the last scrape).
 
+use super::shared::Core;
 use super::status::lag_ms;
-use super::Core;
 use prometheus::{Gauge, IntCounter, IntGauge, Registry};
 use std::sync::atomic::Ordering;
 use tollgate_protocol::Role;

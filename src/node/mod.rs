@@ -13,6 +13,9 @@
 //!                                    ▲
 //!  Supervisor (supervisor.rs): per role, the source's duties and the
 //!    replication tasks (replication/: primary feed, standby follower)
+//!
+//!  shared.rs: what those tasks share (Core) and what a connection hands
+//!  them (Handover); status.rs, metrics.rs: what the node reports
 //! ```
 //!
 //! Invariants:
@@ -21,55 +24,40 @@
 //!   [`Access`] of a request) and goes back as typed answers ([`Refusal`],
 //!   [`Greeting`], a `NodeStatus`);
 //! - only the role source and the replication tasks change the role state,
-//!   and every change goes through [`RoleState`]'s transitions, which log it
+//!   and every change goes through `RoleState`'s transitions, which log it
 //!   and wake the supervisor;
 //! - [`Node::admit`] is on every request: it reads atomics, takes no lock
 //!   unless it refuses, and does no I/O.
 //!
-//! Pair mode (`--peer`, `--replica-of`) is the one [`RoleSource`] today;
+//! Pair mode (`--peer`, `--replica-of`) is the one `RoleSource` today;
 //! cluster mode is meant to be the second, deciding roles from etcd and
 //! adding refusals of its own (see `source.rs`).
 
-pub(crate) mod metrics;
+mod metrics;
 mod pair;
-pub(crate) mod replication;
+mod replication;
 mod role;
+mod shared;
 mod source;
 pub(crate) mod status;
 mod supervisor;
 
-pub(crate) use role::RoleState;
-pub(crate) use source::{Access, Refusal, RoleSource};
+pub(crate) use shared::Handover;
+pub(crate) use source::{Access, Refusal};
 pub(crate) use supervisor::Supervisor;
 
 use crate::clock::Clock;
 use crate::config::ReplicationSettings;
 use crate::store::Store;
-use bytes::BytesMut;
 use metrics::ReplMetrics;
 use pair::PairMode;
 use prometheus::Registry;
-use std::net::SocketAddr;
+use role::RoleState;
+use shared::Core;
+use source::RoleSource;
 use std::sync::Arc;
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
-use tollgate_protocol::{Announce, NodeStatus, RequestId, Role, ServerLimits};
-
-/// A REPLICATE request and its connection, handed from the connection that
-/// received it to the replication task, which owns the socket from then on.
-#[derive(Debug)]
-pub(crate) struct Handover {
-    pub stream: TcpStream,
-    pub peer: SocketAddr,
-    /// Bytes the connection had read past the REPLICATE (acks).
-    pub leftover: BytesMut,
-    pub request_id: RequestId,
-    /// The stream the standby's copy comes from, and how far it got.
-    pub replid: u64,
-    pub offset: u64,
-    /// Where the standby says it is reached.
-    pub advertise: String,
-}
+use tollgate_protocol::{Announce, NodeStatus, Role, ServerLimits};
 
 /// What a node tells a client in HELLO_OK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,19 +65,6 @@ pub(crate) struct Greeting {
     pub role: Role,
     pub epoch: u64,
     pub offset: u64,
-}
-
-/// What the node's tasks share: the role state and what replication reads.
-/// Node-internal; the server sees only [`Node`].
-pub(crate) struct Core {
-    pub role: RoleState,
-    pub store: Arc<Store>,
-    pub clock: Arc<dyn Clock>,
-    pub settings: ReplicationSettings,
-    /// The secret this node presents to its peer and its primary.
-    pub auth_token: Option<String>,
-    /// Frame limits for what a standby sends on its stream.
-    pub limits: ServerLimits,
 }
 
 /// The node as connections and the admin API see it. Cheap calls only on

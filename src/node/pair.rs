@@ -21,8 +21,8 @@
 //! - **a standby** that has been in sync promotes itself once its primary
 //!   has been silent for `--failover-after` (if set).
 
+use super::shared::Core;
 use super::source::{Access, Duty, Refusal, RoleSource};
-use super::Core;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_client::{Client, ClientConfig};

@@ -14,7 +14,7 @@
 //! - a promotion takes `max(every epoch heard of) + 1`, so a promoted node
 //!   outranks every primary it has heard of.
 
-use super::Refusal;
+use super::source::Refusal;
 use parking_lot::Mutex;
 // Not `crate::sync`: nothing here is modelled by loom.
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};

@@ -1,7 +1,7 @@
 //! The STATUS answer: role, epoch, offsets and the replication counters,
 //! as `tollgate status` and `GET /v1/replication` show them.
 
-use super::Core;
+use super::shared::Core;
 use crate::clock::NANOS_PER_MS;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tollgate_protocol::{NodeStatus, Role};

@@ -11,8 +11,8 @@
 //! the feed stops capturing), so no task of the old role outlives it.
 
 use super::replication::{primary::Feed, standby};
+use super::shared::{Core, Handover};
 use super::source::RoleSource;
-use super::{Core, Handover};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

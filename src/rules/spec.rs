@@ -766,7 +766,8 @@ mod example {
     #[test]
     fn the_readme_rules_example_loads() {
         let readme = include_str!("../../README.md");
-        let start = readme.find("```yaml\n").expect("a yaml block") + 8;
+        let section = readme.find("## Named rules").expect("the rules section");
+        let start = section + readme[section..].find("```yaml\n").expect("a yaml block") + 8;
         let end = start + readme[start..].find("```").expect("its end");
         let rules = super::parse_yaml(
             &readme[start..end],

@@ -26,7 +26,8 @@
 
 use super::backlog::Backlog;
 use super::records::{change_record, snapshot_record};
-use crate::node::{Core, Handover, RoleState};
+use crate::node::role::RoleState;
+use crate::node::shared::{Core, Handover};
 use crate::store::Drained;
 use bytes::{Bytes, BytesMut};
 use std::net::SocketAddr;

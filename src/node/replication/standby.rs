@@ -18,7 +18,8 @@
 //! is below the one it knows.
 
 use super::records::key_write;
-use crate::node::{Core, RoleState};
+use crate::node::role::RoleState;
+use crate::node::shared::Core;
 use bytes::BytesMut;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
