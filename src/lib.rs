@@ -46,6 +46,8 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 mod node;
+#[cfg(test)]
+mod readme;
 pub mod rules;
 pub mod server;
 pub mod slot;

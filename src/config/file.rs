@@ -232,11 +232,8 @@ mod tests {
 
     #[test]
     fn the_readme_config_example_loads() {
-        let readme = include_str!("../../README.md");
-        let section = readme.find("### Config file").expect("the config section");
-        let start = section + readme[section..].find("```yaml\n").expect("a yaml block") + 8;
-        let end = start + readme[start..].find("```").expect("its end");
-        let example = file(&readme[start..end]).expect("README example is valid");
+        let example =
+            file(crate::readme::yaml_after("### Config file")).expect("README example is valid");
         let config = merged(&example, &[]);
         config.validate().unwrap();
         assert_eq!(config.store.max_memory, Some(1 << 30));

@@ -22,12 +22,8 @@ fn the_example_rules_file_loads() {
 /// So is the README's example.
 #[test]
 fn the_readme_rules_example_loads() {
-    let readme = include_str!("../../../README.md");
-    let section = readme.find("## Named rules").expect("the rules section");
-    let start = section + readme[section..].find("```yaml\n").expect("a yaml block") + 8;
-    let end = start + readme[start..].find("```").expect("its end");
     let rules = super::parse_yaml(
-        &readme[start..end],
+        crate::readme::yaml_after("## Named rules"),
         crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
     )
     .expect("README example is valid");
