@@ -13,8 +13,6 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    #[command(flatten)]
-    pub config: ServerConfig,
     /// Read settings from this YAML file: the flags' names without the
     /// dashes, e.g. `max-memory: 1GiB`. Flags and environment variables
     /// override it.
@@ -24,6 +22,9 @@ pub struct ServeArgs {
     /// JSON and exit. The output loads back with --config.
     #[arg(long)]
     pub print_config: bool,
+    // Last: each section opens its own --help heading.
+    #[command(flatten)]
+    pub config: ServerConfig,
 }
 
 /// With `serve --config FILE`, parses `argv` again with the file's settings

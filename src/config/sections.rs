@@ -267,7 +267,7 @@ pub struct RuleSettings {
     pub file: Option<PathBuf>,
 
     /// How often the rules file is checked for changes (0s: never).
-    #[arg(id = "rules_poll", long = "rules-poll", default_value = DEFAULT_RULES_POLL, value_parser = parse_duration)]
+    #[arg(id = "rules_poll", long = "rules-poll", value_name = "RULES_POLL", default_value = DEFAULT_RULES_POLL, value_parser = parse_duration)]
     #[serde(rename = "rules-poll", serialize_with = "human")]
     pub poll: Duration,
 }
@@ -366,7 +366,7 @@ impl ReplicationSettings {
 pub struct AdminSettings {
     /// Address of the admin HTTP API (health, rules, usage, metrics), or
     /// `none`.
-    #[arg(id = "admin", long = "admin", default_value = DEFAULT_ADMIN)]
+    #[arg(id = "admin", long = "admin", value_name = "ADDR", default_value = DEFAULT_ADMIN)]
     #[serde(rename = "admin")]
     pub listen: AdminAddr,
 
