@@ -94,12 +94,7 @@ impl Node {
     pub fn new(parts: NodeParts, registry: &Registry) -> prometheus::Result<(Self, Supervisor)> {
         let metrics = ReplMetrics::register(registry)?;
         let settings = parts.settings;
-        // A node with a peer asks it before taking any role (pair.rs).
-        let (role, primary) = match (&settings.replica_of, &settings.peer) {
-            (Some(p), _) => (Role::Standby, Some(p.clone())),
-            (None, Some(_)) => (Role::Standby, None),
-            (None, None) => (Role::Primary, None),
-        };
+        let (role, primary) = PairMode::starting_role(&settings);
         let core = Arc::new(Core {
             role: RoleState::new(role, primary, parts.advertise),
             store: parts.store,

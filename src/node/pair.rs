@@ -23,6 +23,7 @@
 
 use super::shared::Core;
 use super::source::{Access, Duty, Refusal, RoleSource};
+use crate::config::ReplicationSettings;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_client::{Client, ClientConfig};
@@ -36,6 +37,17 @@ pub(crate) struct PairMode {
 impl PairMode {
     pub fn new(core: Arc<Core>) -> Self {
         Self { core }
+    }
+
+    /// The role a node holds until [`start`] has settled it, and the
+    /// primary it follows: a node with a peer starts as a standby of nobody
+    /// and asks the peer first.
+    pub fn starting_role(settings: &ReplicationSettings) -> (Role, Option<String>) {
+        match (&settings.replica_of, &settings.peer) {
+            (Some(p), _) => (Role::Standby, Some(p.clone())),
+            (None, Some(_)) => (Role::Standby, None),
+            (None, None) => (Role::Primary, None),
+        }
     }
 }
 
