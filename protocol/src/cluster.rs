@@ -10,8 +10,8 @@
 //! outside a cluster answers TOPOLOGY as a cluster of one shard that owns
 //! every slot, so cluster-aware clients work against it unchanged.
 
-use crate::message::Role;
 use crate::replication::NodeStatus;
+use crate::replication::Role;
 
 /// Number of hash slots (Redis Cluster's).
 pub const SLOT_COUNT: u16 = 16384;

@@ -12,7 +12,8 @@ use super::frame::{
     encode_frame, invalid, put_short_string, short_string, wire_len, PayloadReader,
 };
 use super::{opcode, DecodeError, EncodeError};
-use crate::message::{RequestId, Role};
+use crate::message::RequestId;
+use crate::replication::Role;
 use crate::replication::{
     Announce, ChangeBatch, LeaseState, NodeStatus, Record, ReplRequest, ReplResponse, SnapshotPart,
     StateEntry, StateValue, TableState,
