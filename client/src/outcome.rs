@@ -208,6 +208,7 @@ impl Undecided {
             | ErrorCode::StaleEpoch
             | ErrorCode::Internal
             | ErrorCode::StoreFull
+            | ErrorCode::TryAgain
             | ErrorCode::Unknown(_) => Some(Self::ServerError(code)),
         }
     }

@@ -95,27 +95,24 @@ impl Node {
         }
     }
 
-    /// SIGSTOP: the process hangs with its sockets open (the kernel still
-    /// accepts connections and ACKs bytes nobody reads).
-    #[allow(dead_code)] // used by tests/client_faults.rs, which shares this harness
+    /// SIGSTOP: the process keeps its sockets and answers nothing (its
+    /// peers' frames queue up unread) until [`resume`](Self::resume).
     pub fn pause(&self) {
         self.signal("-STOP");
     }
 
     /// SIGCONT after [`pause`](Self::pause).
-    #[allow(dead_code)]
     pub fn resume(&self) {
         self.signal("-CONT");
     }
 
-    #[allow(dead_code)]
     fn signal(&self, signal: &str) {
-        let child = self.child.as_ref().expect("running");
+        let pid = self.child.as_ref().expect("node running").id();
         let status = Command::new("kill")
-            .args([signal, &child.id().to_string()])
+            .args([signal, &pid.to_string()])
             .status()
             .expect("run kill");
-        assert!(status.success(), "kill {signal} failed");
+        assert!(status.success(), "kill {signal} {pid}");
     }
 
     /// Starts the process again with exactly the same flags.

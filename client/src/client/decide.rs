@@ -415,4 +415,3 @@ impl Client {
         ))
     }
 }
-

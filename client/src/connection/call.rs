@@ -105,6 +105,7 @@ pub(crate) fn request_name(request: &Request) -> &'static str {
         Request::Refund(_) => "REFUND",
         Request::Release(_) => "RELEASE",
         Request::Repl(_) => "REPL",
+        Request::Topology => "TOPOLOGY",
     }
 }
 

@@ -64,7 +64,7 @@ impl Tollgate {
         let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let admin = admin_listener.local_addr().unwrap();
         let mut config = tollgate::config::ServerConfig::with_listen(addr);
-        config.rules = Some(rules.0.clone());
+        config.rules.file = Some(rules.0.clone());
         let server = tollgate::server::Server::new(config)
             .expect("server starts")
             .with_admin(admin_listener);
