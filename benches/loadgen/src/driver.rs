@@ -2,12 +2,8 @@
 //! shows progress, and merges what each connection recorded.
 //!
 //! ```text
-//!  closed loop: per connection, `pipeline` tasks each keep one request in
-//!               flight; each answer sends that task's next one. Latency =
-//!               answer - send. (A task per slot rather than one task
-//!               juggling `pipeline` futures: no allocation and no future
-//!               moved per request, so the generator's own cost stays small
-//!               beside the client's it measures.)
+//!  closed loop: per connection, keep `pipeline` requests in flight; each
+//!               answer sends the next one. Latency = answer - send.
 //!  open loop:   a pacer thread releases request k at start + k*interval
 //!               (global, round robin over connections); a connection sends
 //!               each released request as soon as it has a free pipeline
@@ -74,19 +70,6 @@ pub async fn run<T: Target>(target: Arc<T>, plan: Plan) -> Result<Recorder, Targ
         .map(|i| picker(&plan, i))
         .collect::<Result<Vec<_>, _>>()?
         .into_iter();
-    // Closed loop: one picker per pipeline slot (same seeds for every
-    // target, so every target still gets the same key sequences).
-    let slot_pickers = match plan.rate {
-        None => (0..plan.connections as usize)
-            .map(|c| {
-                (0..plan.pipeline as usize)
-                    .map(|s| picker(&plan, c * plan.pipeline as usize + s))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-        Some(_) => Vec::new(),
-    };
-    let mut slot_pickers = slot_pickers.into_iter();
     let mut conns = Vec::with_capacity(plan.connections as usize);
     for _ in 0..plan.connections {
         conns.push(target.connect().await?);
@@ -110,7 +93,8 @@ pub async fn run<T: Target>(target: Arc<T>, plan: Plan) -> Result<Recorder, Targ
                 let counter = Arc::clone(&counters[i]);
                 workers.push(tokio::spawn(closed_loop(
                     conn,
-                    slot_pickers.next().expect("pickers per connection"),
+                    pickers.next().expect("one picker per connection"),
+                    plan.pipeline as usize,
                     start,
                     window,
                     counter,
@@ -213,66 +197,36 @@ fn progress_bar(plan: &Plan) -> ProgressBar {
     bar
 }
 
-/// Closed loop: one task per pipeline slot (one picker each), each with
-/// one request in flight, sending the next as soon as its answer arrives,
-/// until the window ends.
+/// Closed loop: `pipeline` requests in flight, each answer sends the next,
+/// until the window ends; then drains what is in flight.
 async fn closed_loop<C: Connection>(
     conn: C,
-    pickers: Vec<KeyPicker>,
+    mut picker: KeyPicker,
+    pipeline: usize,
     start: Instant,
     window: Window,
     counter: Arc<Counter>,
 ) -> Recorder {
-    let conn = Arc::new(conn);
-    let recorder = Arc::new(std::sync::Mutex::new(Recorder::new(window)));
-    let slots: Vec<_> = pickers
-        .into_iter()
-        .map(|picker| {
-            tokio::spawn(closed_slot(
-                Arc::clone(&conn),
-                picker,
-                start,
-                window,
-                Arc::clone(&counter),
-                Arc::clone(&recorder),
-            ))
-        })
-        .collect();
-    for slot in slots {
-        slot.await.expect("a pipeline slot panicked");
-    }
-    // Every slot has ended, so this is the last handle.
-    match Arc::try_unwrap(recorder) {
-        Ok(recorder) => recorder.into_inner().expect("not poisoned"),
-        Err(shared) => std::mem::replace(
-            &mut *shared.lock().expect("not poisoned"),
-            Recorder::new(window),
-        ),
-    }
-}
-
-/// One pipeline slot of a closed-loop connection.
-async fn closed_slot<C: Connection>(
-    conn: Arc<C>,
-    mut picker: KeyPicker,
-    start: Instant,
-    window: Window,
-    counter: Arc<Counter>,
-    recorder: Arc<std::sync::Mutex<Recorder>>,
-) {
+    let mut recorder = Recorder::new(window);
     tokio::time::sleep_until(start.into()).await;
-    let mut now = Instant::now();
-    while now < window.end {
-        let request = conn.build(&mut picker);
-        let sent = Instant::now();
-        let answer = conn.send(request).await;
-        now = Instant::now();
+    let conn = &conn;
+    let mut in_flight = FuturesUnordered::new();
+    loop {
+        if Instant::now() < window.end {
+            while in_flight.len() < pipeline {
+                let request = conn.build(&mut picker);
+                let sent = Instant::now();
+                in_flight.push(async move { (sent, conn.send(request).await) });
+            }
+        }
+        let Some((sent, answer)) = in_flight.next().await else {
+            break;
+        };
+        let done = Instant::now();
         counter.add(answer.allowed + answer.denied);
-        recorder
-            .lock()
-            .expect("not poisoned")
-            .record(sent, now, &answer);
+        recorder.record(sent, done, &answer);
     }
+    recorder
 }
 
 /// One connection's view of the open-loop schedule.
