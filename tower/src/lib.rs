@@ -47,7 +47,7 @@ pub mod headers;
 mod route;
 mod service;
 
-pub use route::{KeyExtractor, KeyExtractorError, Route};
+pub use route::{ExtractFn, KeyExtractor, KeyExtractorError, Route};
 pub use service::{RateLimit, RateLimitLayer};
 pub use tollgate_client::Policy;
 

@@ -8,6 +8,9 @@ use axum::extract::ConnectInfo;
 use http::{HeaderName, Method, Request};
 use tollgate_client::Policy;
 
+/// A custom identifier extractor: the request head in, the identifier out.
+pub type ExtractFn = Arc<dyn Fn(&http::request::Parts) -> Option<Vec<u8>> + Send + Sync>;
+
 /// Where the caller's identifier comes from.
 #[derive(Clone)]
 pub enum KeyExtractor {
@@ -19,7 +22,7 @@ pub enum KeyExtractor {
     /// The request path: one counter per endpoint.
     Path,
     /// Anything else; `None` (or an empty identifier) is a 400.
-    Custom(Arc<dyn Fn(&http::request::Parts) -> Option<Vec<u8>> + Send + Sync>),
+    Custom(ExtractFn),
 }
 
 /// A header name that is not one.

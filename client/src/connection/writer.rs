@@ -371,15 +371,17 @@ mod tests {
         assert_eq!(frames[1], (ping, Request::Ping));
         assert_eq!(writes.load(Ordering::SeqCst), 1, "one write for the lot");
         // The oversized call failed alone, with the numbers.
-        let mut p = shared.pending.lock();
-        match p.poll_answer(big_id, Waker::noop()) {
+        let (big, waiting) = {
+            let mut p = shared.pending.lock();
+            (p.poll_answer(big_id, Waker::noop()), p.waiting())
+        };
+        match big {
             Poll::Ready(Err(Error::FrameTooLarge { len, max: 400 })) => {
                 assert_eq!(len, 7 + 1 + 2 + 500 + 25 + 4);
             }
             other => panic!("expected FrameTooLarge, got {other:?}"),
         }
-        assert_eq!(p.waiting(), sent.len() + 1, "the others still wait");
-        drop(p);
+        assert_eq!(waiting, sent.len() + 1, "the others still wait");
         stop.cancel();
         writer.await.expect("writer task");
     }
