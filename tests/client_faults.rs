@@ -13,10 +13,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use harness::{caught_up, eventually, free_addr, role_is, Node};
+use harness::{eventually, free_addr, start_pair, Node};
 use tokio::time::Instant;
 use tollgate_client::{
-    BreakerConfig, BreakerState, Client, ClientConfig, FallbackConfig, Limit, Outcome, Rate, Role,
+    BreakerConfig, BreakerState, Client, ClientConfig, FallbackConfig, Limit, Outcome, Rate,
     Source, Undecided,
 };
 
@@ -242,16 +242,8 @@ async fn sigstop_then_sigkill_mid_load_breaker_opens_fallback_limits_client_reco
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_primary_is_abandoned_for_its_standby() {
-    let (a_addr, b_addr) = (free_addr(), free_addr());
-    let common = ["--failover-after", "1s"];
-    let a = Node::start(&a_addr, &[&["--peer", &b_addr][..], &common].concat());
-    role_is(&a_addr, Role::Primary).await;
-    let b = Node::start(
-        &b_addr,
-        &[&["--replica-of", &a_addr, "--peer", &a_addr][..], &common].concat(),
-    );
-    // Only a standby that has been in sync promotes itself.
-    caught_up(&a_addr, &b_addr).await;
+    let (a, b) = start_pair("1s").await;
+    let (a_addr, b_addr) = (a.addr.clone(), b.addr.clone());
     let registry = prometheus::Registry::new();
     let client = Client::new_shard(vec![a_addr.clone(), b_addr.clone()], config(&registry))
         .expect("valid config");

@@ -194,6 +194,22 @@ pub async fn role_is(addr: &str, role: Role) -> NodeStatus {
     .await
 }
 
+/// Starts a pair as the README says: A primary, B its standby, each the
+/// other's peer, failover after `failover_after`; returns once B holds a
+/// complete copy (only a standby that has been in sync promotes itself).
+pub async fn start_pair(failover_after: &str) -> (Node, Node) {
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let common = ["--failover-after", failover_after];
+    let a = Node::start(&a_addr, &[&["--peer", &b_addr][..], &common].concat());
+    role_is(&a_addr, Role::Primary).await;
+    let b = Node::start(
+        &b_addr,
+        &[&["--replica-of", &a_addr, "--peer", &a_addr][..], &common].concat(),
+    );
+    caught_up(&a_addr, &b_addr).await;
+    (a, b)
+}
+
 /// Waits until the standby at `standby` is in sync and holds every change
 /// the primary at `primary` made before this was called: two drain passes
 /// later every such change has been numbered (a pass started after it

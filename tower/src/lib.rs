@@ -51,8 +51,3 @@ pub use route::{ExtractFn, KeyExtractor, KeyExtractorError, Route};
 pub use service::{RateLimit, RateLimitLayer};
 pub use tollgate_client::Policy;
 
-/// The README's client and gateway examples, compiled as doc tests so the
-/// contract cannot drift from the code.
-#[doc = include_str!("../../README.md")]
-#[cfg(doctest)]
-pub struct ReadmeDoctests;

@@ -41,13 +41,13 @@ impl Client {
         limit: impl Into<LimitRef>,
         cost: u32,
     ) -> Outcome {
-        let pair = Pair {
-            key: key.into(),
-            limit: limit.into(),
-            cost,
-        };
-        self.decide(BatchKind::Check, smallvec::smallvec![pair], None)
+        self.single(BatchKind::Check, key.into(), limit.into(), cost)
             .await
+    }
+
+    async fn single(&self, kind: BatchKind, key: Bytes, limit: LimitRef, cost: u32) -> Outcome {
+        let pair = Pair { key, limit, cost };
+        self.decide(kind, smallvec::smallvec![pair], None).await
     }
 
     /// Checks several (key, limit, cost) pairs as one atomic group: all pass
@@ -109,12 +109,7 @@ impl Client {
         limit: impl Into<LimitRef>,
         cost: u32,
     ) -> Outcome {
-        let pair = Pair {
-            key: key.into(),
-            limit: limit.into(),
-            cost,
-        };
-        self.decide(BatchKind::Peek, smallvec::smallvec![pair], None)
+        self.single(BatchKind::Peek, key.into(), limit.into(), cost)
             .await
     }
 
