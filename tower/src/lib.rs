@@ -50,4 +50,3 @@ mod service;
 pub use route::{ExtractFn, KeyExtractor, KeyExtractorError, Route};
 pub use service::{RateLimit, RateLimitLayer};
 pub use tollgate_client::Policy;
-
