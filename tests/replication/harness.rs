@@ -14,6 +14,10 @@ use tollgate_client::{
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
+/// The pair's cluster secret: every node of these tests gets it (through
+/// the environment, as a deployment would pass it).
+pub const CLUSTER_SECRET: &str = "replication-tests-cluster-secret";
+
 /// Generous bound for anything that should take well under a second, so a
 /// broken build fails instead of hanging; never a pass/fail timing.
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -63,6 +67,7 @@ impl Node {
             ])
             .args(&self.args)
             .env("RUST_LOG", "info")
+            .env("TOLLGATE_CLUSTER_SECRET", CLUSTER_SECRET)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -138,6 +143,18 @@ pub fn config(deadline: Duration) -> ClientConfig {
 /// A client for one node.
 pub fn client(addr: &str) -> Client {
     Client::new(addr.to_owned(), config(Duration::from_secs(2)))
+}
+
+/// A client that presents the cluster secret: what another node (or a
+/// tool acting as one) uses for node-to-node requests.
+pub fn node_client(addr: &str) -> Client {
+    Client::new(
+        addr.to_owned(),
+        ClientConfig {
+            auth_token: Some(CLUSTER_SECRET.as_bytes().to_vec()),
+            ..config(Duration::from_secs(2))
+        },
+    )
 }
 
 /// The node's STATUS, or None while it cannot be reached.
