@@ -92,6 +92,12 @@ impl Node {
         self.child = Some(child);
     }
 
+    /// The process id (to send it signals; the security tests do).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// SIGKILL: no drain, no goodbye.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

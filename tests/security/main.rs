@@ -5,4 +5,13 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin;
+mod certs;
+mod cli;
+mod process;
 mod spoofing;
+mod tls;
+
+#[allow(dead_code)]
+#[path = "../replication/harness.rs"]
+mod harness;

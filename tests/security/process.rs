@@ -1,0 +1,401 @@
+//! Real `tollgate serve` processes: protected mode and pair mode refuse to
+//! start without what they need (and say how to fix it), a pair replicates
+//! and fails over over mutual TLS with the cluster secret, a wrong secret
+//! gets nowhere, and SIGHUP reloads the certificate.
+
+use crate::certs::{client_config, write_ca, Ca, Files, Validity};
+use crate::common::{RawConn, TempDir, PATIENCE};
+use crate::harness::{eventually, free_addr, Node, BIN};
+use rustls_pki_types::ServerName;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tollgate::admin_client::{request, AdminTarget};
+use tollgate::tls::Socket;
+use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair, Request, Response, PROTOCOL_VERSION};
+
+/// Runs `tollgate serve ARGS` expecting it to refuse to start: its exit
+/// code and what it printed.
+fn refused_to_start(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .env_remove("TOLLGATE_CLUSTER_SECRET")
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            return (status.code().unwrap_or(-1), err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("`serve {args:?}` started: it should have refused");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn protected_mode_refuses_open_ports_beyond_loopback() {
+    let (code, err) = refused_to_start(&["--listen", "0.0.0.0:0", "--admin", "none"], &[]);
+    assert_eq!(code, 2, "{err}");
+    for hint in [
+        "0.0.0.0:0",
+        "--auth-token",
+        "--tls-client-ca",
+        "127.0.0.1",
+        "--insecure",
+    ] {
+        assert!(err.contains(hint), "{err} lacks {hint}");
+    }
+    let (code, err) = refused_to_start(&["--listen", "127.0.0.1:0", "--admin", "0.0.0.0:0"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--admin-token"), "{err}");
+}
+
+#[test]
+fn pair_mode_without_a_cluster_secret_refuses_to_start() {
+    let (code, err) = refused_to_start(&["--listen", "127.0.0.1:0", "--peer", "127.0.0.1:1"], &[]);
+    assert_eq!(code, 2, "{err}");
+    for hint in ["--cluster-secret", "TOLLGATE_CLUSTER_SECRET", "--insecure"] {
+        assert!(err.contains(hint), "{err} lacks {hint}");
+    }
+    // A secret equal to the client token is refused too.
+    let (code, err) = refused_to_start(
+        &["--listen", "127.0.0.1:0", "--replica-of", "127.0.0.1:1"],
+        &[
+            ("TOLLGATE_CLUSTER_SECRET", "same"),
+            ("TOLLGATE_AUTH_TOKEN", "same"),
+        ],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("must differ"), "{err}");
+}
+
+#[tokio::test]
+async fn open_ports_beyond_loopback_start_with_auth_or_insecure() {
+    // --insecure, said explicitly.
+    let node = Node::start("0.0.0.0:0", &["--insecure"]);
+    drop(node);
+    // A client token from the environment and an admin token.
+    let node = Command::new(BIN)
+        .args(["serve", "--listen", "0.0.0.0:0", "--admin", "0.0.0.0:0"])
+        .args(["--log-format", "json"])
+        .env("TOLLGATE_AUTH_TOKEN", "t0ken")
+        .env("TOLLGATE_ADMIN_TOKEN", "adm1n")
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut node = KillOnDrop(node);
+    let stderr = node.0.stderr.take().unwrap();
+    let serving = std::io::BufRead::lines(std::io::BufReader::new(stderr))
+        .map_while(Result::ok)
+        .any(|l| l.contains("tollgate serving"));
+    assert!(serving);
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The certificates of a pair under mutual TLS: one CA for nodes and
+/// gateways, each node's certificate also its client certificate.
+struct Pki {
+    dir: TempDir,
+    root: Ca,
+    ca: std::path::PathBuf,
+}
+
+impl Pki {
+    fn new(name: &str) -> Self {
+        let dir = TempDir::new(name);
+        let root = Ca::root("tollgate test root");
+        let ca = write_ca(&dir.0, "ca.pem", &root.pem());
+        Self { dir, root, ca }
+    }
+
+    fn node(&self, name: &str) -> Files {
+        self.root
+            .issue(name, Validity::Now)
+            .write(&self.dir.0, name)
+    }
+
+    /// `serve` flags for a node of the pair with its certificate.
+    fn flags(&self, files: &Files) -> Vec<String> {
+        let ca = self.ca.display().to_string();
+        vec![
+            "--tls-cert".into(),
+            files.cert.display().to_string(),
+            "--tls-key".into(),
+            files.key.display().to_string(),
+            "--tls-client-ca".into(),
+            ca.clone(),
+            "--tls-ca".into(),
+            ca,
+        ]
+    }
+
+    fn admin(&self, addr: &str) -> AdminTarget {
+        AdminTarget::plain(addr).with_ca(&self.ca).unwrap()
+    }
+
+    /// A gateway's protocol connection: TLS with its client certificate.
+    async fn gateway(&self, addr: &str) -> RawConn {
+        let leaf = self.root.issue("gateway", Validity::Now);
+        let config = client_config(&self.root.pem(), Some(&leaf));
+        tls_conn(addr, config)
+            .await
+            .expect("the gateway is admitted")
+    }
+}
+
+async fn tls_conn(addr: &str, config: Arc<rustls::ClientConfig>) -> std::io::Result<RawConn> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let tls = TlsConnector::from(config).connect(name, tcp).await?;
+    let mut conn = RawConn::over(Socket::from(tls));
+    conn.send(
+        1,
+        &Request::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: "gateway".into(),
+            auth_token: None,
+        },
+    )
+    .await;
+    match conn.try_recv().await {
+        Some((1, Response::HelloOk { .. })) => Ok(conn),
+        other => Err(std::io::Error::other(format!("HELLO: {other:?}"))),
+    }
+}
+
+async fn replication(pki: &Pki, admin: &str) -> serde_json::Value {
+    request(
+        &pki.admin(admin),
+        hyper::Method::GET,
+        "/v1/replication",
+        None,
+        PATIENCE,
+    )
+    .await
+    .map(|a| a.json())
+    .unwrap_or_default()
+}
+
+fn hot(key: &str) -> Pair {
+    Pair {
+        key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+        limit: Limit {
+            algorithm: Algorithm::TokenBucket,
+            count: 1,
+            period_ms: 3_600_000,
+            burst: 5,
+        }
+        .into(),
+        cost: 1,
+    }
+}
+
+/// Charges `key` once on `conn`: whether it passed.
+async fn charge(conn: &mut RawConn, id: u32, key: &str) -> bool {
+    let mut batch = tollgate_protocol::CheckBatch::default();
+    batch.push(hot(key));
+    matches!(&conn.check(id, batch).await[0], CheckResult::Decision(d) if d.allowed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_replicates_and_fails_over_over_mutual_tls() {
+    let pki = Pki::new("pair-mtls");
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let a_flags = pki.flags(&pki.node("node-a"));
+    let b_flags = pki.flags(&pki.node("node-b"));
+    let with = |flags: &[String], more: &[&str]| -> Vec<String> {
+        flags
+            .iter()
+            .cloned()
+            .chain(more.iter().map(|s| s.to_string()))
+            .collect()
+    };
+    let a_args = with(&a_flags, &["--peer", &b_addr]);
+    let a = Node::start(
+        &a_addr,
+        &a_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let b_args = with(
+        &b_flags,
+        &[
+            "--replica-of",
+            &a_addr,
+            "--peer",
+            &a_addr,
+            "--admin-token",
+            "adm",
+        ],
+    );
+    let b = Node::start(
+        &b_addr,
+        &b_args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+
+    eventually("A settles as primary", || async {
+        (replication(&pki, &a.admin).await["role"] == "primary").then_some(())
+    })
+    .await;
+    let mut gw = pki.gateway(&a_addr).await;
+    for i in 0..5 {
+        assert!(charge(&mut gw, 10 + i, "rl:{tls}:login").await);
+    }
+    assert!(!charge(&mut gw, 20, "rl:{tls}:login").await);
+    let primary_offset = replication(&pki, &a.admin).await["offset"]
+        .as_u64()
+        .unwrap();
+    let b_admin = pki.admin(&b.admin).with_token(Some("adm".into()));
+    eventually("the standby syncs over TLS", || async {
+        let v = request(
+            &b_admin,
+            hyper::Method::GET,
+            "/v1/replication",
+            None,
+            PATIENCE,
+        )
+        .await
+        .ok()?
+        .json();
+        (v["synced"] == 1 && v["offset"].as_u64()? >= primary_offset).then_some(())
+    })
+    .await;
+
+    // The operator promotes B with the CLI over HTTPS; A, probing B over
+    // TLS, steps down and follows it.
+    let out = Command::new(BIN)
+        .args(["promote", "--admin", &b.admin, "--tls-ca"])
+        .arg(&pki.ca)
+        .env("TOLLGATE_ADMIN_TOKEN", "adm")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.contains(&format!("{b_addr} promoted to primary at epoch 2")),
+        "{text}"
+    );
+    eventually("the old primary follows the new one", || async {
+        let v = replication(&pki, &a.admin).await;
+        (v["role"] == "standby" && v["primary"] == b_addr.as_str() && v["synced"] == 1)
+            .then_some(())
+    })
+    .await;
+    // The exhausted key stayed exhausted across the failover.
+    let mut gw = pki.gateway(&b_addr).await;
+    assert!(!charge(&mut gw, 30, "rl:{tls}:login").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_with_the_wrong_secret_gets_nothing() {
+    let a = Node::start(&free_addr(), &[]);
+    let c = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &free_addr(),
+            "--admin",
+            "none",
+            "--log-format",
+            "json",
+        ])
+        .args(["--replica-of", &a.addr])
+        .env("TOLLGATE_CLUSTER_SECRET", "not-the-pair-secret")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut c = KillOnDrop(c);
+    let stderr = c.0.stderr.take().unwrap();
+    let refused = tokio::task::spawn_blocking(move || {
+        std::io::BufRead::lines(std::io::BufReader::new(stderr))
+            .map_while(Result::ok)
+            .find(|l| l.contains("replication connection ended"))
+    })
+    .await
+    .unwrap()
+    .expect("the standby logs why it cannot replicate");
+    assert!(
+        refused.contains("AuthFailed") || refused.contains("authentication"),
+        "{refused}"
+    );
+    let v = tollgate::admin_client::call(
+        &a.admin,
+        hyper::Method::GET,
+        "/v1/replication",
+        None,
+        PATIENCE,
+    )
+    .await
+    .unwrap()
+    .json();
+    assert_eq!(v["replica_connected"], 0);
+    assert_eq!(v["full_syncs"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_certificate_and_keeps_open_connections() {
+    let pki = Pki::new("sighup");
+    let first = pki.root.issue("first", Validity::Now);
+    let files = first.write(&pki.dir.0, "node");
+    let flags = [
+        "--tls-cert",
+        &files.cert.display().to_string(),
+        "--tls-key",
+        &files.key.display().to_string(),
+        "--tls-poll",
+        "0s",
+    ]
+    .map(str::to_owned);
+    let node = Node::start(
+        &free_addr(),
+        &flags.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let trust = || client_config(&pki.root.pem(), None);
+    let presented = |addr: String| async move {
+        let tcp = TcpStream::connect(addr).await.ok()?;
+        let name = ServerName::try_from("127.0.0.1").unwrap();
+        let tls = TlsConnector::from(trust()).connect(name, tcp).await.ok()?;
+        Some(tls.get_ref().1.peer_certificates()?[0].to_vec())
+    };
+    assert_eq!(presented(node.addr.clone()).await, Some(first.der.clone()));
+    let mut old = tls_conn(&node.addr, trust()).await.unwrap();
+
+    let second = pki.root.issue("second", Validity::Now);
+    second.write(&pki.dir.0, "node");
+    // Not polled: still the first until the signal.
+    assert_eq!(presented(node.addr.clone()).await, Some(first.der.clone()));
+    let sent = Command::new("kill")
+        .args(["-HUP", &node.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    eventually("new handshakes present the new certificate", || {
+        let (addr, want) = (node.addr.clone(), second.der.clone());
+        async move { (presented(addr).await? == want).then_some(()) }
+    })
+    .await;
+    old.send(7, &Request::Ping).await;
+    assert!(matches!(old.recv().await, (7, Response::Pong)));
+    assert!(!node.logged("TLS certificate reloaded").is_empty());
+}
