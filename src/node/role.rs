@@ -35,7 +35,9 @@ pub(crate) type Reason = &'static str;
 /// An epoch this node will not take.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum EpochError {
-    #[error("epoch {theirs} is more than {gap} above the highest epoch this node knows ({known}): refused as absurd (--max-epoch-gap)")]
+    #[error(
+        "epoch {theirs} refused: more than {gap} above the highest epoch known here ({known})"
+    )]
     TooFar { theirs: u64, known: u64, gap: u64 },
     #[error("this node knows epoch {0}, the largest there is: no promotion can outrank it")]
     Exhausted(u64),

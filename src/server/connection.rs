@@ -414,10 +414,8 @@ impl Connection {
                 peer = %self.peer, client = %self.client_name, request = what,
                 "node-to-node request from a client connection refused"
             );
-            let msg = format!(
-                "{what} is for nodes only: connect with the cluster secret as the token \
-                 (to promote by hand, use the admin API: POST /v1/promote)"
-            );
+            // Operators promote through the admin API (POST /v1/promote).
+            let msg = format!("{what} needs a node connection (HELLO with the cluster secret)");
             self.error(id, ErrorCode::AuthFailed, &msg);
             return Flow::Continue;
         }
