@@ -221,19 +221,24 @@ impl RawConn {
     /// Connects and completes the handshake.
     pub async fn ready(addr: SocketAddr) -> Self {
         let mut c = Self::connect(addr).await;
-        c.send(
-            0,
-            &Request::Hello {
-                version: PROTOCOL_VERSION,
-                client_name: "test".into(),
-                auth_token: None,
-            },
-        )
-        .await;
-        match c.recv().await {
-            (0, Response::HelloOk { .. }) => c,
+        match c.hello(None).await {
+            Some(Response::HelloOk { .. }) => c,
             other => panic!("handshake failed: {other:?}"),
         }
+    }
+
+    /// Sends HELLO (request id 1) with `token`, if any: the answer, or None
+    /// when the server closed the connection instead.
+    pub async fn hello(&mut self, token: Option<&str>) -> Option<Response> {
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: "test".into(),
+            auth_token: token.map(|t| Bytes::copy_from_slice(t.as_bytes())),
+        };
+        self.send(1, &hello).await;
+        let (id, answer) = self.try_recv().await?;
+        assert_eq!(id, 1, "{answer:?}");
+        Some(answer)
     }
 
     pub async fn send(&mut self, id: RequestId, req: &Request) {

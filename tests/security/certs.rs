@@ -3,15 +3,19 @@
 //! client certificates, like a node's), valid or expired; and TLS client
 //! configs built from them with rustls directly.
 
+use crate::common::{RawConn, PATIENCE};
 use rcgen::{
     BasicConstraints, Certificate, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
 };
 use rustls::{ClientConfig, RootCertStore};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tollgate::tls::Socket;
 
 /// A certificate authority.
 pub struct Ca {
@@ -147,4 +151,20 @@ pub fn client_config(ca: &str, client: Option<&Leaf>) -> Arc<ClientConfig> {
         None => builder.with_no_client_auth(),
     };
     Arc::new(config)
+}
+
+/// A TLS connection to `addr` as 127.0.0.1, and the certificate the server
+/// presented (DER); the handshake's error when it fails on the client's
+/// side.
+pub async fn tls_connect(
+    addr: &str,
+    config: Arc<ClientConfig>,
+) -> Result<(RawConn, Vec<u8>), std::io::Error> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let tls = tokio::time::timeout(PATIENCE, TlsConnector::from(config).connect(name, tcp))
+        .await
+        .expect("the handshake ends in time")?;
+    let presented = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    Ok((RawConn::over(Socket::from(tls)), presented))
 }

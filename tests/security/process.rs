@@ -3,18 +3,14 @@
 //! and fails over over mutual TLS with the cluster secret, a wrong secret
 //! gets nowhere, and SIGHUP reloads the certificate.
 
-use crate::certs::{client_config, write_ca, Ca, Files, Validity};
+use crate::certs::{client_config, tls_connect, write_ca, Ca, Files, Validity};
 use crate::common::{RawConn, TempDir, PATIENCE};
 use crate::harness::{eventually, free_addr, Node, BIN};
-use rustls_pki_types::ServerName;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 use tollgate::admin_client::{request, AdminTarget};
-use tollgate::tls::Socket;
-use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair, Request, Response, PROTOCOL_VERSION};
+use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair, Request, Response};
 
 /// Runs `tollgate serve ARGS` expecting it to refuse to start: its exit
 /// code and what it printed.
@@ -86,22 +82,46 @@ async fn open_ports_beyond_loopback_start_with_auth_or_insecure() {
     let node = Node::start("0.0.0.0:0", &["--insecure"]);
     drop(node);
     // A client token from the environment and an admin token.
-    let node = Command::new(BIN)
-        .args(["serve", "--listen", "0.0.0.0:0", "--admin", "0.0.0.0:0"])
+    let serving = serve_until_logged(
+        &["--listen", "0.0.0.0:0", "--admin", "0.0.0.0:0"],
+        &[
+            ("TOLLGATE_AUTH_TOKEN", "t0ken"),
+            ("TOLLGATE_ADMIN_TOKEN", "adm1n"),
+        ],
+        "tollgate serving",
+    )
+    .await;
+    assert!(serving.is_some());
+}
+
+/// Runs `tollgate serve ARGS` (JSON logs) with `env` until it logs a line
+/// holding `needle`, which is returned (None: it exited first); then kills
+/// it.
+async fn serve_until_logged(
+    args: &[&str],
+    env: &[(&str, &str)],
+    needle: &'static str,
+) -> Option<String> {
+    let child = Command::new(BIN)
+        .arg("serve")
+        .args(args)
         .args(["--log-format", "json"])
-        .env("TOLLGATE_AUTH_TOKEN", "t0ken")
-        .env("TOLLGATE_ADMIN_TOKEN", "adm1n")
+        .env_remove("TOLLGATE_CLUSTER_SECRET")
+        .envs(env.iter().copied())
         .env("RUST_LOG", "info")
-        .stderr(Stdio::piped())
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut node = KillOnDrop(node);
-    let stderr = node.0.stderr.take().unwrap();
-    let serving = std::io::BufRead::lines(std::io::BufReader::new(stderr))
-        .map_while(Result::ok)
-        .any(|l| l.contains("tollgate serving"));
-    assert!(serving);
+    let mut child = KillOnDrop(child);
+    let stderr = child.0.stderr.take().unwrap();
+    tokio::task::spawn_blocking(move || {
+        std::io::BufRead::lines(std::io::BufReader::new(stderr))
+            .map_while(Result::ok)
+            .find(|l| l.contains(needle))
+    })
+    .await
+    .unwrap()
 }
 
 struct KillOnDrop(std::process::Child);
@@ -164,22 +184,11 @@ impl Pki {
     }
 }
 
+/// A TLS connection through HELLO.
 async fn tls_conn(addr: &str, config: Arc<rustls::ClientConfig>) -> std::io::Result<RawConn> {
-    let tcp = TcpStream::connect(addr).await?;
-    let name = ServerName::try_from("127.0.0.1").unwrap();
-    let tls = TlsConnector::from(config).connect(name, tcp).await?;
-    let mut conn = RawConn::over(Socket::from(tls));
-    conn.send(
-        1,
-        &Request::Hello {
-            version: PROTOCOL_VERSION,
-            client_name: "gateway".into(),
-            auth_token: None,
-        },
-    )
-    .await;
-    match conn.try_recv().await {
-        Some((1, Response::HelloOk { .. })) => Ok(conn),
+    let (mut conn, _) = tls_connect(addr, config).await?;
+    match conn.hello(None).await {
+        Some(Response::HelloOk { .. }) => Ok(conn),
         other => Err(std::io::Error::other(format!("HELLO: {other:?}"))),
     }
 }
@@ -308,32 +317,19 @@ async fn a_pair_replicates_and_fails_over_over_mutual_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_with_the_wrong_secret_gets_nothing() {
     let a = Node::start(&free_addr(), &[]);
-    let c = Command::new(BIN)
-        .args([
-            "serve",
+    let refused = serve_until_logged(
+        &[
             "--listen",
             &free_addr(),
             "--admin",
             "none",
-            "--log-format",
-            "json",
-        ])
-        .args(["--replica-of", &a.addr])
-        .env("TOLLGATE_CLUSTER_SECRET", "not-the-pair-secret")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut c = KillOnDrop(c);
-    let stderr = c.0.stderr.take().unwrap();
-    let refused = tokio::task::spawn_blocking(move || {
-        std::io::BufRead::lines(std::io::BufReader::new(stderr))
-            .map_while(Result::ok)
-            .find(|l| l.contains("replication connection ended"))
-    })
+            "--replica-of",
+            &a.addr,
+        ],
+        &[("TOLLGATE_CLUSTER_SECRET", "not-the-pair-secret")],
+        "replication connection ended",
+    )
     .await
-    .unwrap()
     .expect("the standby logs why it cannot replicate");
     assert!(
         refused.contains("AuthFailed") || refused.contains("authentication"),
@@ -372,12 +368,7 @@ async fn sighup_reloads_the_certificate_and_keeps_open_connections() {
         &flags.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     let trust = || client_config(&pki.root.pem(), None);
-    let presented = |addr: String| async move {
-        let tcp = TcpStream::connect(addr).await.ok()?;
-        let name = ServerName::try_from("127.0.0.1").unwrap();
-        let tls = TlsConnector::from(trust()).connect(name, tcp).await.ok()?;
-        Some(tls.get_ref().1.peer_certificates()?[0].to_vec())
-    };
+    let presented = |addr: String| async move { Some(tls_connect(&addr, trust()).await.ok()?.1) };
     assert_eq!(presented(node.addr.clone()).await, Some(first.der.clone()));
     let mut old = tls_conn(&node.addr, trust()).await.unwrap();
 

@@ -4,7 +4,7 @@
 
 use crate::common::*;
 use tokio::io::AsyncReadExt;
-use tollgate_protocol::{Request, Response, PROTOCOL_VERSION};
+use tollgate_protocol::{Request, Response};
 
 const SECRET: &str = "spec-cluster-secret";
 
@@ -59,18 +59,9 @@ async fn the_section_14_examples_are_what_the_server_sends() {
     assert_eq!(exchange(&mut client, &dumps[0], &dumps[1]).await, dumps[1]);
 
     let mut node = RawConn::connect(server.addr).await;
-    node.send(
-        1,
-        &Request::Hello {
-            version: PROTOCOL_VERSION,
-            client_name: "spec".into(),
-            auth_token: Some(SECRET.as_bytes().to_vec().into()),
-        },
-    )
-    .await;
     assert!(matches!(
-        node.recv().await,
-        (1, Response::HelloOk { epoch: 1, .. })
+        node.hello(Some(SECRET)).await,
+        Some(Response::HelloOk { epoch: 1, .. })
     ));
     assert_eq!(exchange(&mut node, &dumps[2], &dumps[3]).await, dumps[3]);
     // The server goes on serving.

@@ -5,9 +5,7 @@
 
 use crate::common::*;
 use tollgate::config::ServerConfig;
-use tollgate_protocol::{
-    Announce, ErrorCode, ReplRequest, ReplResponse, Request, Response, Role, PROTOCOL_VERSION,
-};
+use tollgate_protocol::{Announce, ErrorCode, ReplRequest, ReplResponse, Request, Response, Role};
 
 const SECRET: &str = "cluster-secret-for-tests";
 
@@ -23,19 +21,30 @@ async fn as_node(addr: std::net::SocketAddr) -> RawConn {
 
 async fn hello(addr: std::net::SocketAddr, token: Option<&str>) -> RawConn {
     let mut c = RawConn::connect(addr).await;
-    c.send(
-        1,
-        &Request::Hello {
-            version: PROTOCOL_VERSION,
-            client_name: "test-node".into(),
-            auth_token: token.map(|t| bytes::Bytes::copy_from_slice(t.as_bytes())),
-        },
-    )
-    .await;
-    match c.recv().await {
-        (1, Response::HelloOk { .. }) => c,
+    match c.hello(token).await {
+        Some(Response::HelloOk { .. }) => c,
         other => panic!("HELLO: {other:?}"),
     }
+}
+
+/// A primary and a standby of it, both with the cluster secret, once the
+/// standby is attached and in sync.
+async fn pair() -> (TestServer, TestServer) {
+    let primary = TestServer::start_with(node).await;
+    let addr = primary.addr.to_string();
+    let standby = TestServer::start_with(|c| {
+        node(c);
+        c.replication.replica_of = Some(addr);
+    })
+    .await;
+    let (p, s) = (primary.addr, standby.addr);
+    eventually("the standby follows the primary", || async move {
+        let attached = status_at(p).await.field("replica_connected") == Some(1);
+        let synced = status_at(s).await.field("synced") == Some(1);
+        (attached && synced).then_some(())
+    })
+    .await;
+    (primary, standby)
 }
 
 fn announce(epoch: u64, addr: &str) -> Request {
@@ -106,19 +115,8 @@ async fn a_spoofed_status_announce_is_refused_and_changes_nothing() {
 
 #[tokio::test]
 async fn a_spoofed_promote_is_refused_and_the_standby_stays_a_standby() {
-    let primary = TestServer::start_with(node).await;
-    let addr = primary.addr.to_string();
-    let standby = TestServer::start_with(|c| {
-        node(c);
-        c.replication.replica_of = Some(addr);
-    })
-    .await;
+    let (primary, standby) = pair().await;
     let mut s = RawConn::ready(standby.addr).await;
-    let at = standby.addr;
-    eventually("the standby follows the primary", || async move {
-        Some(status_at(at).await).filter(|st| st.field("synced") == Some(1))
-    })
-    .await;
     s.send(1, &Request::Repl(ReplRequest::Promote)).await;
     assert_eq!(error_code(&s.recv().await), ErrorCode::AuthFailed);
     let after = status(&mut s).await;
@@ -131,19 +129,9 @@ async fn a_spoofed_promote_is_refused_and_the_standby_stays_a_standby() {
 
 #[tokio::test]
 async fn a_spoofed_replicate_is_refused_and_the_real_standby_stays_attached() {
-    let primary = TestServer::start_with(node).await;
-    let addr = primary.addr.to_string();
-    let standby = TestServer::start_with(|c| {
-        node(c);
-        c.replication.replica_of = Some(addr);
-    })
-    .await;
+    let (primary, standby) = pair().await;
     let mut p = RawConn::ready(primary.addr).await;
-    let at = primary.addr;
-    let attached = eventually("the real standby is attached", || async move {
-        Some(status_at(at).await).filter(|st| st.field("replica_connected") == Some(1))
-    })
-    .await;
+    let attached = status(&mut p).await;
     let mut c = RawConn::ready(primary.addr).await;
     c.send(
         1,

@@ -5,51 +5,32 @@
 use crate::certs::{client_config, write_ca, Ca, Leaf, Validity};
 use crate::common::*;
 use rustls::ClientConfig;
-use rustls_pki_types::ServerName;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 use tollgate::admin_client::AdminTarget;
 use tollgate::config::ServerConfig;
 use tollgate::server::TlsReloadSource;
-use tollgate::tls::Socket;
 use tollgate_protocol::{Request, Response, PROTOCOL_VERSION};
-
-/// A TLS connection to `addr`, and the certificate the server presented
-/// (DER); the handshake's error when it fails on the client's side.
-async fn tls_connect(
-    addr: std::net::SocketAddr,
-    config: Arc<ClientConfig>,
-) -> Result<(RawConn, Vec<u8>), std::io::Error> {
-    let tcp = TcpStream::connect(addr).await?;
-    let name = ServerName::try_from("127.0.0.1").unwrap();
-    let tls = tokio::time::timeout(PATIENCE, TlsConnector::from(config).connect(name, tcp))
-        .await
-        .expect("the handshake ends in time")?;
-    let presented = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
-    Ok((RawConn::over(Socket::from(tls)), presented))
-}
 
 /// HELLO on `conn`: true when HELLO_OK comes back, false when the server
 /// closed the connection (under TLS 1.3 a refused client certificate
 /// shows only here, after the client thinks the handshake is done).
 async fn hello(conn: &mut RawConn) -> bool {
-    conn.send(
-        1,
-        &Request::Hello {
-            version: PROTOCOL_VERSION,
-            client_name: "tls-test".into(),
-            auth_token: None,
-        },
-    )
-    .await;
-    match conn.try_recv().await {
-        Some((1, Response::HelloOk { .. })) => true,
+    match conn.hello(None).await {
+        Some(Response::HelloOk { .. }) => true,
         None => false,
         Some(other) => panic!("HELLO: {other:?}"),
     }
+}
+
+/// A TLS connection to a test server.
+async fn tls_connect(
+    addr: std::net::SocketAddr,
+    config: Arc<ClientConfig>,
+) -> Result<(RawConn, Vec<u8>), std::io::Error> {
+    crate::certs::tls_connect(&addr.to_string(), config).await
 }
 
 /// Whether a client with `config` gets through the handshake and HELLO.
