@@ -117,7 +117,12 @@ impl Link {
         self.wbuf.clear();
         encode_request(id, request, &mut self.wbuf)
             .map_err(|e| LinkError::Protocol(e.to_string()))?;
-        match tokio::time::timeout(self.timeout, self.socket.write_all(&self.wbuf)).await {
+        // Flushed: TLS may keep the tail of a write in its buffer.
+        let write = async {
+            self.socket.write_all(&self.wbuf).await?;
+            self.socket.flush().await
+        };
+        match tokio::time::timeout(self.timeout, write).await {
             Ok(r) => Ok(r?),
             Err(_) => Err(LinkError::Silent(self.timeout)),
         }

@@ -543,7 +543,9 @@ impl Connection {
         tokio::select! {
             biased;
             _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-            r = tokio::time::timeout(t, self.stream.write_all(&self.wbuf)) => match r {
+            // Flushed: TLS may keep the tail of a write in its buffer when
+            // the socket is full (a no-op on plain TCP).
+            r = tokio::time::timeout(t, write_flushed(&mut self.stream, &self.wbuf)) => match r {
                 Ok(r) => r?,
                 Err(_) => return Err(ConnError::WriteTimeout(t)),
             },
@@ -583,4 +585,10 @@ impl Connection {
         let _ = self.stream.shutdown().await;
         Ok(())
     }
+}
+
+/// Writes `bytes` whole and flushes them out of any TLS buffer.
+async fn write_flushed(stream: &mut Socket, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
 }

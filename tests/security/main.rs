@@ -9,6 +9,7 @@ mod admin;
 mod certs;
 mod cli;
 mod process;
+mod protected;
 mod spec;
 mod spoofing;
 mod tls;

@@ -1,7 +1,6 @@
-//! Real `tollgate serve` processes: protected mode and pair mode refuse to
-//! start without what they need (and say how to fix it), a pair replicates
-//! and fails over over mutual TLS with the cluster secret, a wrong secret
-//! gets nowhere, and SIGHUP reloads the certificate.
+//! Real `tollgate serve` processes: a pair replicates and fails over over
+//! mutual TLS with the cluster secret, a wrong secret gets nowhere, and
+//! SIGHUP reloads the certificate.
 
 use crate::certs::{client_config, tls_connect, write_ca, Ca, Files, Validity};
 use crate::common::{RawConn, TempDir, PATIENCE};
@@ -12,92 +11,10 @@ use std::time::{Duration, Instant};
 use tollgate::admin_client::{request, AdminTarget};
 use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair, Request, Response};
 
-/// Runs `tollgate serve ARGS` expecting it to refuse to start: its exit
-/// code and what it printed.
-fn refused_to_start(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .args(args)
-        .env_remove("TOLLGATE_CLUSTER_SECRET")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-            return (status.code().unwrap_or(-1), err);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("`serve {args:?}` started: it should have refused");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-#[test]
-fn protected_mode_refuses_open_ports_beyond_loopback() {
-    let (code, err) = refused_to_start(&["--listen", "0.0.0.0:0", "--admin", "none"], &[]);
-    assert_eq!(code, 2, "{err}");
-    for hint in [
-        "0.0.0.0:0",
-        "--auth-token",
-        "--tls-client-ca",
-        "127.0.0.1",
-        "--insecure",
-    ] {
-        assert!(err.contains(hint), "{err} lacks {hint}");
-    }
-    let (code, err) = refused_to_start(&["--listen", "127.0.0.1:0", "--admin", "0.0.0.0:0"], &[]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--admin-token"), "{err}");
-}
-
-#[test]
-fn pair_mode_without_a_cluster_secret_refuses_to_start() {
-    let (code, err) = refused_to_start(&["--listen", "127.0.0.1:0", "--peer", "127.0.0.1:1"], &[]);
-    assert_eq!(code, 2, "{err}");
-    for hint in ["--cluster-secret", "TOLLGATE_CLUSTER_SECRET", "--insecure"] {
-        assert!(err.contains(hint), "{err} lacks {hint}");
-    }
-    // A secret equal to the client token is refused too.
-    let (code, err) = refused_to_start(
-        &["--listen", "127.0.0.1:0", "--replica-of", "127.0.0.1:1"],
-        &[
-            ("TOLLGATE_CLUSTER_SECRET", "same"),
-            ("TOLLGATE_AUTH_TOKEN", "same"),
-        ],
-    );
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("must differ"), "{err}");
-}
-
-#[tokio::test]
-async fn open_ports_beyond_loopback_start_with_auth_or_insecure() {
-    // --insecure, said explicitly.
-    let node = Node::start("0.0.0.0:0", &["--insecure"]);
-    drop(node);
-    // A client token from the environment and an admin token.
-    let serving = serve_until_logged(
-        &["--listen", "0.0.0.0:0", "--admin", "0.0.0.0:0"],
-        &[
-            ("TOLLGATE_AUTH_TOKEN", "t0ken"),
-            ("TOLLGATE_ADMIN_TOKEN", "adm1n"),
-        ],
-        "tollgate serving",
-    )
-    .await;
-    assert!(serving.is_some());
-}
-
 /// Runs `tollgate serve ARGS` (JSON logs) with `env` until it logs a line
 /// holding `needle`, which is returned (None: it exited first); then kills
 /// it.
-async fn serve_until_logged(
+pub async fn serve_until_logged(
     args: &[&str],
     env: &[(&str, &str)],
     needle: &'static str,
@@ -124,7 +41,7 @@ async fn serve_until_logged(
     .unwrap()
 }
 
-struct KillOnDrop(std::process::Child);
+pub struct KillOnDrop(pub std::process::Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {

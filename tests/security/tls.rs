@@ -259,3 +259,54 @@ async fn a_changed_certificate_file_is_picked_up_by_itself() {
     ping(&mut old, 2).await;
     server.stop().await;
 }
+
+/// Megabytes of answers to one pipelined burst over TLS, read only once
+/// the server has filled the socket and had to wait: every answer arrives
+/// whole.
+#[tokio::test]
+async fn a_large_pipelined_burst_arrives_whole_over_tls() {
+    let dir = TempDir::new("tls-burst");
+    let root = Ca::root("root");
+    let leaf = root.issue("server", Validity::Now);
+    let server = TestServer::start_with(with_tls(&dir, &leaf, None)).await;
+    let (mut conn, _) = tls_connect(server.addr, client_config(&root.pem(), None))
+        .await
+        .unwrap();
+    assert!(hello(&mut conn).await);
+    let frames = 60;
+    let mut wire = bytes::BytesMut::new();
+    for id in 2..2 + frames {
+        let checks = (0..1000)
+            .map(|i| vec![tb(&format!("rl:{{b{id}}}:{i}"), 10, 1000, 10, 1)])
+            .collect();
+        let check = Request::Check(batch_of(checks));
+        tollgate_protocol::encode_request(id, &check, &mut wire).unwrap();
+    }
+    let RawConn { stream, .. } = conn;
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let writer = tokio::spawn(async move {
+        wr.write_all(&wire).await.unwrap();
+        wr.flush().await.unwrap();
+        wr
+    });
+    // Let the answers pile up first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut buf = bytes::BytesMut::new();
+    let mut answered = 0;
+    while answered < frames {
+        match tollgate_protocol::decode_response(&mut buf, 64 << 20).unwrap() {
+            Some((_, Response::Checked(results))) => {
+                assert_eq!(results.len(), 1000);
+                answered += 1;
+            }
+            Some(other) => panic!("{other:?}"),
+            None => {
+                let read = tokio::time::timeout(PATIENCE, rd.read_buf(&mut buf)).await;
+                let n = read.expect("the rest of the answers arrives").unwrap();
+                assert!(n > 0, "closed after {answered} answers");
+            }
+        }
+    }
+    drop(writer.await.unwrap());
+    server.stop().await;
+}

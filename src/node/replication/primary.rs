@@ -433,7 +433,12 @@ impl Feed {
             return;
         };
         let frame = with_request_id(frame, standby.request_id);
-        match tokio::time::timeout(timeout, standby.writer.write_all(&frame)).await {
+        // Flushed: TLS may keep the tail of a write in its buffer.
+        let write = async {
+            standby.writer.write_all(&frame).await?;
+            standby.writer.flush().await
+        };
+        match tokio::time::timeout(timeout, write).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 let why = format!("write failed: {e}");
