@@ -7,7 +7,6 @@ use crate::common::{RawConn, TempDir, PATIENCE};
 use crate::harness::{eventually, free_addr, Node, BIN};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tollgate::admin_client::{request, AdminTarget};
 use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair, Request, Response};
 
