@@ -251,8 +251,17 @@ async fn probe(core: &Core, peer: String) {
     let mut tick = tokio::time::interval(core.settings.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reachable = true;
+    // An unreachable peer is asked again after a growing pause (one
+    // heartbeat, doubling, up to ten): a peer that restarts settles its
+    // own role by asking this node before this node's announces reach it.
+    let mut failures = 0u32;
+    let mut skip = 0u32;
     loop {
         tick.tick().await;
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
         let me = node.advertise();
         let announce = Announce {
             role: node.role(),
@@ -261,6 +270,7 @@ async fn probe(core: &Core, peer: String) {
         };
         match link.status(Some(announce)).await {
             Ok(s) => {
+                failures = 0;
                 if !reachable {
                     tracing::info!(%peer, role = ?s.role, epoch = s.epoch, "peer reachable again");
                     reachable = true;
@@ -283,6 +293,8 @@ async fn probe(core: &Core, peer: String) {
                     tracing::info!(%peer, error = %e, "peer unreachable");
                     reachable = false;
                 }
+                skip = (1u32 << failures.min(4)).min(10) - 1;
+                failures = failures.saturating_add(1);
             }
         }
     }
