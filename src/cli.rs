@@ -1,5 +1,5 @@
 //! The `tollgate` binary's commands: `serve`, `check`, `release`, `ping`,
-//! `rules`, `usage`, `status`, `promote`.
+//! `rules`, `usage`, `status`, `promote`, `health`.
 //!
 //! `serve` runs the server on built-in defaults (every setting a flag);
 //! the others are small clients over `tollgate-client`,
@@ -76,6 +76,21 @@ pub enum Command {
     Rules(RulesArgs),
     /// Show the current usage of a key under the server's rules (admin API).
     Usage(UsageArgs),
+    /// Exit 0 when the admin API answers /healthz (or /readyz) with 200:
+    /// the container health check, which needs no auth token and no curl.
+    Health(HealthArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Admin API address.
+    #[arg(long, default_value = crate::config::DEFAULT_ADMIN)]
+    pub admin: String,
+    /// Ask /readyz (serving, not draining) instead of /healthz.
+    #[arg(long)]
+    pub ready: bool,
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -362,6 +377,7 @@ pub fn main() -> ExitCode {
         Command::Promote(args) => runtime.block_on(promote(args)),
         Command::Rules(args) => runtime.block_on(rules(args)),
         Command::Usage(args) => runtime.block_on(usage(args)),
+        Command::Health(args) => runtime.block_on(health(args)),
     }
 }
 
@@ -712,6 +728,19 @@ async fn rules(args: RulesArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// Exit codes: 0 on 200, 1 on another status (503 while starting or
+/// draining), 2 when the admin API cannot be reached.
+async fn health(args: HealthArgs) -> ExitCode {
+    let path = if args.ready { "/readyz" } else { "/healthz" };
+    match admin_json(&args.admin, hyper::Method::GET, path, args.timeout).await {
+        Ok(v) => {
+            println!("{v}");
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
 }
 
 async fn usage(args: UsageArgs) -> ExitCode {
