@@ -5,6 +5,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Programs the tests start. A missing one fails its test rather than being
+# skipped, so install it here (Debian's packages; CI runs as root).
+if ! command -v redis-server >/dev/null 2>&1; then
+  apt-get update
+  apt-get install -y redis-server
+fi
+
 cargo test --workspace --doc
 ./scripts/loom.sh
 if cargo nextest --version >/dev/null 2>&1; then
