@@ -34,6 +34,8 @@ const COLOURS: [RGBColor; 6] = [
     RGBColor(23, 190, 207),
 ];
 const FONT: &str = "sans-serif";
+/// Share of each chart's height kept free above the lines for the legend.
+const LEGEND_ROOM: f64 = 0.4;
 
 /// The two outputs `--plot` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,7 +161,7 @@ fn throughput(
         .flat_map(|s| s.samples.iter().map(|p| p.checks_per_sec))
         .fold(0.0, f64::max)
         .max(1.0)
-        * 1.15;
+        / (1.0 - LEGEND_ROOM);
     let mut chart = ChartBuilder::on(area)
         .caption("Throughput (decided checks per second)", (FONT, 16))
         .margin(12)
@@ -190,7 +192,7 @@ fn throughput(
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font((FONT, 13))
@@ -216,6 +218,8 @@ fn latency(
     } else {
         (1.0, 10.0)
     };
+    // The same room above the lines on the log scale.
+    let high = low * ((high / low).ln() / (1.0 - LEGEND_ROOM)).exp();
     let mut chart = ChartBuilder::on(area)
         .caption(
             "Latency per request: p50 (solid), p99 (dashed), p99.9 (dotted)",
