@@ -326,7 +326,7 @@ async fn every_algorithm_answers_inline_limits() {
 
 #[tokio::test]
 async fn max_log_entries_is_a_server_setting() {
-    let server = TestServer::start_with(|c| c.max_log_entries = 3).await;
+    let server = TestServer::start_with(|c| c.store.max_log_entries = 3).await;
     let mut conn = RawConn::ready(server.addr).await;
     let r = conn
         .check(

@@ -543,3 +543,50 @@ fn bad_rules_stop_the_server_at_start_with_file_and_line() {
     assert!(err.contains(&format!("{}:3:", rules.path())), "{err}");
     assert!(err.contains("at least 1"), "{err}");
 }
+
+#[test]
+fn config_file_under_flags_and_print_config_loads_back() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/tollgate.example.yaml");
+    let (code, out, err) = tollgate(&["serve", "--config", example, "--print-config"]);
+    assert_eq!(code, 0, "{err}");
+    let defaults: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(defaults["heartbeat"], "100ms");
+
+    let file = RulesFile::new(
+        "config",
+        "max-batch: 64\nheartbeat: 250ms\nrepl-timeout: 5s\nmax-memory: 64MiB\nadmin: none\n",
+    );
+    let (code, out, err) = tollgate(&[
+        "serve",
+        "--config",
+        file.path(),
+        "--print-config",
+        "--max-batch",
+        "32",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["max-batch"], 32, "the flag wins over the file");
+    assert_eq!(v["heartbeat"], "250ms");
+    assert_eq!(v["max-memory"], 64 << 20);
+    assert_eq!(v["admin"], "none");
+    assert_eq!(v["max-frame"], defaults["max-frame"]);
+
+    // What --print-config prints is a config file giving the same settings.
+    file.replace(&out);
+    let (code, again, err) = tollgate(&["serve", "--config", file.path(), "--print-config"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&again).unwrap(),
+        v
+    );
+
+    file.replace("max-batch: 64\nheartbeet: 250ms\n");
+    let (code, _, err) = tollgate(&["serve", "--config", file.path(), "--print-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown setting `heartbeet`"), "{err}");
+    file.replace("heartbeat: 250\n");
+    let (code, _, err) = tollgate(&["serve", "--config", file.path(), "--print-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("heartbeat"), "{err}");
+}

@@ -12,6 +12,7 @@
 
 use super::Shared;
 use crate::algorithm::Policy;
+use crate::node::status;
 use crate::rules::{EditError, ReloadError, ReloadSource};
 use crate::slot::Slot;
 use axum::body::Bytes;
@@ -21,20 +22,34 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use prometheus::Registry;
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tollgate_protocol::RETRY_NEVER;
 
-type AppState = AxumState<Arc<Shared>>;
+/// What the admin API reads: what connections see, and the server's own
+/// state.
+pub(super) struct AdminState {
+    pub shared: Arc<Shared>,
+    /// Every metric of the server, for `/metrics`.
+    pub registry: Registry,
+    /// Set once the server serves (listener and rules in place); read by
+    /// `/readyz` together with draining.
+    pub serving: AtomicBool,
+    /// `--max-log-entries`: usage is computed under the bound checks see.
+    pub max_log_entries: u64,
+}
+
+type AppState = AxumState<Arc<AdminState>>;
 
 /// Serves the admin API on `listener` until `stop`.
-pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+pub(super) async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: CancellationToken) {
     let addr = listener.local_addr().ok();
     tracing::info!(admin = ?addr, "admin API serving");
-    let result = axum::serve(listener, router(shared))
+    let result = axum::serve(listener, router(state))
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await;
     if let Err(e) = result {
@@ -42,7 +57,7 @@ pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Canc
     }
 }
 
-fn router(shared: Arc<Shared>) -> Router {
+fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -63,7 +78,7 @@ fn router(shared: Arc<Shared>) -> Router {
                 "method not allowed on this endpoint",
             )
         })
-        .with_state(shared)
+        .with_state(state)
 }
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
@@ -72,8 +87,8 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
 
 /// Role, epoch, offsets and replication counters (what `tollgate status`
 /// prints).
-async fn replication(AxumState(shared): AppState) -> Response {
-    Json(crate::repl::status_json(&crate::repl::status(&shared))).into_response()
+async fn replication(AxumState(state): AppState) -> Response {
+    Json(status::to_json(&state.shared.node.status(None))).into_response()
 }
 
 async fn healthz() -> Response {
@@ -82,23 +97,23 @@ async fn healthz() -> Response {
 
 /// Ready once serving (listener bound, rules loaded); not ready once
 /// draining, so load balancers stop sending new clients first.
-async fn readyz(AxumState(shared): AppState) -> Response {
-    if shared.draining.is_cancelled() {
+async fn readyz(AxumState(state): AppState) -> Response {
+    if state.shared.lifecycle.draining.is_cancelled() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "draining");
     }
     // Acquire: pairs with the Release store once the server serves.
-    if !shared.serving.load(Ordering::Acquire) {
+    if !state.serving.load(Ordering::Acquire) {
         return error(StatusCode::SERVICE_UNAVAILABLE, "starting");
     }
-    Json(json!({ "status": "ready", "rules": shared.rules.current().len() })).into_response()
+    Json(json!({ "status": "ready", "rules": state.shared.rules.current().len() })).into_response()
 }
 
-async fn metrics(AxumState(shared): AppState) -> Response {
+async fn metrics(AxumState(state): AppState) -> Response {
     use prometheus::Encoder;
     let encoder = prometheus::TextEncoder::new();
     let mut out = Vec::new();
-    shared.metrics.repl.refresh(&shared);
-    if let Err(e) = encoder.encode(&shared.metrics.registry.gather(), &mut out) {
+    state.shared.node.refresh_metrics();
+    if let Err(e) = encoder.encode(&state.registry.gather(), &mut out) {
         return error(StatusCode::INTERNAL_SERVER_ERROR, e);
     }
     (
@@ -108,7 +123,8 @@ async fn metrics(AxumState(shared): AppState) -> Response {
         .into_response()
 }
 
-async fn list_rules(AxumState(shared): AppState) -> Response {
+async fn list_rules(AxumState(state): AppState) -> Response {
+    let shared = &state.shared;
     let set = shared.rules.current();
     let rules: Vec<_> = set.sorted().into_iter().map(|r| &r.spec).collect();
     Json(json!({
@@ -120,9 +136,10 @@ async fn list_rules(AxumState(shared): AppState) -> Response {
 }
 
 async fn get_rule(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     name: Result<Path<String>, PathRejection>,
 ) -> Response {
+    let shared = &state.shared;
     let name = match name {
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -134,10 +151,11 @@ async fn get_rule(
 }
 
 async fn put_rule(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     name: Result<Path<String>, PathRejection>,
     body: Bytes,
 ) -> Response {
+    let shared = &state.shared;
     let name = match name {
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -164,9 +182,10 @@ async fn put_rule(
 }
 
 async fn delete_rule(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     name: Result<Path<String>, PathRejection>,
 ) -> Response {
+    let shared = &state.shared;
     let name = match name {
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -178,7 +197,8 @@ async fn delete_rule(
     }
 }
 
-async fn reload(AxumState(shared): AppState) -> Response {
+async fn reload(AxumState(state): AppState) -> Response {
+    let shared = &state.shared;
     match shared.rules.reload(ReloadSource::AdminApi).await {
         Ok(n) => Json(json!({
             "status": "reloaded",
@@ -213,10 +233,11 @@ struct LimitsQuery {
 /// The usage of one key under every rule of its state's algorithm (or the
 /// one `?rule=` names), computed from the stored state without charging.
 async fn limits(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     key: Result<Path<String>, PathRejection>,
     query: Result<Query<LimitsQuery>, QueryRejection>,
 ) -> Response {
+    let shared = &state.shared;
     let key = match key {
         Ok(Path(k)) => k,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -225,10 +246,11 @@ async fn limits(
         Ok(Query(q)) => q.rule,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    if key.is_empty() || key.len() > usize::from(shared.config.max_key_len) {
+    let max_key_len = shared.limits.max_key_len;
+    if key.is_empty() || key.len() > usize::from(max_key_len) {
         return error(
             StatusCode::BAD_REQUEST,
-            format!("keys are 1 to {} bytes", shared.config.max_key_len),
+            format!("keys are 1 to {max_key_len} bytes"),
         );
     }
     let rules = shared.rules.current();
@@ -251,8 +273,7 @@ async fn limits(
                 continue;
             }
             // Rules are validated at load; an error here cannot happen.
-            let Ok(policy) = Policy::from_limit_with(&rule.limit, shared.config.max_log_entries)
-            else {
+            let Ok(policy) = Policy::from_limit_with(&rule.limit, state.max_log_entries) else {
                 continue;
             };
             // Cost 0: what is available now, nothing taken, nothing stored.
@@ -300,9 +321,10 @@ struct TopQuery {
 }
 
 async fn throttled(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     query: Result<Query<TopQuery>, QueryRejection>,
 ) -> Response {
+    let shared = &state.shared;
     let top = match query {
         Ok(Query(q)) => q.top.unwrap_or(10),
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -347,7 +369,12 @@ mod tests {
     async fn readyz_follows_serving_then_draining() {
         let config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
         let server = Server::with_clock(config, Arc::new(ManualClock::new(0))).unwrap();
-        let shared = server.shared.clone();
+        let shared = Arc::new(AdminState {
+            shared: server.shared.clone(),
+            registry: Registry::new(),
+            serving: AtomicBool::new(false),
+            max_log_entries: 1000,
+        });
 
         let r = readyz(AxumState(shared.clone())).await;
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -359,7 +386,7 @@ mod tests {
             StatusCode::OK
         );
 
-        shared.draining.cancel();
+        shared.shared.lifecycle.draining.cancel();
         let r = readyz(AxumState(shared.clone())).await;
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body(r).await["error"], "draining");

@@ -11,20 +11,22 @@
 //! a failed handshake or a timeout ends this connection only. No path here
 //! touches the store before a request has decoded completely.
 //!
-//! Roles: a standby refuses every write (and PEEK unless it serves stale
-//! reads) with NotPrimary naming its primary; a REPLICATE accepted by a
-//! primary ends this task and hands the socket, with whatever was read past
-//! the REPLICATE, to the replication task.
+//! Roles: every request that touches the counters is first admitted by the
+//! node (a standby refuses writes, and PEEK unless it serves stale reads,
+//! with NotPrimary naming its primary); a REPLICATE accepted by a primary
+//! ends this task and hands the socket, with whatever was read past the
+//! REPLICATE, to the node.
 
-use super::check::{self, Op};
+use super::check::{self, Verb};
 use super::Shared;
-use crate::repl::primary::Handover;
+use crate::node::{Access, Handover, Refusal};
 use crate::store::Mode;
 use bytes::BytesMut;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use subtle::ConstantTimeEq;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -197,9 +199,9 @@ async fn hand_over(conn: Connection, r: Replicate) {
     tracing::debug!(peer = %conn.peer, client = %conn.client_name, "replication connection handed over");
     let shared = conn.shared;
     tokio::select! {
-        _ = shared.draining.cancelled() => {}
-        sent = shared.handovers.send(handover) => {
-            if sent.is_err() {
+        _ = shared.lifecycle.draining.cancelled() => {}
+        taken = shared.node.hand_over(handover) => {
+            if !taken {
                 tracing::debug!(peer = %conn.peer, "replication task gone; connection dropped");
             }
         }
@@ -222,8 +224,8 @@ impl Connection {
             let shared = self.shared.clone();
             tokio::select! {
                 biased;
-                _ = shared.abort.cancelled() => return Ok(()),
-                _ = shared.draining.cancelled() => return self.drain().await,
+                _ = shared.lifecycle.abort.cancelled() => return Ok(()),
+                _ = shared.lifecycle.draining.cancelled() => return self.drain().await,
                 read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf)) => {
                     match read {
                         Ok(Ok(0)) => return Ok(()),
@@ -239,7 +241,7 @@ impl Connection {
     /// The next read must complete by this instant; which timeout applies
     /// depends on where the connection stands.
     fn read_deadline(&mut self, opened: Instant) -> (Instant, ConnError) {
-        let c = &self.shared.config;
+        let c = &self.shared.network;
         if !self.ready {
             let t = c.handshake_timeout;
             return (opened + t, ConnError::HandshakeTimeout(t));
@@ -258,7 +260,7 @@ impl Connection {
 
     /// Answers every complete frame in the read buffer.
     async fn answer_buffered(&mut self) -> Result<Flow, ConnError> {
-        let limits = self.shared.config.limits();
+        let limits = self.shared.limits;
         loop {
             let flow = match decode_request(&mut self.rbuf, &limits) {
                 Ok(None) => return Ok(Flow::Continue),
@@ -295,16 +297,15 @@ impl Connection {
             return self.handshake(id, request);
         }
         let shared = &*self.shared;
-        let serves = match &request {
+        let access = match &request {
             Request::Check(_) | Request::Refund(_) | Request::Release(_) | Request::Reset(_) => {
-                shared.node.is_primary()
+                Some(Access::Write)
             }
-            Request::Peek(_) => shared.node.is_primary() || shared.config.serve_stale_reads,
-            _ => true,
+            Request::Peek(_) => Some(Access::Read),
+            _ => None,
         };
-        if !serves {
-            let message = shared.node.not_primary_message();
-            self.error(id, ErrorCode::NotPrimary, &message);
+        if let Some(Err(refusal)) = access.map(|a| shared.node.admit(a)) {
+            self.refuse(id, &refusal);
             return Flow::Continue;
         }
         let encoded = match request {
@@ -318,18 +319,24 @@ impl Connection {
             }
             Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
             Request::Repl(repl) => return self.replication(id, repl),
-            Request::Check(batch) => {
-                check::answer(shared, id, &batch, Op::Check(Mode::Charge), &mut self.wbuf)
-            }
+            Request::Check(batch) => check::answer(
+                shared,
+                id,
+                &batch,
+                Verb::Check(Mode::Charge),
+                &mut self.wbuf,
+            ),
             Request::Peek(batch) => {
-                check::answer(shared, id, &batch, Op::Check(Mode::Peek), &mut self.wbuf)
+                check::answer(shared, id, &batch, Verb::Check(Mode::Peek), &mut self.wbuf)
             }
             Request::Reset(keys) => {
                 let now = shared.clock.now();
                 let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
                 encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
             }
-            Request::Refund(batch) => check::answer(shared, id, &batch, Op::Refund, &mut self.wbuf),
+            Request::Refund(batch) => {
+                check::answer(shared, id, &batch, Verb::Refund, &mut self.wbuf)
+            }
             Request::Release(leases) => check::release(shared, id, &leases, &mut self.wbuf),
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
@@ -351,19 +358,8 @@ impl Connection {
                 epoch,
                 advertise,
             } => {
-                node.heard_of_epoch(epoch);
-                if !node.is_primary() {
-                    let message = node.not_primary_message();
-                    self.error(id, ErrorCode::NotPrimary, &message);
-                    return Flow::Continue;
-                }
-                if epoch > node.epoch() {
-                    let message = format!(
-                        "this primary is at epoch {}, the standby knows epoch {epoch}: \
-                         this node has been replaced",
-                        node.epoch()
-                    );
-                    self.error(id, ErrorCode::StaleEpoch, &message);
+                if let Err(refusal) = node.accept_replica(epoch) {
+                    self.refuse(id, &refusal);
                     return Flow::Continue;
                 }
                 self.replicate = Some(Replicate {
@@ -384,18 +380,17 @@ impl Connection {
             }
             ReplRequest::Promote => {
                 tracing::info!(peer = %self.peer, client = %self.client_name, "PROMOTE requested");
-                let (epoch, was_primary) = node.promote("PROMOTE request");
-                self.respond(
-                    id,
-                    &Response::Repl(ReplResponse::Promoted { epoch, was_primary }),
-                );
+                match node.promote() {
+                    Ok((epoch, was_primary)) => self.respond(
+                        id,
+                        &Response::Repl(ReplResponse::Promoted { epoch, was_primary }),
+                    ),
+                    Err(refusal) => self.refuse(id, &refusal),
+                }
                 Flow::Continue
             }
             ReplRequest::Status { announce } => {
-                if let Some(announce) = &announce {
-                    crate::repl::peer::on_announce(&shared, announce);
-                }
-                let status = crate::repl::status(&shared);
+                let status = node.status(announce.as_ref());
                 self.respond(id, &Response::Repl(ReplResponse::Status(status)));
                 Flow::Continue
             }
@@ -423,9 +418,11 @@ impl Connection {
             self.error(id, ErrorCode::UnsupportedVersion, &msg);
             return Flow::Close;
         }
-        if let Some(expected) = &self.shared.config.auth_token {
+        if let Some(expected) = &self.shared.network.auth_token {
             let given = auth_token.as_deref().unwrap_or_default();
-            if !constant_time_eq(given, expected.as_bytes()) {
+            // Constant time: how much of a guessed token was right must not
+            // show in how long the answer takes.
+            if !bool::from(given.ct_eq(expected.as_bytes())) {
                 self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
                 return Flow::Close;
             }
@@ -433,16 +430,21 @@ impl Connection {
         tracing::debug!(peer = %self.peer, client = %client_name, "handshake done");
         self.ready = true;
         self.client_name = client_name;
-        let node = &self.shared.node;
+        let greeting = self.shared.node.greeting();
         let hello = Response::HelloOk {
             version: PROTOCOL_VERSION,
-            role: node.role(),
-            epoch: node.epoch(),
-            offset: node.offset(),
-            limits: self.shared.config.limits(),
+            role: greeting.role,
+            epoch: greeting.epoch,
+            offset: greeting.offset,
+            limits: self.shared.limits,
         };
         self.respond(id, &hello);
         Flow::Continue
+    }
+
+    /// The node would not serve this request here and now.
+    fn refuse(&mut self, id: RequestId, refusal: &Refusal) {
+        self.error(id, refusal.code(), &refusal.to_string());
     }
 
     fn error(&mut self, id: RequestId, code: ErrorCode, message: &str) {
@@ -465,11 +467,11 @@ impl Connection {
         if self.wbuf.is_empty() {
             return Ok(());
         }
-        let t = self.shared.config.write_timeout;
+        let t = self.shared.network.write_timeout;
         let shared = self.shared.clone();
         tokio::select! {
             biased;
-            _ = shared.abort.cancelled() => return Ok(()),
+            _ = shared.lifecycle.abort.cancelled() => return Ok(()),
             r = tokio::time::timeout(t, self.stream.write_all(&self.wbuf)) => match r {
                 Ok(r) => r?,
                 Err(_) => return Err(ConnError::WriteTimeout(t)),
@@ -495,7 +497,7 @@ impl Connection {
             }
             tokio::select! {
                 biased;
-                _ = shared.abort.cancelled() => return Ok(()),
+                _ = shared.lifecycle.abort.cancelled() => return Ok(()),
                 read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf)) => {
                     match read {
                         Ok(Ok(0)) | Err(_) => break,
@@ -510,13 +512,4 @@ impl Connection {
         let _ = self.stream.shutdown().await;
         Ok(())
     }
-}
-
-/// Compares secrets without an early exit, so timing does not reveal how
-/// much of a guessed token was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

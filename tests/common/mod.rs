@@ -53,7 +53,7 @@ impl TestServer {
         let mut config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
         tune(&mut config);
         config.validate().expect("test config is valid");
-        let listener = TcpListener::bind(config.listen).await.unwrap();
+        let listener = TcpListener::bind(config.network.listen).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let clock = Arc::new(ManualClock::new(1000 * S));
         let mut server = Server::with_clock(config, clock.clone()).expect("server starts");

@@ -10,7 +10,8 @@ use bytes::{BufMut, BytesMut};
 
 use super::frame::{encode_frame, wire_len, PayloadReader};
 use super::{opcode, DecodeError, EncodeError};
-use crate::message::{RequestId, Role};
+use crate::message::RequestId;
+use crate::replication::Role;
 use crate::replication::{
     Announce, ChangeBatch, LeaseState, NodeStatus, Record, ReplRequest, ReplResponse, SnapshotPart,
     StateEntry, StateValue, TableState,

@@ -15,7 +15,8 @@ use bytes::{BufMut, BytesMut};
 
 use super::frame::{encode_frame, take_frame, wire_len, PayloadReader};
 use super::{opcode, DecodeError, EncodeError, MAX_ERROR_MESSAGE_LEN};
-use crate::message::{CheckResult, Decision, ErrorCode, RequestId, Response, Role, ServerLimits};
+use crate::message::{CheckResult, Decision, ErrorCode, RequestId, Response, ServerLimits};
+use crate::replication::Role;
 
 /// Result statuses in a CHECKED payload.
 const STATUS_ALLOWED: u8 = 0;

@@ -1,13 +1,13 @@
 //! Replication metrics (`tollgate_replication_*`), read from the node's and
 //! the store's counters when `/metrics` is scraped.
 //!
-//! The numbers themselves live where they change (the node's `Stats`, the
+//! The numbers themselves live where they change (the role state's `Stats`, the
 //! store's capture counters) as plain atomics, so the request path and the
 //! replication task never touch the registry; [`ReplMetrics::refresh`]
 //! copies them in (counters move by the difference since the last scrape).
 
-use crate::clock::NANOS_PER_MS;
-use crate::server::Shared;
+use super::shared::Core;
+use super::status::lag_ms;
 use prometheus::{Gauge, IntCounter, IntGauge, Registry};
 use std::sync::atomic::Ordering;
 use tollgate_protocol::Role;
@@ -130,14 +130,14 @@ impl ReplMetrics {
     }
 
     /// Copies the current numbers in (before `/metrics` is gathered).
-    pub fn refresh(&self, shared: &Shared) {
-        let node = &shared.node;
+    pub fn refresh(&self, core: &Core) {
+        let node = &core.role;
         let stats = &node.stats;
         let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let gauge = |g: &IntGauge, v: u64| g.set(i64::try_from(v).unwrap_or(i64::MAX));
         let counter = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
         let view = node.view();
-        let capture = shared.store.capture_stats();
+        let capture = core.store.capture_stats();
         gauge(&self.primary, u64::from(view.role == Role::Primary));
         gauge(&self.epoch, view.epoch);
         gauge(&self.offset, node.offset());
@@ -155,13 +155,7 @@ impl ReplMetrics {
             Role::Standby => {
                 let behind = get(&stats.primary_offset).saturating_sub(node.offset());
                 gauge(&self.lag_offsets, behind);
-                let complete = get(&stats.complete_as_of);
-                let lag_ms = if complete == 0 {
-                    0
-                } else {
-                    shared.clock.now().saturating_sub(complete) / NANOS_PER_MS
-                };
-                self.lag_seconds.set(lag_ms as f64 / 1000.0);
+                self.lag_seconds.set(lag_ms(core) as f64 / 1000.0);
             }
         }
         counter(&self.full_syncs, get(&stats.full_syncs));

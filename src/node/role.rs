@@ -1,10 +1,12 @@
-//! This node's place in its pair: role, epoch, the primary it follows, and
-//! the numbers `tollgate status` shows.
+//! This node's standing: role, epoch, the primary it follows, and the
+//! numbers `tollgate status` shows. Written by the role source and the
+//! replication tasks, read by everyone.
 //!
 //! Invariants:
-//! - every role change goes through [`Node::promote`], [`Node::step_down`]
-//!   or [`Node::follow`], which log it and wake the replication supervisor
-//!   (a `watch` generation); nothing else writes the role;
+//! - every role change goes through [`RoleState::promote`],
+//!   [`RoleState::start_as_primary`] or [`RoleState::step_down`], which log
+//!   it and wake the supervisor (a `watch` generation); nothing else writes
+//!   the role;
 //! - the role is an atomic read on every request, so checks pay one load;
 //! - the epoch only grows, except that a standby reports the epoch of the
 //!   primary it follows (which is at least the one it knew when it chose to
@@ -12,6 +14,7 @@
 //! - a promotion takes `max(every epoch heard of) + 1`, so a promoted node
 //!   outranks every primary it has heard of.
 
+use super::source::Refusal;
 use parking_lot::Mutex;
 // Not `crate::sync`: nothing here is modelled by loom.
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -26,7 +29,7 @@ const STANDBY: u8 = Role::Standby as u8;
 pub(crate) type Reason = &'static str;
 
 #[derive(Debug)]
-pub(crate) struct Node {
+pub(crate) struct RoleState {
     role: AtomicU8,
     epoch: AtomicU64,
     /// Primary: the last offset numbered. Standby: the last offset applied.
@@ -97,7 +100,7 @@ pub(crate) struct RoleView {
     pub highest_seen: u64,
 }
 
-impl Node {
+impl RoleState {
     /// A node starting as `role` (a standby following `primary`).
     pub fn new(role: Role, primary: Option<String>, advertise: String) -> Self {
         let (generation, _) = watch::channel(0);
@@ -173,12 +176,12 @@ impl Node {
         self.generation.subscribe()
     }
 
-    /// The ERROR message of a request a standby does not serve.
-    pub fn not_primary_message(&self) -> String {
+    /// Why a standby does not serve a write, naming its primary.
+    pub fn not_primary(&self) -> Refusal {
         let state = self.state.lock();
-        match &state.primary {
-            Some(p) => format!("this node is a standby of {p} (epoch {})", self.epoch()),
-            None => "this node is a standby and knows no primary yet".to_owned(),
+        Refusal::NotPrimary {
+            primary: state.primary.clone(),
+            epoch: self.epoch(),
         }
     }
 
@@ -308,16 +311,7 @@ impl Node {
 
 /// A random, non-zero stream id.
 fn new_replid() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    // std's RandomState is seeded from the OS once per process and
-    // perturbed per instance: different on every call.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    h.finish().max(1)
+    fastrand::u64(1..)
 }
 
 #[cfg(test)]
@@ -326,7 +320,7 @@ mod tests {
 
     #[test]
     fn promotion_outranks_every_epoch_heard_of() {
-        let node = Node::new(Role::Standby, Some("a:1".into()), "b:1".into());
+        let node = RoleState::new(Role::Standby, Some("a:1".into()), "b:1".into());
         assert_eq!(node.epoch(), 0);
         node.stream_started(7, 3, Some(0));
         node.heard_of_epoch(5);
@@ -339,7 +333,7 @@ mod tests {
 
     #[test]
     fn stepping_down_adopts_the_higher_epoch_and_forgets_the_stream() {
-        let node = Node::new(Role::Primary, None, "a:1".into());
+        let node = RoleState::new(Role::Primary, None, "a:1".into());
         assert_eq!(node.epoch(), 1);
         let gen = node.subscribe();
         node.step_down("b:1".into(), 4, "test");
@@ -350,6 +344,6 @@ mod tests {
         assert_eq!(view.replid, 0);
         assert_eq!(view.primary.as_deref(), Some("b:1"));
         assert!(!view.synced);
-        assert!(node.not_primary_message().contains("b:1"));
+        assert!(node.not_primary().to_string().contains("b:1"));
     }
 }

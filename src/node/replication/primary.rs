@@ -24,18 +24,17 @@
 //!   could still resume from the backlog; after that it stops, and the next
 //!   standby gets a full sync.
 
-use super::node::Node;
-use super::state::{change_record, snapshot_record};
-use crate::server::Shared;
+use super::backlog::Backlog;
+use super::records::{change_record, snapshot_record};
+use crate::node::role::RoleState;
+use crate::node::shared::{Core, Handover};
 use crate::store::Drained;
 use bytes::{Bytes, BytesMut};
-use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tollgate_protocol::{
@@ -45,76 +44,6 @@ use tollgate_protocol::{
 
 /// A frame is closed once its records pass this many bytes.
 pub(crate) const CHUNK: usize = 64 * 1024;
-
-/// A REPLICATE request and its connection, handed from the connection task
-/// to the replication task.
-#[derive(Debug)]
-pub(crate) struct Handover {
-    pub stream: TcpStream,
-    pub peer: SocketAddr,
-    /// Bytes the connection had read past the REPLICATE (acks).
-    pub leftover: BytesMut,
-    pub request_id: RequestId,
-    pub replid: u64,
-    pub offset: u64,
-    pub advertise: String,
-}
-
-/// Recent frames, for standbys that reconnect; also the window of frames
-/// the attached standby has not acknowledged yet.
-#[derive(Debug, Default)]
-struct Backlog {
-    /// (offset, frame, bytes pushed up to and including this frame).
-    frames: VecDeque<(u64, Bytes, u64)>,
-    bytes: usize,
-    cap: usize,
-    /// Bytes pushed since the backlog was created or cleared.
-    pushed: u64,
-}
-
-impl Backlog {
-    fn push(&mut self, offset: u64, frame: Bytes) {
-        self.bytes += frame.len();
-        self.pushed += frame.len() as u64;
-        self.frames.push_back((offset, frame, self.pushed));
-        while self.bytes > self.cap {
-            let Some((_, old, _)) = self.frames.pop_front() else {
-                break;
-            };
-            self.bytes -= old.len();
-        }
-    }
-
-    /// The first offset still held (`last + 1` when empty).
-    fn first(&self, last: u64) -> u64 {
-        self.frames.front().map_or(last + 1, |(o, _, _)| *o)
-    }
-
-    /// Bytes of the frames after `offset` (a standby's acknowledged
-    /// position); `None` when frames after it are no longer held.
-    fn bytes_after(&self, offset: u64, last: u64) -> Option<u64> {
-        if offset >= last {
-            return Some(0);
-        }
-        let first = self.frames.front()?.0;
-        if offset + 1 < first {
-            return None;
-        }
-        // Offsets are consecutive: the acknowledged frame is at a known
-        // index (or just before the front).
-        let upto = match (offset + 1 - first) as usize {
-            0 => self.pushed - self.bytes as u64,
-            i => self.frames.get(i - 1)?.2,
-        };
-        Some(self.pushed - upto)
-    }
-
-    fn clear(&mut self) {
-        self.frames.clear();
-        self.bytes = 0;
-        self.pushed = 0;
-    }
-}
 
 /// The attached standby.
 struct Attached {
@@ -127,8 +56,10 @@ struct Attached {
     last_ack_at: Instant,
 }
 
-pub(crate) struct Source {
-    shared: Arc<Shared>,
+/// The primary's side of the stream: one per primary term, dropped when
+/// the node steps down.
+pub(crate) struct Feed {
+    core: Arc<Core>,
     replid: u64,
     /// The last offset numbered.
     offset: u64,
@@ -145,19 +76,16 @@ pub(crate) struct Source {
     held: bool,
 }
 
-impl Source {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        let view = shared.node.view();
-        let offset = shared.node.offset();
-        let cap = shared.config.repl_backlog;
+impl Feed {
+    pub fn new(core: Arc<Core>) -> Self {
+        let view = core.role.view();
+        let offset = core.role.offset();
+        let backlog = Backlog::with_cap(core.settings.repl_backlog);
         Self {
-            shared,
+            core,
             replid: view.replid,
             offset,
-            backlog: Backlog {
-                cap,
-                ..Backlog::default()
-            },
+            backlog,
             standby: None,
             acked: offset,
             capturing: false,
@@ -166,13 +94,13 @@ impl Source {
         }
     }
 
-    fn node(&self) -> &Node {
-        &self.shared.node
+    fn node(&self) -> &RoleState {
+        &self.core.role
     }
 
     /// Serves standbys until dropped (role change, shutdown).
     pub async fn run(mut self, handovers: &mut mpsc::Receiver<Handover>) {
-        let config = &self.shared.config;
+        let config = &self.core.settings;
         let mut flush = tokio::time::interval(config.repl_flush);
         flush.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut heartbeat = tokio::time::interval(config.heartbeat);
@@ -226,13 +154,7 @@ impl Source {
                 full: false,
             };
             self.send_response(start).await;
-            let frames: Vec<Bytes> = self
-                .backlog
-                .frames
-                .iter()
-                .filter(|(o, _, _)| *o > h.offset)
-                .map(|(_, f, _)| f.clone())
-                .collect();
+            let frames: Vec<Bytes> = self.backlog.after(h.offset).cloned().collect();
             for frame in frames {
                 self.send(frame).await;
             }
@@ -245,7 +167,7 @@ impl Source {
             self.node().stats.full_syncs.fetch_add(1, Ordering::Relaxed);
             // Every stripe is marked: the next pass sends them all, then
             // the changes made since each was read.
-            self.shared.store.start_capture();
+            self.core.store.start_capture();
             self.capturing = true;
             self.syncing = true;
             self.acked = self.offset;
@@ -284,15 +206,15 @@ impl Source {
             }
             Ok(_) => {}
         }
-        let limits = self.shared.config.limits();
+        let limits = self.core.limits;
         loop {
             match decode_request(&mut standby.rbuf, &limits) {
                 Ok(None) => return,
                 Ok(Some((_, Request::Repl(ReplRequest::Ack { offset })))) => {
                     standby.last_ack_at = Instant::now();
                     self.acked = offset;
-                    self.shared
-                        .node
+                    self.core
+                        .role
                         .stats
                         .replica_offset
                         .store(offset, Ordering::Relaxed);
@@ -309,7 +231,7 @@ impl Source {
     }
 
     async fn heartbeat(&mut self) {
-        let timeout = self.shared.config.repl_timeout;
+        let timeout = self.core.settings.repl_timeout;
         if let Some(s) = &self.standby {
             if s.last_ack_at.elapsed() > timeout {
                 let why = format!("no acknowledgement for {timeout:?}");
@@ -319,11 +241,11 @@ impl Source {
         self.node()
             .stats
             .backlog_bytes
-            .store(self.backlog.bytes as u64, Ordering::Relaxed);
+            .store(self.backlog.bytes() as u64, Ordering::Relaxed);
         let beat = ReplResponse::Heartbeat {
             epoch: self.node().epoch(),
             offset: self.offset,
-            now: self.shared.clock.now(),
+            now: self.core.clock.now(),
             syncing: self.syncing,
         };
         self.send_response(beat).await;
@@ -334,9 +256,9 @@ impl Source {
         if !self.capturing || self.hold_for_standby() {
             return;
         }
-        let store = self.shared.store.clone();
+        let store = self.core.store.clone();
         let stripes = store.stripe_count();
-        let now = self.shared.clock.now();
+        let now = self.core.clock.now();
         let mut records = Vec::new();
         let mut size = 0;
         for index in 0..stripes {
@@ -387,7 +309,7 @@ impl Source {
             return false;
         }
         let unacked = self.backlog.bytes_after(self.acked, self.offset);
-        let full = unacked.is_none_or(|b| b >= self.backlog.cap as u64);
+        let full = unacked.is_none_or(|b| b >= self.backlog.cap() as u64);
         if full != self.held {
             self.held = full;
             if full {
@@ -415,7 +337,7 @@ impl Source {
                 "the backlog no longer reaches the last standby's position; \
                  stopping change capture (its next connection is a full sync)"
             );
-            self.shared.store.stop_capture();
+            self.core.store.stop_capture();
             self.capturing = false;
             self.backlog.clear();
             self.node()
@@ -476,7 +398,7 @@ impl Source {
     /// Numbers, keeps and sends one data frame.
     async fn emit(&mut self, offset: u64, frame: ReplResponse) {
         self.offset = offset;
-        self.shared.node.set_offset(offset);
+        self.core.role.set_offset(offset);
         let id = self.standby.as_ref().map_or(0, |s| s.request_id);
         let mut buf = BytesMut::new();
         if let Err(e) = encode_response(id, &Response::Repl(frame), &mut buf) {
@@ -485,7 +407,7 @@ impl Source {
             tracing::error!(error = %e, "cannot encode a replication frame");
             self.backlog.clear();
             self.detach("a frame could not be encoded");
-            self.shared.store.start_capture();
+            self.core.store.start_capture();
             return;
         }
         let frame = buf.freeze();
@@ -506,7 +428,7 @@ impl Source {
 
     /// Writes one frame to the standby, if any, within `--repl-timeout`.
     async fn send(&mut self, frame: Bytes) {
-        let timeout = self.shared.config.repl_timeout;
+        let timeout = self.core.settings.repl_timeout;
         let Some(standby) = self.standby.as_mut() else {
             return;
         };
@@ -525,10 +447,10 @@ impl Source {
     }
 }
 
-impl Drop for Source {
+impl Drop for Feed {
     fn drop(&mut self) {
         if self.capturing {
-            self.shared.store.stop_capture();
+            self.core.store.stop_capture();
         }
         self.node()
             .stats

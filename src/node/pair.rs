@@ -1,5 +1,8 @@
-//! The other node of the pair (`--peer`): asked at start-up, probed by a
-//! primary every heartbeat, and heard from when it announces itself.
+//! Pair mode, the [`RoleSource`] of `--peer` and `--replica-of`: the other
+//! node of the pair is asked at start-up, probed by a primary every
+//! heartbeat, and heard from when it announces itself; an operator promotes
+//! by PROMOTE; a standby promotes itself after `--failover-after` of
+//! silence from its primary.
 //!
 //! Rules (the README's "Replication and failover" states what they buy):
 //! - **at start**, a node with a peer serves nothing until it has asked it
@@ -14,13 +17,74 @@
 //!   steps down when the peer is primary with a higher epoch (equal epochs:
 //!   the node with the greater address steps down, so exactly one does);
 //! - **any node** told (by a probe's announce) of a primary that outranks
-//!   it steps down and follows it.
+//!   it steps down and follows it;
+//! - **a standby** that has been in sync promotes itself once its primary
+//!   has been silent for `--failover-after` (if set).
 
-use crate::server::Shared;
+use super::shared::Core;
+use super::source::{Access, Duty, Refusal, RoleSource};
+use crate::config::ReplicationSettings;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate_client::{Client, ClientConfig};
 use tollgate_protocol::{Announce, NodeStatus, Role};
+
+/// The role source of a pair of nodes.
+pub(crate) struct PairMode {
+    core: Arc<Core>,
+}
+
+impl PairMode {
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+
+    /// The role a node holds until [`start`] has settled it, and the
+    /// primary it follows: a node with a peer starts as a standby of nobody
+    /// and asks the peer first.
+    pub fn starting_role(settings: &ReplicationSettings) -> (Role, Option<String>) {
+        match (&settings.replica_of, &settings.peer) {
+            (Some(p), _) => (Role::Standby, Some(p.clone())),
+            (None, Some(_)) => (Role::Standby, None),
+            (None, None) => (Role::Primary, None),
+        }
+    }
+}
+
+impl RoleSource for PairMode {
+    fn admit(&self, access: Access) -> Result<(), Refusal> {
+        let role = &self.core.role;
+        let serves = match access {
+            Access::Write => role.is_primary(),
+            Access::Read => role.is_primary() || self.core.settings.serve_stale_reads,
+        };
+        if serves {
+            Ok(())
+        } else {
+            Err(role.not_primary())
+        }
+    }
+
+    fn start(&self) -> Duty<'_> {
+        Box::pin(start(&self.core))
+    }
+
+    fn duties(&self, role: Role) -> Duty<'_> {
+        match (role, &self.core.settings.peer) {
+            (Role::Primary, Some(peer)) => Box::pin(probe(&self.core, peer.clone())),
+            (Role::Primary, None) => Box::pin(std::future::pending()),
+            (Role::Standby, _) => Box::pin(watch_primary(&self.core)),
+        }
+    }
+
+    fn promote(&self) -> Result<(u64, bool), Refusal> {
+        Ok(self.core.role.promote("PROMOTE request"))
+    }
+
+    fn heard_of(&self, announce: &Announce) {
+        on_announce(&self.core, announce);
+    }
+}
 
 /// Whether a primary at (`epoch`, `addr`) outranks one at (`my_epoch`,
 /// `my_addr`).
@@ -28,16 +92,16 @@ pub(crate) fn outranks(epoch: u64, addr: &str, my_epoch: u64, my_addr: &str) -> 
     epoch > my_epoch || (epoch == my_epoch && addr < my_addr)
 }
 
-fn peer_client(shared: &Shared, peer: &str) -> Client {
-    let config = &shared.config;
+fn peer_client(core: &Core, peer: &str) -> Client {
+    let config = &core.settings;
     let patience = config.repl_timeout.min(Duration::from_secs(1));
     Client::new(
         peer.to_owned(),
         ClientConfig {
             deadline: patience,
             connect_timeout: patience,
-            client_name: format!("tollgate-peer {}", shared.node.advertise()),
-            auth_token: config.auth_token.clone().map(String::into_bytes),
+            client_name: format!("tollgate-peer {}", core.role.advertise()),
+            auth_token: core.auth_token.clone().map(String::into_bytes),
             backoff_min: config.heartbeat,
             backoff_max: config.heartbeat.saturating_mul(10),
             ..ClientConfig::default()
@@ -47,29 +111,30 @@ fn peer_client(shared: &Shared, peer: &str) -> Client {
 
 /// Decides the starting role of a node with a peer (see the module docs).
 /// A node without one starts in its configured role directly.
-pub(crate) async fn start(shared: &Arc<Shared>) {
-    let node = &shared.node;
-    let Some(peer) = shared.config.peer.clone() else {
+async fn start(core: &Core) {
+    let node = &core.role;
+    let config = &core.settings;
+    let Some(peer) = config.peer.clone() else {
         return;
     };
     let me = node.advertise();
     // A peer that is slow to answer (busy, restarting too) is asked again
     // until --repl-timeout: taking the primary role on a missed answer
     // would serve checks beside the real primary until the next probe.
-    let give_up = tokio::time::Instant::now() + shared.config.repl_timeout;
+    let give_up = tokio::time::Instant::now() + config.repl_timeout;
     let status = loop {
-        let client = peer_client(shared, &peer);
+        let client = peer_client(core, &peer);
         let status = client.status().await;
         client.close();
         match status {
             Err(e) if tokio::time::Instant::now() < give_up => {
                 tracing::debug!(%peer, error = %e, "start: no answer from the peer yet");
-                tokio::time::sleep(shared.config.heartbeat).await;
+                tokio::time::sleep(config.heartbeat).await;
             }
             status => break status,
         }
     };
-    let fallback = |known_epoch: u64, why: &'static str| match &shared.config.replica_of {
+    let fallback = |known_epoch: u64, why: &'static str| match &config.replica_of {
         Some(primary) => node.step_down(primary.clone(), known_epoch, why),
         None => node.start_as_primary(known_epoch, why),
     };
@@ -77,9 +142,9 @@ pub(crate) async fn start(shared: &Arc<Shared>) {
         Ok(s) if s.role == Role::Primary => {
             node.step_down(peer, s.epoch, "start: the peer is primary");
         }
-        Ok(s) if holds_the_data(shared, &s, &me) => {
+        Ok(s) if holds_the_data(core, &s, &me) => {
             tracing::info!(%peer, epoch = s.epoch, "start: the peer holds the data; promoting it");
-            let client = peer_client(shared, &peer);
+            let client = peer_client(core, &peer);
             let promoted = client.promote().await;
             client.close();
             match promoted {
@@ -106,19 +171,19 @@ pub(crate) async fn start(shared: &Arc<Shared>) {
 /// A standby peer whose copy is worth more than this (restarted, empty)
 /// node's: complete, and either following this node or cut off from its
 /// primary.
-fn holds_the_data(shared: &Shared, s: &NodeStatus, me: &str) -> bool {
+fn holds_the_data(core: &Core, s: &NodeStatus, me: &str) -> bool {
     let lost_primary = s
         .field("heard_ms")
-        .is_none_or(|ms| Duration::from_millis(ms) > shared.config.heartbeat * 3);
+        .is_none_or(|ms| Duration::from_millis(ms) > core.settings.heartbeat * 3);
     s.role == Role::Standby && s.field("synced") == Some(1) && (s.primary == me || lost_primary)
 }
 
 /// A primary's probe of its peer, every heartbeat, until it steps down (or
 /// the task is dropped).
-pub(crate) async fn probe(shared: Arc<Shared>, peer: String) {
-    let node = &shared.node;
-    let client = peer_client(&shared, &peer);
-    let mut tick = tokio::time::interval(shared.config.heartbeat);
+async fn probe(core: &Core, peer: String) {
+    let node = &core.role;
+    let client = peer_client(core, &peer);
+    let mut tick = tokio::time::interval(core.settings.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reachable = true;
     loop {
@@ -157,8 +222,8 @@ pub(crate) async fn probe(shared: Arc<Shared>, peer: String) {
 }
 
 /// A node told about another by a STATUS announce.
-pub(crate) fn on_announce(shared: &Shared, announce: &Announce) {
-    let node = &shared.node;
+fn on_announce(core: &Core, announce: &Announce) {
+    let node = &core.role;
     node.heard_of_epoch(announce.epoch);
     if announce.role != Role::Primary {
         return;
@@ -187,6 +252,39 @@ pub(crate) fn on_announce(shared: &Shared, announce: &Announce) {
             );
         }
         _ => {}
+    }
+}
+
+/// Promotes this standby once its primary has been silent for
+/// `--failover-after` (if set), provided it has been in sync.
+async fn watch_primary(core: &Core) {
+    let Some(after) = core.settings.failover_after else {
+        return std::future::pending().await;
+    };
+    let node = &core.role;
+    let mut tick = tokio::time::interval(
+        core.settings
+            .heartbeat
+            .min(after / 4)
+            .max(Duration::from_millis(1)),
+    );
+    loop {
+        tick.tick().await;
+        let view = node.view();
+        if !view.ever_synced {
+            continue;
+        }
+        if let Some(silence) = node.silence() {
+            if silence >= after {
+                tracing::warn!(
+                    primary = view.primary.as_deref().unwrap_or("none"),
+                    silence_ms = silence.as_millis() as u64,
+                    "no heartbeat from the primary within --failover-after; promoting"
+                );
+                node.promote("failover: the primary stopped sending heartbeats");
+                return;
+            }
+        }
     }
 }
 
