@@ -15,7 +15,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
@@ -190,14 +190,7 @@ fn throughput(
             ))
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], colour.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FONT, 13))
-        .draw()
-        .map_err(draw_error)
+    legend(&mut chart, 13)
 }
 
 fn latency(
@@ -270,12 +263,20 @@ fn latency(
             }
         }
     }
+    legend(&mut chart, 12)
+}
+
+/// The series' labels, in the room kept free at the top right.
+fn legend<'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, CT>,
+    font_size: u32,
+) -> Result<(), PlotError> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::UpperRight)
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .label_font((FONT, 12))
+        .label_font((FONT, font_size))
         .draw()
         .map_err(draw_error)
 }
