@@ -9,7 +9,7 @@
 # unprivileged user, and takes its secrets from the environment
 # (TOLLGATE_AUTH_TOKEN today; see deploy/README.md). The command lines below
 # are run with --print-config by tests/deploy.rs, so they cannot drift from
-# the CLI; .ci/run lints this file with hadolint.
+# the CLI; scripts/lint-deploy.sh (in .ci/run) lints this file with hadolint.
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=trixie

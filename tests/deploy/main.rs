@@ -8,8 +8,9 @@
 //! ones the server opens, the rules file the server reads is mounted and
 //! valid, the memory request covers --max-memory.
 //!
-//! No container engine runs here, so nothing is pulled or built; the
-//! Dockerfile is linted by hadolint in .ci/run.
+//! No container engine or cluster runs here, so nothing is pulled, built
+//! or applied; scripts/lint-deploy.sh (in .ci/run) lints the Dockerfile
+//! with hadolint and validates the manifests against the API schemas.
 
 #[path = "../common/mod.rs"]
 mod common;
