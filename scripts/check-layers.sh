@@ -3,6 +3,7 @@
 #
 #   cli -> server -> node -> config -> store -> algorithm
 #                 \-> rules --------------------^
+#                    node -> cluster (etcd control plane) -> store
 #   (clock, slot, sync, units, throttled, tls: leaves that import no layer)
 #
 # Each row below names a layer (a folder or file under src/) and the crate
@@ -14,12 +15,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LEAVES="algorithm store node server cli config rules throttled admin_client"
+LEAVES="algorithm store node server cli config rules throttled admin_client cluster"
 RULES=(
   "src/algorithm   store node server cli config rules throttled admin_client"
   "src/store       node server cli config rules throttled admin_client"
   "src/config      node server cli rules admin_client"
   "src/node        server cli rules admin_client"
+  "src/cluster     node server cli config rules throttled admin_client"
   "src/rules       store node server cli config throttled admin_client"
   "src/server      cli"
   "src/clock.rs    $LEAVES"

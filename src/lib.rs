@@ -34,6 +34,9 @@
 //!   mode today) and the replication to a standby;
 //! - [`server`] (with its admin HTTP API) and [`cli`]: the network server
 //!   and the binary's commands; [`admin_client`] for the CLI.
+//! - `cluster` (feature `cluster`): the etcd control plane of cluster
+//!   mode: registrations, elections and epochs, lease deadlines, the
+//!   watch-fed routing table (docs/CLUSTER.md);
 //!
 //! A check naming a rule is resolved against the rule set in force (loaded
 //! once per frame) before it reaches the store:
@@ -46,6 +49,8 @@ pub mod admin_client;
 pub mod algorithm;
 pub mod cli;
 pub mod clock;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod config;
 mod node;
 #[cfg(test)]

@@ -285,3 +285,31 @@ impl TestServer {
         self.clock.now()
     }
 }
+
+/// PROTOCOL.md §14: a node outside a cluster answers TOPOLOGY as one shard
+/// owning every slot, itself as primary at its epoch, version 0.
+#[tokio::test]
+async fn a_single_node_answers_topology_as_one_shard_with_every_slot() {
+    let server = TestServer::start().await;
+    let mut conn = RawConn::ready(server.addr).await;
+    conn.send(9, &Request::Topology).await;
+    let topology = match conn.recv().await {
+        (9, Response::Topology(t)) => t,
+        other => panic!("expected TOPOLOGY_OK: {other:?}"),
+    };
+    assert_eq!(topology.version, 0);
+    assert!(topology.moving.is_empty());
+    assert_eq!(topology.shards.len(), 1);
+    let shard = &topology.shards[0];
+    assert_eq!(shard.id, 0);
+    assert_eq!(shard.slots, [tollgate_protocol::SlotSpan::ALL]);
+    assert!(!shard.primary.is_empty());
+    assert!(shard.standbys.is_empty());
+    assert_eq!(shard.epoch, 1);
+    // The connection goes on serving checks.
+    let results = conn
+        .check(10, batch_of(vec![vec![tb("rl:{t}:k", 10, 1000, 10, 1)]]))
+        .await;
+    assert!(allowed(&results[0]));
+    server.stop().await;
+}

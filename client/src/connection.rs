@@ -551,6 +551,8 @@ pub(crate) fn response_name(response: &Response) -> &'static str {
         Response::ResetDone(_) => "RESET_DONE",
         Response::Released(_) => "RELEASED",
         Response::Error { .. } => "ERROR",
+        Response::Topology(_) => "TOPOLOGY_OK",
+        Response::Moved(_) => "MOVED",
         Response::Repl(repl) => match repl {
             tollgate_protocol::ReplResponse::Stream { .. } => "REPL_STREAM",
             tollgate_protocol::ReplResponse::Snapshot(_) => "REPL_SNAPSHOT",

@@ -125,6 +125,7 @@ impl Undecided {
             | ErrorCode::StaleEpoch
             | ErrorCode::Internal
             | ErrorCode::StoreFull
+            | ErrorCode::TryAgain
             | ErrorCode::Unknown(_) => Self::ServerError(code),
         }
     }

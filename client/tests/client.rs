@@ -130,7 +130,7 @@ fn answer(request: &Request) -> Response {
             Response::Released(leases.iter().filter(|l| l.lease % 2 == 1).count() as u32)
         }
         Request::Hello { .. } => panic!("second HELLO"),
-        Request::Repl(_) => Response::Error {
+        Request::Repl(_) | Request::Topology => Response::Error {
             code: ErrorCode::UnknownOpcode,
             message: "not scripted".into(),
         },
@@ -803,6 +803,7 @@ async fn server_limits_errors_and_admin_calls() {
                 Request::Ping => "ping",
                 Request::Hello { .. } => "hello",
                 Request::Repl(_) => "repl",
+                Request::Topology => "topology",
             })
             .collect();
         assert_eq!(

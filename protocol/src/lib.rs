@@ -1,7 +1,8 @@
 //! Tollgate wire protocol v1.
 //!
 //! Byte layout: `PROTOCOL.md` beside this crate (the normative spec).
-//! - [`message`]: requests, responses and their parts as Rust values;
+//! - [`message`]: requests, responses and their parts as Rust values
+//!   ([`replication`] and [`cluster`] hold those of §13 and §14);
 //! - [`codec`]: pure encode/decode functions over `BytesMut`, bounded by
 //!   [`ServerLimits`], plus thin tokio-util `Encoder`/`Decoder` wrappers.
 //!
@@ -14,10 +15,12 @@
 //!              -> encode_response / encode_checked -> BytesMut -> socket
 //! ```
 
+pub mod cluster;
 pub mod codec;
 pub mod message;
 pub mod replication;
 
+pub use cluster::*;
 pub use codec::*;
 pub use message::*;
 pub use replication::*;

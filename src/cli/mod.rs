@@ -1,5 +1,6 @@
 //! The `tollgate` binary's commands, one file each: [`serve`], [`check`],
-//! [`release`], [`ping`], [`status`], [`promote`], [`rules`], [`usage`];
+//! [`release`], [`ping`], [`status`], [`promote`], [`rules`], [`usage`],
+//! [`health`];
 //! beside them what several share: [`render`] (how answers print),
 //! `remote` (reaching a server), `signals` and `logging` (of `serve`).
 //!
@@ -11,6 +12,7 @@
 //! `release`, the lease was no longer held), 2 usage or connection errors.
 
 pub mod check;
+pub mod health;
 mod logging;
 pub mod ping;
 pub mod promote;
@@ -24,6 +26,7 @@ pub mod status;
 pub mod usage;
 
 pub use check::{AlgorithmArg, CheckArgs, UsageError, DEFAULT_LEASE_TTL_MS};
+pub use health::HealthArgs;
 pub use ping::PingArgs;
 pub use promote::PromoteArgs;
 pub use release::ReleaseArgs;
@@ -67,6 +70,9 @@ pub enum Command {
     Rules(RulesArgs),
     /// Show the current usage of a key under the server's rules (admin API).
     Usage(UsageArgs),
+    /// Exit 0 when the admin API answers /healthz (or /readyz) with 200:
+    /// the container health check, which needs no auth token and no curl.
+    Health(HealthArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -94,6 +100,7 @@ pub fn main() -> ExitCode {
         Command::Promote(args) => runtime.block_on(promote::run(args)),
         Command::Rules(args) => runtime.block_on(rules::run(args)),
         Command::Usage(args) => runtime.block_on(usage::run(args)),
+        Command::Health(args) => runtime.block_on(health::run(args)),
     }
 }
 

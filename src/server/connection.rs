@@ -371,6 +371,12 @@ impl Connection {
             }
             Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
             Request::Repl(repl) => return self.replication(id, repl),
+            // Outside a cluster: one shard owning every slot (PROTOCOL.md §14).
+            Request::Topology => {
+                let status = shared.node.status();
+                let topology = tollgate_protocol::ClusterTopology::single_node(&status);
+                encode_response(id, &Response::Topology(topology), &mut self.wbuf)
+            }
             Request::Check(batch) => check::answer(
                 shared,
                 id,

@@ -106,6 +106,26 @@ impl Node {
         }
     }
 
+    /// SIGSTOP: the process keeps its sockets and answers nothing (its
+    /// peers' frames queue up unread) until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("node running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
     /// Starts the process again with exactly the same flags.
     pub fn restart(&mut self) {
         self.kill();

@@ -6,6 +6,7 @@
 //! deadline.
 
 mod harness;
+mod pause;
 mod proxy;
 
 use harness::*;

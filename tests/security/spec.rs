@@ -1,4 +1,4 @@
-//! The examples of PROTOCOL.md §14, byte for byte: each dump matches its
+//! The examples of PROTOCOL.md §15, byte for byte: each dump matches its
 //! annotated table, and a live server answers the documented requests with
 //! exactly the documented bytes.
 
@@ -8,11 +8,11 @@ use tollgate_protocol::{Request, Response};
 
 const SECRET: &str = "spec-cluster-secret";
 
-/// Every ```text dump under §14's "### Examples", in order, each checked
+/// Every ```text dump under §15's "### Examples", in order, each checked
 /// against the `| Bytes | Field |` table after it.
 fn examples() -> Vec<Vec<u8>> {
     let doc = include_str!("../../protocol/PROTOCOL.md");
-    let section = &doc[doc.find("## 14. ").expect("§14")..];
+    let section = &doc[doc.find("## 15. ").expect("§15")..];
     let examples = &section[section.find("### Examples").expect("its examples")..];
     let hex = |text: &str| -> Vec<u8> {
         text.split_whitespace()

@@ -34,12 +34,17 @@ pub enum ErrorCode {
     /// REPLICATE from a standby that knows a higher epoch than this
     /// primary's: this primary is stale and must not be followed.
     StaleEpoch,
+    /// Cluster mode: nobody may serve the slot right now (it is being
+    /// moved, or its shard has no primary, or this primary's lease
+    /// deadline passed). Nothing was charged; retry shortly, after
+    /// fetching TOPOLOGY again.
+    TryAgain,
     Unknown(u16),
 }
 
 impl ErrorCode {
-    /// Every code this crate knows, in wire order (1..=16).
-    pub const KNOWN: [ErrorCode; 16] = [
+    /// Every code this crate knows, in wire order (1..=17).
+    pub const KNOWN: [ErrorCode; 17] = [
         Self::Malformed,
         Self::UnknownOpcode,
         Self::FrameTooLarge,
@@ -56,6 +61,7 @@ impl ErrorCode {
         Self::UnknownRule,
         Self::StoreFull,
         Self::StaleEpoch,
+        Self::TryAgain,
     ];
 
     /// The code's name as in the spec's error table (`"CrossSlot"`);
@@ -78,6 +84,7 @@ impl ErrorCode {
             Self::UnknownRule => "UnknownRule",
             Self::StoreFull => "StoreFull",
             Self::StaleEpoch => "StaleEpoch",
+            Self::TryAgain => "TryAgain",
             Self::Unknown(_) => "Unknown",
         }
     }
@@ -100,6 +107,7 @@ impl ErrorCode {
             Self::UnknownRule => 14,
             Self::StoreFull => 15,
             Self::StaleEpoch => 16,
+            Self::TryAgain => 17,
             Self::Unknown(v) => v,
         }
     }
@@ -122,6 +130,7 @@ impl ErrorCode {
             14 => Self::UnknownRule,
             15 => Self::StoreFull,
             16 => Self::StaleEpoch,
+            17 => Self::TryAgain,
             other => Self::Unknown(other),
         }
     }
@@ -146,6 +155,7 @@ impl std::fmt::Display for ErrorCode {
             Self::UnknownRule => "unknown rule",
             Self::StoreFull => "store full: new keys refused at the memory cap",
             Self::StaleEpoch => "stale epoch",
+            Self::TryAgain => "try again: the slot is moving or its shard has no primary",
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };
         f.write_str(s)

@@ -59,6 +59,8 @@ pub enum Request {
     Release(Vec<LeaseRef>),
     /// Replication and operations: REPLICATE, REPL_ACK, PROMOTE, STATUS.
     Repl(crate::replication::ReplRequest),
+    /// The cluster's slot map (answered by TOPOLOGY_OK).
+    Topology,
 }
 
 /// Default largest frame body a server accepts: 1 MiB.
@@ -167,4 +169,9 @@ pub enum Response {
     /// Replication and operations: REPL_STREAM and the stream's frames,
     /// STATUS_OK, PROMOTED.
     Repl(crate::replication::ReplResponse),
+    /// TOPOLOGY_OK: the cluster's slot map.
+    Topology(crate::cluster::ClusterTopology),
+    /// MOVED: the request's slot is served elsewhere; nothing was
+    /// evaluated or charged.
+    Moved(crate::cluster::Moved),
 }
