@@ -1,6 +1,6 @@
 //! The real `tollgate` binary: `serve` on defaults, `check` (every
-//! algorithm), `release`, `ping`, `--print-config`, and a graceful exit on
-//! SIGTERM.
+//! algorithm), `release`, `ping`, `health`, `--print-config`, and a graceful
+//! exit on SIGTERM.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -340,6 +340,24 @@ fn ping_and_connection_errors() {
     drop(server);
     // Nothing listening there any more: a clear error and exit code 2.
     let (code, _, err) = tollgate(&["ping", "--server", "127.0.0.1:1", "--timeout", "500ms"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot reach"), "{err}");
+}
+
+#[test]
+fn health_asks_healthz_and_readyz_of_the_admin_api() {
+    let server = ServeProcess::start(&[]);
+    let (code, out, err) = tollgate(&["health", "--admin", &server.admin]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "ok");
+    let (code, out, err) = tollgate(&["health", "--ready", "--admin", &server.admin]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "ready");
+    drop(server);
+    // Nothing listening: unhealthy, with the reason.
+    let (code, _, err) = tollgate(&["health", "--admin", "127.0.0.1:1", "--timeout", "500ms"]);
     assert_eq!(code, 2);
     assert!(err.contains("cannot reach"), "{err}");
 }

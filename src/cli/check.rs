@@ -1,7 +1,7 @@
 //! `tollgate check`: one key against an inline limit or a named rule, with
 //! the flags of each algorithm; also PEEK (`--peek`) and REFUND (`--refund`).
 
-use super::remote::connect;
+use super::remote::{connect, ServerArgs};
 use super::render::render;
 use crate::units::{parse_duration, parse_millis, Rate};
 use clap::{Args, ValueEnum};
@@ -61,9 +61,8 @@ pub const DEFAULT_LEASE_TTL_MS: u64 = 30_000;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Server address.
-    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
-    pub server: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// The key to check, e.g. `rl:{apikey}:search`.
     #[arg(long)]
     pub key: String,

@@ -1,16 +1,18 @@
 //! The `tollgate` binary's commands, one file each: [`serve`], [`check`],
-//! [`release`], [`ping`], [`status`], [`promote`], [`rules`], [`usage`];
+//! [`release`], [`ping`], [`status`], [`promote`], [`rules`], [`usage`],
+//! [`health`];
 //! beside them what several share: [`render`] (how answers print),
 //! `remote` (reaching a server), `signals` and `logging` (of `serve`).
 //!
 //! `serve` runs the server on built-in defaults (every setting a flag, or a
 //! key of `--config FILE`); the others are small clients over
 //! `tollgate-client`, handy for smoke tests and for seeing what a limit does
-//! before putting it in a gateway; `rules` and `usage` wrap the admin HTTP
-//! API. Exit codes: 0 success, 1 the server refused the request (or, for
+//! before putting it in a gateway; `rules`, `usage` and `promote` wrap the
+//! admin HTTP API. Exit codes: 0 success, 1 the server refused the request (or, for
 //! `release`, the lease was no longer held), 2 usage or connection errors.
 
 pub mod check;
+pub mod health;
 mod logging;
 pub mod ping;
 pub mod promote;
@@ -24,7 +26,9 @@ pub mod status;
 pub mod usage;
 
 pub use check::{AlgorithmArg, CheckArgs, UsageError, DEFAULT_LEASE_TTL_MS};
+pub use health::HealthArgs;
 pub use ping::PingArgs;
+pub use promote::PromoteArgs;
 pub use release::ReleaseArgs;
 pub use render::{render, render_status};
 pub use rules::RulesArgs;
@@ -59,12 +63,16 @@ pub enum Command {
     Ping(PingArgs),
     /// Show a node's role, epoch, replication offset, primary and lag.
     Status(StatusArgs),
-    /// Make a standby the primary (its epoch goes up by one).
-    Promote(PingArgs),
+    /// Make a standby the primary through its admin API (its epoch goes up
+    /// by one).
+    Promote(PromoteArgs),
     /// List the server's named rules (admin API), or reload them.
     Rules(RulesArgs),
     /// Show the current usage of a key under the server's rules (admin API).
     Usage(UsageArgs),
+    /// Exit 0 when the admin API answers /healthz (or /readyz) with 200:
+    /// the container health check, which needs no auth token and no curl.
+    Health(HealthArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -92,6 +100,7 @@ pub fn main() -> ExitCode {
         Command::Promote(args) => runtime.block_on(promote::run(args)),
         Command::Rules(args) => runtime.block_on(rules::run(args)),
         Command::Usage(args) => runtime.block_on(usage::run(args)),
+        Command::Health(args) => runtime.block_on(health::run(args)),
     }
 }
 

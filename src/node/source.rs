@@ -19,6 +19,7 @@
 //! - a source changes the role only through [`RoleState`](super::RoleState)'s
 //!   transitions.
 
+use super::role::EpochError;
 use std::future::Future;
 use std::pin::Pin;
 use tollgate_protocol::{Announce, ErrorCode, Role};
@@ -45,6 +46,15 @@ pub(crate) enum Refusal {
     /// A standby knows a higher epoch than this primary: this node has been
     /// replaced and must not feed it.
     StaleEpoch { ours: u64, theirs: u64 },
+    /// Another node claimed an epoch this node does not believe, or a
+    /// promotion would pass the largest epoch.
+    Epoch(EpochError),
+}
+
+impl From<EpochError> for Refusal {
+    fn from(e: EpochError) -> Self {
+        Self::Epoch(e)
+    }
 }
 
 impl Refusal {
@@ -52,6 +62,9 @@ impl Refusal {
         match self {
             Self::NotPrimary { .. } => ErrorCode::NotPrimary,
             Self::StaleEpoch { .. } => ErrorCode::StaleEpoch,
+            // A value out of the range this node accepts.
+            Self::Epoch(EpochError::TooFar { .. }) => ErrorCode::Malformed,
+            Self::Epoch(EpochError::Exhausted(_)) => ErrorCode::Internal,
         }
     }
 }
@@ -71,6 +84,7 @@ impl std::fmt::Display for Refusal {
                 "this primary is at epoch {ours}, the standby knows epoch {theirs}: \
                  this node has been replaced"
             ),
+            Self::Epoch(e) => e.fmt(f),
         }
     }
 }
@@ -91,6 +105,7 @@ pub(crate) trait RoleSource: Send + Sync {
     /// it already was.
     fn promote(&self) -> Result<(u64, bool), Refusal>;
 
-    /// Another node described itself (a STATUS announce).
-    fn heard_of(&self, announce: &Announce);
+    /// Another node described itself (a STATUS announce); refused when its
+    /// epoch is not believable.
+    fn heard_of(&self, announce: &Announce) -> Result<(), Refusal>;
 }

@@ -14,6 +14,10 @@ use tollgate_client::{
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
+/// The pair's cluster secret: every node of these tests gets it (through
+/// the environment, as a deployment would pass it).
+pub const CLUSTER_SECRET: &str = "replication-tests-cluster-secret";
+
 /// Generous bound for anything that should take well under a second, so a
 /// broken build fails instead of hanging; never a pass/fail timing.
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -63,6 +67,7 @@ impl Node {
             ])
             .args(&self.args)
             .env("RUST_LOG", "info")
+            .env("TOLLGATE_CLUSTER_SECRET", CLUSTER_SECRET)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -85,6 +90,12 @@ impl Node {
             .recv_timeout(Duration::from_secs(30))
             .expect("the server logs that it serves");
         self.child = Some(child);
+    }
+
+    /// The process id (to send it signals; the security tests do).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
     }
 
     /// SIGKILL: no drain, no goodbye.
@@ -159,6 +170,19 @@ pub fn config(deadline: Duration) -> ClientConfig {
 /// A client for one node.
 pub fn client(addr: &str) -> Client {
     Client::new(addr.to_owned(), config(Duration::from_secs(2))).expect("valid config")
+}
+
+/// A client that presents the cluster secret: what another node (or a
+/// tool acting as one) uses for node-to-node requests.
+pub fn node_client(addr: &str) -> Client {
+    Client::new(
+        addr.to_owned(),
+        ClientConfig {
+            auth_token: Some(CLUSTER_SECRET.as_bytes().to_vec()),
+            ..config(Duration::from_secs(2))
+        },
+    )
+    .expect("valid config")
 }
 
 /// The node's STATUS, or None while it cannot be reached.

@@ -480,11 +480,12 @@ async fn promote_by_command_keeps_leases_and_windows() {
     }
     caught_up(&a.addr, &b.addr).await;
 
+    // Promotion is an operator's action, through the admin API.
     let out = std::process::Command::new(BIN)
-        .args(["promote", "--server", &b.addr])
+        .args(["promote", "--admin", &b.admin])
         .output()
         .unwrap();
-    assert!(out.status.success());
+    assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("promoted to primary at epoch 2"), "{text}");
     // (A PEEK answers as a check would: `remaining` after one more unit.)
@@ -509,14 +510,25 @@ async fn promote_by_command_keeps_leases_and_windows() {
     assert_eq!(v["epoch"], 2);
     // The old primary has no peer configured, so it still thinks it is
     // primary (epoch 1) until told: a STATUS announce (what a peer probe
-    // sends) makes it step down and resync from the new primary.
+    // sends) makes it step down and resync from the new primary. Only from
+    // a connection that proved the cluster secret: a plain client's
+    // announce is refused.
     assert_eq!(status(&a.addr).await.unwrap().role, Role::Primary);
-    let told = client(&a.addr)
-        .status_announcing(Announce {
-            role: Role::Primary,
-            epoch: 2,
-            addr: b.addr.clone(),
-        })
+    let b_primary = Announce {
+        role: Role::Primary,
+        epoch: 2,
+        addr: b.addr.clone(),
+    };
+    match client(&a.addr).status_announcing(b_primary.clone()).await {
+        Err(Error::Server {
+            code: ErrorCode::AuthFailed,
+            ..
+        }) => {}
+        other => panic!("a plain client's announce must be refused: {other:?}"),
+    }
+    assert_eq!(status(&a.addr).await.unwrap().role, Role::Primary);
+    let told = node_client(&a.addr)
+        .status_announcing(b_primary)
         .await
         .unwrap();
     assert_eq!((told.role, told.epoch), (Role::Standby, 2));
