@@ -200,6 +200,8 @@ impl Undecided {
             | ErrorCode::FrameTooLarge
             | ErrorCode::UnknownOpcode
             | ErrorCode::UnknownRule => None,
+            // The server shed the check under overload (CHECK2 priority).
+            ErrorCode::Shed => Some(Self::Overloaded),
             ErrorCode::UnsupportedVersion
             | ErrorCode::AuthFailed
             | ErrorCode::HandshakeRequired

@@ -71,11 +71,13 @@ impl ErrorCounters {
             &["code"],
         )?;
         registry.register(Box::new(vec.clone()))?;
-        let by_wire = ErrorCode::KNOWN
-            .iter()
-            .map(|c| vec.with_label_values(&[c.name()]))
-            .collect();
         let unknown = vec.with_label_values(&["Unknown"]);
+        // Indexed by wire value - 1; gaps in the wire values count as Unknown.
+        let top = ErrorCode::KNOWN.iter().map(|c| c.to_wire()).max().unwrap_or(0);
+        let mut by_wire = vec![unknown.clone(); usize::from(top)];
+        for code in ErrorCode::KNOWN {
+            by_wire[usize::from(code.to_wire()) - 1] = vec.with_label_values(&[code.name()]);
+        }
         Ok(Self { by_wire, unknown })
     }
 
@@ -350,9 +352,11 @@ impl Connection {
         }
         let shared = &*self.shared;
         let access = match &request {
-            Request::Check(_) | Request::Refund(_) | Request::Release(_) | Request::Reset(_) => {
-                Some(Access::Write)
-            }
+            Request::Check(_)
+            | Request::Check2(_)
+            | Request::Refund(_)
+            | Request::Release(_)
+            | Request::Reset(_) => Some(Access::Write),
             Request::Peek(_) => Some(Access::Read),
             _ => None,
         };
@@ -384,6 +388,11 @@ impl Connection {
                 Verb::Check(Mode::Charge),
                 &mut self.wbuf,
             ),
+            // The bytes still in the read buffer are this connection's
+            // backlog: received, not answered yet (check.rs sheds by it).
+            Request::Check2(batch) => {
+                check::answer_tagged(shared, id, &batch, self.rbuf.len(), &mut self.wbuf)
+            }
             Request::Peek(batch) => {
                 check::answer(shared, id, &batch, Verb::Check(Mode::Peek), &mut self.wbuf)
             }
