@@ -56,7 +56,8 @@ pub enum Undecided {
     /// Too many requests already wait for the connection; nothing was sent.
     Overloaded,
     /// The server could not serve the request (shutting down, not primary,
-    /// at its memory cap, internal error, refused handshake).
+    /// at its memory cap, shed under overload, internal error, refused
+    /// handshake).
     ServerError(ErrorCode),
     /// The server's answer could not be understood (version skew or a bug).
     Protocol,
@@ -200,8 +201,6 @@ impl Undecided {
             | ErrorCode::FrameTooLarge
             | ErrorCode::UnknownOpcode
             | ErrorCode::UnknownRule => None,
-            // The server shed the check under overload (CHECK2 priority).
-            ErrorCode::Shed => Some(Self::Overloaded),
             ErrorCode::UnsupportedVersion
             | ErrorCode::AuthFailed
             | ErrorCode::HandshakeRequired
@@ -211,6 +210,7 @@ impl Undecided {
             | ErrorCode::Internal
             | ErrorCode::StoreFull
             | ErrorCode::TryAgain
+            | ErrorCode::Shed
             | ErrorCode::Unknown(_) => Some(Self::ServerError(code)),
         }
     }
