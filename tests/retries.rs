@@ -340,3 +340,126 @@ async fn copies_racing_on_many_connections_are_charged_once() {
     assert_eq!(left(&mut conn, "rl:{race}").await, 4, "charged once");
     server.stop().await;
 }
+
+/// A TCP proxy to `server` whose first connection loses the first CHECKED
+/// the server sends, and closes: the server charged the check, the client
+/// never hears of it. Later connections are relayed faithfully. Returns
+/// the proxy's address and how many connections it accepted.
+async fn lossy_proxy(
+    server: std::net::SocketAddr,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = std::sync::Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let first = count.fetch_add(1, Ordering::SeqCst) == 0;
+            let upstream = tokio::net::TcpStream::connect(server).await.unwrap();
+            tokio::spawn(relay(client, upstream, first));
+        }
+    });
+    (addr, accepted)
+}
+
+async fn relay(client: tokio::net::TcpStream, upstream: tokio::net::TcpStream, lossy: bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = upstream.into_split();
+    let up = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut from_client, &mut to_server).await;
+    });
+    let mut buf = BytesMut::new();
+    loop {
+        while buf.len() >= 4 {
+            let len = u32::from_be_bytes(buf[..4].try_into().unwrap()) as usize;
+            if buf.len() < 4 + len {
+                break;
+            }
+            let frame = buf.split_to(4 + len);
+            if lossy && frame[4] == opcode::CHECKED {
+                // Dropping every half closes both connections.
+                up.abort();
+                return;
+            }
+            if to_client.write_all(&frame).await.is_err() {
+                up.abort();
+                return;
+            }
+        }
+        match from_server.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => {
+                up.abort();
+                return;
+            }
+            Ok(_) => {}
+        }
+    }
+}
+
+fn client_config() -> tollgate_client::ClientConfig {
+    tollgate_client::ClientConfig {
+        deadline: std::time::Duration::from_secs(5),
+        backoff_min: std::time::Duration::from_millis(10),
+        backoff_max: std::time::Duration::from_millis(100),
+        fallback: None,
+        ..tollgate_client::ClientConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_resends_a_lost_check2_under_its_key_and_is_charged_once() {
+    use std::sync::atomic::Ordering;
+    use tollgate_client::{Algorithm, Client, Limit, Outcome, Undecided};
+    let server = TestServer::start_admin(|_| {}).await;
+    let admin = server.admin.unwrap();
+    let limit = Limit {
+        algorithm: Algorithm::TokenBucket,
+        count: 1,
+        period_ms: 60_000,
+        burst: 5,
+    };
+    let mut conn = RawConn::ready(server.addr).await;
+
+    // With a priority: CHECK2, resent on a new connection, same key.
+    let (proxy, accepted) = lossy_proxy(server.addr).await;
+    let client = Client::connect(proxy.to_string(), client_config())
+        .await
+        .expect("connects through the proxy");
+    let outcome = client
+        .with_priority(Priority::High)
+        .check("rl:{lost}", limit, 1)
+        .await;
+    assert_eq!(
+        outcome.decision().map(|d| d.remaining),
+        Some(4),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "resent on a new connection"
+    );
+    assert_eq!(left(&mut conn, "rl:{lost}").await, 4, "charged once");
+    assert_eq!(metric(admin, "tollgate_dedup_replayed_total").await, 1.0);
+
+    // Without: a plain CHECK is charged, and its answer is simply lost.
+    let (proxy, _) = lossy_proxy(server.addr).await;
+    let client = Client::connect(proxy.to_string(), client_config())
+        .await
+        .expect("connects through the proxy");
+    match client.check("rl:{plain}", limit, 1).await {
+        Outcome::Undecided { why, .. } => assert_eq!(why, Undecided::ConnectionLost),
+        other => panic!("expected a lost answer, got {other:?}"),
+    }
+    assert_eq!(
+        left(&mut conn, "rl:{plain}").await,
+        4,
+        "charged, unknown to the client"
+    );
+    server.stop().await;
+}

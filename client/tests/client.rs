@@ -986,7 +986,10 @@ async fn priority_checks_go_as_check2_with_fresh_keys_and_shed_is_undecided() {
         assert!(tags.iter().all(|t| !t.idempotency.is_none()));
         let keys: std::collections::HashSet<_> = tags.iter().map(|t| t.idempotency).collect();
         assert_eq!(keys.len(), 4, "a fresh key per check");
-        assert!(matches!(seen.last(), Some(Request::Check(_))), "no priority: CHECK");
+        assert!(
+            matches!(seen.last(), Some(Request::Check(_))),
+            "no priority: CHECK"
+        );
     })
     .await;
 }

@@ -73,7 +73,11 @@ impl ErrorCounters {
         registry.register(Box::new(vec.clone()))?;
         let unknown = vec.with_label_values(&["Unknown"]);
         // Indexed by wire value - 1; gaps in the wire values count as Unknown.
-        let top = ErrorCode::KNOWN.iter().map(|c| c.to_wire()).max().unwrap_or(0);
+        let top = ErrorCode::KNOWN
+            .iter()
+            .map(|c| c.to_wire())
+            .max()
+            .unwrap_or(0);
         let mut by_wire = vec![unknown.clone(); usize::from(top)];
         for code in ErrorCode::KNOWN {
             by_wire[usize::from(code.to_wire()) - 1] = vec.with_label_values(&[code.name()]);

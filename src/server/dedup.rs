@@ -180,13 +180,22 @@ mod tests {
     #[test]
     fn a_retry_within_the_window_is_replayed_not_evaluated() {
         let m = memory(100, 1024);
-        assert_eq!(m.once(key(1), || 0, || allowed(9)), Answered::Fresh(allowed(9)));
+        assert_eq!(
+            m.once(key(1), || 0, || allowed(9)),
+            Answered::Fresh(allowed(9))
+        );
         let replay = m.once(key(1), || 99, || panic!("evaluated twice"));
         assert_eq!(replay, Answered::Replayed(allowed(9)));
         // Another key is its own check.
-        assert_eq!(m.once(key(2), || 99, || allowed(8)), Answered::Fresh(allowed(8)));
+        assert_eq!(
+            m.once(key(2), || 99, || allowed(8)),
+            Answered::Fresh(allowed(8))
+        );
         // The window is over: evaluated again.
-        assert_eq!(m.once(key(1), || 100, || allowed(7)), Answered::Fresh(allowed(7)));
+        assert_eq!(
+            m.once(key(1), || 100, || allowed(7)),
+            Answered::Fresh(allowed(7))
+        );
         assert_eq!(m.metrics.replayed.get(), 1);
     }
 
@@ -195,8 +204,14 @@ mod tests {
         let m = memory(100, 1024);
         let shed = CheckResult::Error(ErrorCode::Shed);
         assert_eq!(m.once(key(1), || 0, || shed), Answered::Fresh(shed));
-        assert_eq!(m.once(key(1), || 1, || allowed(5)), Answered::Fresh(allowed(5)));
-        assert_eq!(m.once(key(1), || 2, || allowed(4)), Answered::Replayed(allowed(5)));
+        assert_eq!(
+            m.once(key(1), || 1, || allowed(5)),
+            Answered::Fresh(allowed(5))
+        );
+        assert_eq!(
+            m.once(key(1), || 2, || allowed(4)),
+            Answered::Replayed(allowed(5))
+        );
     }
 
     #[test]
@@ -215,14 +230,23 @@ mod tests {
         assert!(m.metrics.evicted.get() >= (SHARDS * 3) as u64);
         // The newest key is still remembered.
         let last = key(SHARDS as u128 * 4 - 1);
-        assert!(matches!(m.once(last, || 999, || allowed(0)), Answered::Replayed(_)));
+        assert!(matches!(
+            m.once(last, || 999, || allowed(0)),
+            Answered::Replayed(_)
+        ));
     }
 
     #[test]
     fn an_expired_key_is_evaluated_afresh_and_remembered_again() {
         let m = memory(10, 1024);
         m.once(key(1), || 0, || allowed(3));
-        assert_eq!(m.once(key(1), || 10, || allowed(2)), Answered::Fresh(allowed(2)));
-        assert_eq!(m.once(key(1), || 15, || allowed(0)), Answered::Replayed(allowed(2)));
+        assert_eq!(
+            m.once(key(1), || 10, || allowed(2)),
+            Answered::Fresh(allowed(2))
+        );
+        assert_eq!(
+            m.once(key(1), || 15, || allowed(0)),
+            Answered::Replayed(allowed(2))
+        );
     }
 }
