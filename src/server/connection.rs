@@ -54,7 +54,8 @@ const DRAIN_QUIET: Duration = Duration::from_millis(50);
 
 /// Errors answered, by code: every ERROR frame and every per-check error
 /// (`tollgate_protocol_errors_total{code}`). One pre-resolved handle per
-/// known code, indexed by wire value, so counting is one atomic add.
+/// known code, in `ErrorCode::KNOWN` order: counting an error scans that
+/// short list, then one atomic add.
 #[derive(Debug, Clone)]
 pub(crate) struct ErrorCounters {
     by_wire: Vec<IntCounter>,
@@ -71,23 +72,19 @@ impl ErrorCounters {
             &["code"],
         )?;
         registry.register(Box::new(vec.clone()))?;
-        let unknown = vec.with_label_values(&["Unknown"]);
-        // Indexed by wire value - 1; gaps in the wire values count as Unknown.
-        let top = ErrorCode::KNOWN
+        let by_wire = ErrorCode::KNOWN
             .iter()
-            .map(|c| c.to_wire())
-            .max()
-            .unwrap_or(0);
-        let mut by_wire = vec![unknown.clone(); usize::from(top)];
-        for code in ErrorCode::KNOWN {
-            by_wire[usize::from(code.to_wire()) - 1] = vec.with_label_values(&[code.name()]);
-        }
+            .map(|c| vec.with_label_values(&[c.name()]))
+            .collect();
+        let unknown = vec.with_label_values(&["Unknown"]);
         Ok(Self { by_wire, unknown })
     }
 
     pub fn count(&self, code: ErrorCode) {
-        let i = usize::from(code.to_wire()).wrapping_sub(1);
-        self.by_wire.get(i).unwrap_or(&self.unknown).inc();
+        // KNOWN's order, not wire value - 1: the wire values have gaps.
+        let i = ErrorCode::KNOWN.iter().position(|&c| c == code);
+        let counter = i.and_then(|i| self.by_wire.get(i));
+        counter.unwrap_or(&self.unknown).inc();
     }
 }
 
@@ -392,8 +389,7 @@ impl Connection {
                 Verb::Check(Mode::Charge),
                 &mut self.wbuf,
             ),
-            // The bytes still in the read buffer are this connection's
-            // backlog: received, not answered yet (check.rs sheds by it).
+            // Backlog for shedding: bytes received behind it, not answered.
             Request::Check2(batch) => {
                 check::answer_tagged(shared, id, &batch, self.rbuf.len(), &mut self.wbuf)
             }
