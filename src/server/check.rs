@@ -68,14 +68,14 @@ impl CheckMetrics {
         let latency = Histogram::with_opts(
             HistogramOpts::new(
                 "tollgate_check_frame_duration_seconds",
-                "Time to evaluate one CHECK or PEEK frame, all its checks.",
+                "Time to evaluate one CHECK, CHECK2 or PEEK frame, all its checks.",
             )
             .buckets(exponential_buckets(1e-6, 4.0, 10)?),
         )?;
         let batch_size = Histogram::with_opts(
             HistogramOpts::new(
                 "tollgate_check_batch_size",
-                "Checks in one CHECK or PEEK frame.",
+                "Checks in one CHECK, CHECK2 or PEEK frame.",
             )
             .buckets(exponential_buckets(1.0, 2.0, 11)?),
         )?;
