@@ -52,12 +52,14 @@ use crate::store::Store;
 use metrics::ReplMetrics;
 use pair::PairMode;
 use prometheus::Registry;
+use replication::records::key_write;
 use role::RoleState;
 use shared::Core;
 use source::RoleSource;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tollgate_protocol::{Announce, NodeStatus, Role, ServerLimits};
+use tollgate_protocol::{Announce, NodeStatus, Record, Role, ServerLimits};
 
 /// What a node tells a client in HELLO_OK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +153,29 @@ impl Node {
     /// false when that task is gone (shutdown).
     pub async fn hand_over(&self, handover: Handover) -> bool {
         self.handovers.send(handover).await.is_ok()
+    }
+
+    /// HANDOFF: merges another node's states into ours, each key keeping
+    /// the copy with less quota left. Only a node serving writes takes
+    /// them. Returns how many records changed a state here.
+    pub fn take_handoff(&self, epoch: u64, records: &[Record]) -> Result<u32, Refusal> {
+        self.source.admit(Access::Write)?;
+        let now = self.core.clock.now();
+        let store = &self.core.store;
+        let merged = records
+            .iter()
+            .filter(|r| store.merge(&key_write(r), now))
+            .count();
+        let stats = &self.core.role.stats;
+        stats.handoffs_received.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            from_epoch = epoch,
+            records = records.len(),
+            merged,
+            "merged states handed over by another node"
+        );
+        // At most a frame's worth of records, far below u32::MAX.
+        Ok(u32::try_from(merged).unwrap_or(u32::MAX))
     }
 
     /// PROMOTE: the epoch this node is primary at, and whether it already

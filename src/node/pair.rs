@@ -19,7 +19,13 @@
 //! - **any node** told (by a probe's announce) of a primary that outranks
 //!   it steps down and follows it;
 //! - **a standby** that has been in sync promotes itself once its primary
-//!   has been silent for `--failover-after` (if set).
+//!   has been silent for `--failover-after` (if set), and its replication
+//!   stream has ended: frames already in its socket (it was paused) are
+//!   read before silence is concluded;
+//! - **a primary that steps down** hands every state it holds to the
+//!   primary it is about to follow (HANDOFF, merged there key by key with
+//!   the copy with less quota left winning) before it asks for a full
+//!   sync, so nothing it admitted is handed back.
 
 use super::shared::Core;
 use super::source::{Access, Duty, Refusal, RoleSource};
@@ -272,6 +278,12 @@ async fn watch_primary(core: &Core) {
         tick.tick().await;
         let view = node.view();
         if !view.ever_synced {
+            continue;
+        }
+        // An open stream that has not timed out may hold unread frames
+        // (this node was paused): the follower reads them first, and ends
+        // the stream itself once it stays silent for `after`.
+        if node.is_streaming() {
             continue;
         }
         if let Some(silence) = node.silence() {

@@ -62,6 +62,11 @@ struct State {
     ever_synced: bool,
     /// Highest epoch this node has heard of from any other node.
     highest_seen: u64,
+    /// It stepped down from primary and has not yet handed its states to
+    /// the primary it follows: its copy may hold charges nobody else has,
+    /// so it must not be replaced by a full sync before they are merged
+    /// there (see `replication::standby`).
+    owes_handoff: bool,
 }
 
 /// Counters and gauges of replication (status, metrics).
@@ -86,6 +91,13 @@ pub(crate) struct Stats {
     /// Standby: when it last heard from its primary, ms since the node
     /// started, plus 1 (0: never).
     pub heard_at_ms: AtomicU64,
+    /// Standby: 1 while it holds an open stream whose last read did not
+    /// time out. Frames may be waiting in that socket (the node was
+    /// paused), so its silence is not yet proof that the primary is gone.
+    pub streaming: AtomicU64,
+    /// Handoffs sent (after stepping down) and received (merged).
+    pub handoffs_sent: AtomicU64,
+    pub handoffs_received: AtomicU64,
 }
 
 /// A consistent copy of the role and its details.
@@ -115,6 +127,7 @@ impl RoleState {
                 synced: primary_now,
                 ever_synced: false,
                 highest_seen: 0,
+                owes_handoff: false,
             }),
             generation,
             advertise: Mutex::new(advertise),
@@ -206,6 +219,9 @@ impl RoleState {
         let from = state.primary.take();
         state.replid = new_replid();
         state.synced = true;
+        // Its own copy was never replaced (the handoff comes before any
+        // sync), so it serves on with what it admitted.
+        state.owes_handoff = false;
         self.epoch.store(epoch, Ordering::Relaxed);
         self.role.store(PRIMARY, Ordering::Relaxed);
         if promotion {
@@ -243,6 +259,9 @@ impl RoleState {
             return;
         }
         let old_epoch = self.epoch();
+        if was == Role::Primary {
+            state.owes_handoff = true;
+        }
         state.primary = Some(primary.clone());
         state.replid = 0;
         state.synced = false;
@@ -279,6 +298,27 @@ impl RoleState {
             self.set_offset(offset);
         }
         self.epoch.store(epoch, Ordering::Relaxed);
+    }
+
+    /// Whether this standby must hand its states to its primary before it
+    /// follows it (it stepped down from primary since it last did).
+    pub fn owes_handoff(&self) -> bool {
+        self.state.lock().owes_handoff
+    }
+
+    /// The primary has merged this node's states.
+    pub fn handed_off(&self) {
+        self.state.lock().owes_handoff = false;
+        self.stats.handoffs_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the follower holds an open stream that has not gone silent.
+    pub fn is_streaming(&self) -> bool {
+        self.stats.streaming.load(Ordering::Relaxed) == 1
+    }
+
+    pub fn set_streaming(&self, on: bool) {
+        self.stats.streaming.store(u64::from(on), Ordering::Relaxed);
     }
 
     /// A standby has applied a complete copy.
@@ -345,5 +385,12 @@ mod tests {
         assert_eq!(view.primary.as_deref(), Some("b:1"));
         assert!(!view.synced);
         assert!(node.not_primary().to_string().contains("b:1"));
+        // It served as primary: its states go to b before any sync.
+        assert!(node.owes_handoff());
+        node.handed_off();
+        assert!(!node.owes_handoff());
+        // Switching primaries as a standby owes nothing more.
+        node.step_down("c:1".into(), 5, "test");
+        assert!(!node.owes_handoff());
     }
 }

@@ -353,7 +353,7 @@ impl Connection {
         Flow::Continue
     }
 
-    /// REPLICATE, REPL_ACK, PROMOTE, STATUS.
+    /// REPLICATE, REPL_ACK, PROMOTE, STATUS, HANDOFF.
     fn replication(&mut self, id: RequestId, request: ReplRequest) -> Flow {
         let shared = self.shared.clone();
         let node = &shared.node;
@@ -391,6 +391,16 @@ impl Connection {
                         id,
                         &Response::Repl(ReplResponse::Promoted { epoch, was_primary }),
                     ),
+                    Err(refusal) => self.refuse(id, &refusal),
+                }
+                Flow::Continue
+            }
+            ReplRequest::Handoff { epoch, records } => {
+                tracing::debug!(peer = %self.peer, client = %self.client_name, records = records.len(), "HANDOFF");
+                match node.take_handoff(epoch, &records) {
+                    Ok(merged) => {
+                        self.respond(id, &Response::Repl(ReplResponse::HandedOff { merged }))
+                    }
                     Err(refusal) => self.refuse(id, &refusal),
                 }
                 Flow::Continue

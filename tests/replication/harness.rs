@@ -137,6 +137,19 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Ok(path) = std::env::var("TOLLGATE_TEST_LOGS") {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .unwrap();
+                for v in self.logs.lock().unwrap().iter() {
+                    let _ = writeln!(f, "{} {}", self.addr, v);
+                }
+            }
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();

@@ -17,6 +17,7 @@
 //! frame once it is applied; a standby never follows a primary whose epoch
 //! is below the one it knows.
 
+use super::handoff::hand_off;
 use super::records::key_write;
 use crate::node::role::RoleState;
 use crate::node::shared::Core;
@@ -69,6 +70,11 @@ impl FollowError {
     fn streamed(&self) -> bool {
         matches!(self, Self::Silent(_) | Self::Closed | Self::Io(_))
     }
+
+    /// The other end closed or reset an established connection.
+    fn closed_by_peer(&self) -> bool {
+        matches!(self, Self::Closed | Self::Io(_))
+    }
 }
 
 /// Follows the node's primary until the task is dropped (role change).
@@ -86,6 +92,14 @@ pub(crate) async fn follow(core: &Core) {
         if e.streamed() {
             failures = 0;
         }
+        if e.closed_by_peer() {
+            // The primary's end closed or reset the stream: that is the
+            // last word heard from it, not a silence. (A standby resumed
+            // after a pause can find its stream reset, with the frames
+            // that waited in it discarded by the reset: it must try its
+            // primary again before the watchdog may call it silent.)
+            core.role.heard();
+        }
         failures = failures.saturating_add(1);
         if failures == 1 {
             tracing::warn!(%primary, error = %e, "replication connection ended");
@@ -102,9 +116,24 @@ pub(crate) async fn follow(core: &Core) {
 /// One replication connection: handshake, stream start, then frames until
 /// something ends it.
 async fn follow_once(core: &Core, primary: &str) -> Result<(), FollowError> {
-    let mut stream = Stream::connect(primary, core.settings.repl_timeout).await?;
-    hello(core, &mut stream, primary).await?;
+    let settings = &core.settings;
+    let mut stream = Stream::connect(primary, settings.repl_timeout).await?;
+    let max_frame = hello(core, &mut stream, primary).await?;
+    if core.role.owes_handoff() {
+        // Our copy may hold charges the primary never saw: merged there
+        // first, so the full sync below hands none of them back.
+        let done = hand_off(core, &mut stream, max_frame, |_| true).await?;
+        core.role.handed_off();
+        tracing::info!(%primary, sent = done.sent, merged = done.merged, too_large = done.too_large, "handed our states to the primary");
+    }
     let next = replicate(core, &mut stream, primary).await?;
+    // From here a silence of `--failover-after` ends the stream, so the
+    // role source's watchdog sees it; until then frames may be waiting in
+    // the socket (this node was paused), and they are read first.
+    stream.timeout = settings
+        .repl_timeout
+        .min(settings.failover_after.unwrap_or(settings.repl_timeout));
+    let _streaming = Streaming::on(&core.role);
     let mut applier = Applier {
         core,
         primary,
@@ -120,8 +149,25 @@ async fn follow_once(core: &Core, primary: &str) -> Result<(), FollowError> {
     }
 }
 
+/// Marks the follower as streaming for as long as it lives.
+struct Streaming<'a>(&'a RoleState);
+
+impl<'a> Streaming<'a> {
+    fn on(node: &'a RoleState) -> Self {
+        node.set_streaming(true);
+        Self(node)
+    }
+}
+
+impl Drop for Streaming<'_> {
+    fn drop(&mut self) {
+        self.0.set_streaming(false);
+    }
+}
+
 /// HELLO: the node asked must be a primary at an epoch no lower than ours.
-async fn hello(core: &Core, stream: &mut Stream, primary: &str) -> Result<(), FollowError> {
+/// Returns the largest frame it accepts.
+async fn hello(core: &Core, stream: &mut Stream, primary: &str) -> Result<u32, FollowError> {
     let node = &core.role;
     let hello = Request::Hello {
         version: PROTOCOL_VERSION,
@@ -130,14 +176,20 @@ async fn hello(core: &Core, stream: &mut Stream, primary: &str) -> Result<(), Fo
     };
     stream.send(&hello, HELLO_ID).await?;
     match stream.next().await? {
-        Response::HelloOk { role, epoch, .. } => {
+        Response::HelloOk {
+            role,
+            epoch,
+            limits,
+            ..
+        } => {
             node.heard_of_epoch(epoch);
             if role != Role::Primary {
                 return Err(FollowError::NotPrimary {
                     addr: primary.to_owned(),
                 });
             }
-            not_stale(node, primary, epoch)
+            not_stale(node, primary, epoch)?;
+            Ok(limits.max_frame)
         }
         Response::Error { code, message } => Err(FollowError::Refused { code, message }),
         other => Err(FollowError::Protocol(format!(
@@ -315,7 +367,7 @@ struct Unit {
 }
 
 /// The replication connection, with its buffers and its silence timeout.
-struct Stream {
+pub(crate) struct Stream {
     socket: TcpStream,
     rbuf: BytesMut,
     wbuf: BytesMut,
@@ -323,7 +375,7 @@ struct Stream {
 }
 
 impl Stream {
-    async fn connect(primary: &str, timeout: Duration) -> Result<Self, FollowError> {
+    pub(crate) async fn connect(primary: &str, timeout: Duration) -> Result<Self, FollowError> {
         let socket = match tokio::time::timeout(timeout, TcpStream::connect(primary)).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(FollowError::Connect(e)),
@@ -338,7 +390,7 @@ impl Stream {
         })
     }
 
-    async fn send(&mut self, request: &Request, id: u32) -> Result<(), FollowError> {
+    pub(crate) async fn send(&mut self, request: &Request, id: u32) -> Result<(), FollowError> {
         self.wbuf.clear();
         encode_request(id, request, &mut self.wbuf)
             .map_err(|e| FollowError::Protocol(e.to_string()))?;
@@ -348,8 +400,11 @@ impl Stream {
         }
     }
 
-    /// The next frame, within the timeout.
-    async fn next(&mut self) -> Result<Response, FollowError> {
+    /// The next frame, within the timeout. Whatever the socket already
+    /// holds is read before the timeout is looked at (tokio's `timeout`
+    /// polls the read first), so a node resumed after a pause reads what
+    /// came meanwhile instead of calling its primary silent.
+    pub(crate) async fn next(&mut self) -> Result<Response, FollowError> {
         loop {
             match decode_response(&mut self.rbuf, MAX_STREAM_FRAME) {
                 Ok(Some((_, response))) => return Ok(response),
@@ -363,8 +418,22 @@ impl Stream {
                 Ok(Ok(0)) => return Err(FollowError::Closed),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(e.into()),
+                // The runtime may fire the timer before it has seen the
+                // socket become readable (a process resumed after SIGSTOP
+                // finds both due at once): ask the kernel itself.
+                Err(_) if self.bytes_waiting() => {}
                 Err(_) => return Err(FollowError::Silent(self.timeout)),
             }
+        }
+    }
+
+    /// Whether the kernel holds received bytes not read yet (or the end of
+    /// the stream), asked without blocking.
+    fn bytes_waiting(&self) -> bool {
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        match socket2::SockRef::from(&self.socket).peek(&mut probe) {
+            Ok(_) => true,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
         }
     }
 }
