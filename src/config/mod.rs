@@ -3,8 +3,8 @@
 //!
 //! `tollgate serve` runs on these defaults with no config file. Each
 //! section ([`NetworkSettings`], [`LimitSettings`], [`StoreSettings`],
-//! [`RuleSettings`], [`ReplicationSettings`], [`AdminSettings`],
-//! [`LogSettings`]) is flattened into the command line (`--kebab-case`
+//! [`RuleSettings`], [`ReplicationSettings`], [`ClusterSettings`],
+//! [`AdminSettings`], [`LogSettings`]) is flattened into the command line (`--kebab-case`
 //! flags, one `--help` heading each) and into one flat namespace of names
 //! shared by the flags, the config file and `--print-config`.
 //! [`ServerConfig::validate`] only checks and returns a typed error; an
@@ -45,6 +45,9 @@ pub struct ServerConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub replication: ReplicationSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub cluster: ClusterSettings,
     #[command(flatten)]
     #[serde(flatten)]
     pub admin: AdminSettings,
@@ -91,6 +94,8 @@ pub enum ConfigError {
         than: &'static str,
         bound: String,
     },
+    #[error("{0}")]
+    Cluster(String),
     #[error(transparent)]
     Unit(#[from] UnitError),
 }
@@ -114,6 +119,7 @@ impl ServerConfig {
         self.limits.validate()?;
         self.store.validate()?;
         self.replication.validate()?;
+        self.cluster.validate(&self.replication)?;
         self.admin.validate()
     }
 

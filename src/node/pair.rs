@@ -27,6 +27,7 @@
 //!   the copy with less quota left winning) before it asks for a full
 //!   sync, so nothing it admitted is handed back.
 
+use super::gate::Gate;
 use super::shared::Core;
 use super::source::{Access, Duty, Refusal, RoleSource};
 use crate::config::ReplicationSettings;
@@ -58,17 +59,21 @@ impl PairMode {
 }
 
 impl RoleSource for PairMode {
-    fn admit(&self, access: Access) -> Result<(), Refusal> {
+    fn admit(&self, access: Access) -> Result<Gate<'_>, Refusal> {
         let role = &self.core.role;
         let serves = match access {
             Access::Write => role.is_primary(),
             Access::Read => role.is_primary() || self.core.settings.serve_stale_reads,
         };
         if serves {
-            Ok(())
+            Ok(Gate::All)
         } else {
             Err(role.not_primary())
         }
+    }
+
+    fn leads(&self) -> Result<(), Refusal> {
+        self.admit(Access::Write).map(|_| ())
     }
 
     fn start(&self) -> Duty<'_> {

@@ -207,15 +207,23 @@ impl RoleState {
     /// Becomes primary at `max(known epochs) + 1` (unless already primary).
     /// Returns the epoch and whether the node already was primary.
     pub fn promote(&self, reason: Reason) -> (u64, bool) {
-        self.become_primary(reason, true)
+        self.become_primary(reason, true, None)
     }
 
-    fn become_primary(&self, reason: Reason, promotion: bool) -> (u64, bool) {
+    /// Becomes primary at exactly `epoch`, the one an election outside the
+    /// node handed it (cluster mode: etcd).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub fn lead(&self, epoch: u64, reason: Reason) {
+        self.heard_of_epoch(epoch);
+        self.become_primary(reason, true, Some(epoch));
+    }
+
+    fn become_primary(&self, reason: Reason, promotion: bool, at: Option<u64>) -> (u64, bool) {
         let mut state = self.state.lock();
         if self.is_primary() {
             return (self.epoch(), true);
         }
-        let epoch = self.epoch().max(state.highest_seen) + 1;
+        let epoch = at.unwrap_or_else(|| self.epoch().max(state.highest_seen) + 1);
         let from = state.primary.take();
         state.replid = new_replid();
         state.synced = true;
@@ -245,17 +253,54 @@ impl RoleState {
     /// `known_epoch` is the highest epoch the probe saw.
     pub fn start_as_primary(&self, known_epoch: u64, reason: Reason) {
         self.heard_of_epoch(known_epoch);
-        self.become_primary(reason, false);
+        self.become_primary(reason, false, None);
+    }
+
+    /// Becomes (or stays) a standby that follows nobody for now (cluster
+    /// mode: its shard has no primary, or its lease is gone). Its copy is
+    /// left as it is: as complete as it was, and resumable.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub fn orphan(&self, reason: Reason) {
+        let mut state = self.state.lock();
+        let was = self.role();
+        if was == Role::Standby && state.primary.is_none() {
+            return;
+        }
+        if was == Role::Primary {
+            state.owes_handoff = true;
+            self.stats.role_changes.fetch_add(1, Ordering::Relaxed);
+        }
+        let previous = state.primary.take();
+        self.role.store(STANDBY, Ordering::Relaxed);
+        drop(state);
+        tracing::warn!(
+            from = if was == Role::Primary {
+                "primary"
+            } else {
+                "standby"
+            },
+            to = "standby",
+            epoch = self.epoch(),
+            previous_primary = previous.as_deref().unwrap_or("none"),
+            primary = "none",
+            reason,
+            "role change"
+        );
+        self.generation.send_modify(|g| *g += 1);
     }
 
     /// Becomes (or stays) a standby following `primary`, which claims
     /// `epoch`. Its copy is no longer resumable: the next stream is a full
-    /// sync.
+    /// sync. A standby already following `primary` at `epoch` or above
+    /// stays as it is.
     pub fn step_down(&self, primary: String, epoch: u64, reason: Reason) {
         let mut state = self.state.lock();
         let was = self.role();
         state.highest_seen = state.highest_seen.max(epoch);
-        if was == Role::Standby && state.primary.as_deref() == Some(primary.as_str()) {
+        if was == Role::Standby
+            && state.primary.as_deref() == Some(primary.as_str())
+            && epoch <= self.epoch()
+        {
             return;
         }
         let old_epoch = self.epoch();
