@@ -12,9 +12,15 @@
 mod control;
 mod etcd;
 mod faults;
+mod nodes;
+#[allow(dead_code)] // some helpers are for the replication tests
+#[path = "../replication/harness.rs"]
+mod procs;
 #[allow(dead_code)] // `sever` is for the replication tests
 #[path = "../replication/proxy.rs"]
 mod proxy;
+mod router;
+mod routing;
 
 use std::future::Future;
 use std::time::Duration;

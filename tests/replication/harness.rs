@@ -31,6 +31,8 @@ pub struct Node {
     pub admin: String,
     args: Vec<String>,
     child: Option<Child>,
+    /// Stopped with SIGSTOP and not resumed.
+    paused: std::sync::atomic::AtomicBool,
     /// Every JSON log line so far.
     logs: Arc<Mutex<Vec<serde_json::Value>>>,
 }
@@ -44,10 +46,16 @@ impl Node {
             admin: String::new(),
             args: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
+            paused: Default::default(),
             logs: Arc::default(),
         };
         node.spawn();
         node
+    }
+
+    /// Whether the process runs (started, not killed, not paused).
+    pub fn running(&self) -> bool {
+        self.child.is_some() && !self.paused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn spawn(&mut self) {
@@ -93,17 +101,23 @@ impl Node {
             child.kill().expect("SIGKILL");
             child.wait().expect("reaped");
         }
+        self.paused
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// SIGSTOP: the process keeps its sockets and answers nothing (its
     /// peers' frames queue up unread) until [`resume`](Self::resume).
     pub fn pause(&self) {
         self.signal("-STOP");
+        self.paused
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// SIGCONT after [`pause`](Self::pause).
     pub fn resume(&self) {
         self.signal("-CONT");
+        self.paused
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn signal(&self, signal: &str) {
