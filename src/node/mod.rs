@@ -123,7 +123,11 @@ impl Node {
         });
         #[cfg(feature = "cluster")]
         let source: Arc<dyn RoleSource> = match parts.cluster {
-            Some(membership) => Arc::new(cluster::ClusterMode::new(core.clone(), membership)),
+            Some(membership) => Arc::new(cluster::ClusterMode::new(
+                core.clone(),
+                membership,
+                registry,
+            )?),
             None => Arc::new(PairMode::new(core.clone())),
         };
         #[cfg(not(feature = "cluster"))]
@@ -244,5 +248,6 @@ impl Node {
     /// Copies the replication numbers into the metrics (before a scrape).
     pub fn refresh_metrics(&self) {
         self.metrics.refresh(&self.core);
+        self.source.refresh_metrics();
     }
 }

@@ -177,6 +177,9 @@ pub(crate) trait RoleSource: Send + Sync {
         None
     }
 
+    /// Copies what the source reports into its metrics (before a scrape).
+    fn refresh_metrics(&self) {}
+
     /// Leaves gracefully at shutdown, once the node serves no more
     /// requests (cluster mode: revokes the etcd lease, so a standby takes
     /// over at once).

@@ -1,5 +1,6 @@
 //! Handing states from one node to another (a HANDOFF): reading a
-//! stripe's live states for the sender ([`Store::live_states`]), and
+//! stripe's live states for the sender ([`Store::live_states`]), dropping
+//! the states of slots that moved away ([`Store::forget_slots`]), and
 //! merging them on the receiver ([`Store::merge`]): key by key, table by
 //! table, the copy with less quota left wins
 //! ([`algorithm::merge`](crate::algorithm::merge)), so no unit either
@@ -34,6 +35,33 @@ impl Store {
             }
         });
         out
+    }
+
+    /// Forgets every state of the slots `wanted` selects (they moved to
+    /// another shard), recording each key for the replication sender so a
+    /// standby forgets them too. Returns how many keys went.
+    pub fn forget_slots(&self, wanted: impl Fn(Slot) -> bool) -> usize {
+        let mut forgotten = 0;
+        for stripe in self.stripes.iter() {
+            let mut locked = stripe.tables.lock();
+            let Locked { tables, changes } = &mut *locked;
+            let mut keys: Vec<StoredKey> = Vec::new();
+            tables.for_each(|key, _| {
+                if wanted(Slot::of(key.as_bytes())) {
+                    keys.push(key.clone());
+                }
+            });
+            keys.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+            keys.dedup_by(|a, b| a.as_bytes() == b.as_bytes());
+            for key in &keys {
+                let key = key.as_bytes();
+                tables.remove(Table::Buckets, self.hash(key), key);
+                tables.remove(Table::Others, self.hash(key), key);
+                self.record_change(stripe, changes, key);
+            }
+            forgotten += keys.len();
+        }
+        forgotten
     }
 
     /// Merges one handed-over key into ours. Returns whether any of our
@@ -167,5 +195,10 @@ mod tests {
         assert_eq!(store.live_states(index, 0, |s| s == slot).len(), 1);
         assert!(store.live_states(index, 0, |s| s != slot).is_empty());
         assert!(store.live_states(index, 500, |_| true).is_empty());
+        // Forgotten once the slot moved away, and the standby is told.
+        assert_eq!(store.forget_slots(|s| s == slot), 1);
+        assert!(store.get(b"k", 0).is_none());
+        assert!((0..store.stripe_count())
+            .any(|i| store.drain_stripe(i, 0) != crate::store::Drained::Nothing));
     }
 }

@@ -12,6 +12,7 @@
 mod control;
 mod etcd;
 mod faults;
+mod moves;
 mod nodes;
 #[allow(dead_code)] // some helpers are for the replication tests
 #[path = "../replication/harness.rs"]

@@ -13,6 +13,7 @@
 //!  primary:  lease lost, or the table names another primary, or the
 //!            shard's key is gone            -> step down (states handed over
 //!                                              to the next primary, then resync)
+//!            a move out of this shard       -> carry it out (moves.rs)
 //!            lease deadline passed          -> nothing to do: the check path
 //!                                              refuses until a renewal lands
 //! ```
@@ -25,6 +26,8 @@
 
 use super::ClusterMode;
 use crate::cluster::{Campaign, ClusterError, Member, RoutingTable};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -177,11 +180,13 @@ impl ClusterMode {
         }
     }
 
-    /// Primary duties, until the role changes.
+    /// Primary duties, until the role changes: stay primary while etcd
+    /// agrees, and carry out the slot moves out of this shard.
     pub(super) async fn lead(&self) {
         let mut updates = self.view.subscribe();
         let member = self.member.load_full();
         let deadline = member.deadline();
+        let mut mover: Option<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = None;
         loop {
             let table = updates.borrow_and_update().clone();
             let epoch = self.core.role.epoch();
@@ -214,9 +219,21 @@ impl ClusterMode {
                 }
                 None => {}
             }
+            if mover.is_none() {
+                if let Some(m) = self.pending_move() {
+                    mover = Some(Box::pin(self.carry_out(m)));
+                }
+            }
+            let moving = async {
+                match mover.as_mut() {
+                    Some(m) => m.await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = updates.changed() => {}
                 _ = tokio::time::sleep(TICK) => {}
+                () = moving => mover = None,
             }
         }
     }

@@ -26,6 +26,8 @@
 //!   before it resyncs (`replication::handoff`), as in pair mode.
 
 mod duties;
+mod metrics;
+mod moves;
 
 use super::gate::Gate;
 use super::shared::Core;
@@ -37,6 +39,7 @@ use crate::cluster::{
 use crate::config::ClusterSettings;
 use crate::slot::Slot;
 use arc_swap::{ArcSwap, Guard};
+use prometheus::Registry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_protocol::{Announce, ClusterTopology, MovingSlots, Role, ShardInfo, SlotSpan};
@@ -107,10 +110,15 @@ pub(crate) struct ClusterMode {
     tables: Arc<ArcSwap<RoutingTable>>,
     view: ClusterView,
     campaign_delay: Duration,
+    metrics: metrics::ClusterMetrics,
 }
 
 impl ClusterMode {
-    pub fn new(core: Arc<Core>, membership: Membership) -> Self {
+    pub fn new(
+        core: Arc<Core>,
+        membership: Membership,
+        registry: &Registry,
+    ) -> prometheus::Result<Self> {
         let Membership {
             etcd,
             keys,
@@ -120,7 +128,7 @@ impl ClusterMode {
             view,
             campaign_delay,
         } = membership;
-        Self {
+        Ok(Self {
             core,
             shard: record.shard,
             me: record.addr.clone(),
@@ -132,7 +140,8 @@ impl ClusterMode {
             tables: view.tables(),
             view,
             campaign_delay,
-        }
+            metrics: metrics::ClusterMetrics::register(registry)?,
+        })
     }
 
     /// Whether this node serves its shard's writes now, judged against
@@ -168,6 +177,7 @@ impl RoleSource for ClusterMode {
             me: &self.me,
             shard: self.shard,
             lapsed,
+            metrics: &self.metrics,
         }))
     }
 
@@ -215,6 +225,10 @@ impl RoleSource for ClusterMode {
         Some(topology(&self.tables.load()))
     }
 
+    fn refresh_metrics(&self) {
+        ClusterMode::refresh_metrics(self);
+    }
+
     fn leave(&self) -> Duty<'_> {
         Box::pin(async {
             let member = self.member.load_full();
@@ -238,6 +252,7 @@ pub(crate) struct SlotGate<'a> {
     /// This node is primary at this epoch but does not serve (its lease
     /// deadline passed): its own slots answer LeaseExpired.
     lapsed: Option<u64>,
+    metrics: &'a metrics::ClusterMetrics,
 }
 
 impl SlotGate<'_> {
@@ -258,11 +273,12 @@ impl SlotGate<'_> {
                     addr,
                     version,
                 } => {
+                    self.metrics.redirects.inc();
                     return Err(Refusal::Moved {
                         slot,
                         addr: addr.to_owned(),
                         version,
-                    })
+                    });
                 }
                 Route::TryAgain(Unavailable::Moving(_)) if !whole => {}
                 Route::TryAgain(why) => {
@@ -270,7 +286,13 @@ impl SlotGate<'_> {
                 }
             }
         }
-        busy.map_or(Ok(()), |b| Err(Refusal::TryAgain(b)))
+        match busy {
+            None => Ok(()),
+            Some(b) => {
+                self.metrics.try_again.inc();
+                Err(Refusal::TryAgain(b))
+            }
+        }
     }
 
     fn busy(&self, why: Unavailable) -> Busy {

@@ -22,10 +22,14 @@ use super::records::snapshot_record;
 use super::standby::{FollowError, Stream};
 use crate::node::shared::Core;
 use crate::slot::Slot;
-use tollgate_protocol::{Record, ReplRequest, ReplResponse, Request, Response};
+use tollgate_protocol::{
+    Record, ReplRequest, ReplResponse, Request, Response, Role, PROTOCOL_VERSION,
+};
 
 /// Request id of HANDOFF frames.
 const HANDOFF_ID: u32 = 3;
+/// Request id of the HELLO before a slot move's handoff.
+const HELLO_ID: u32 = 1;
 
 /// Room a HANDOFF frame's header and counts take besides its records.
 const FRAME_OVERHEAD: usize = 64;
@@ -103,4 +107,41 @@ async fn send(
             "{other:?} in answer to HANDOFF"
         ))),
     }
+}
+
+/// A slot move's copy (cluster mode): connects to `target`, which must
+/// answer HELLO as a primary, and hands it every live state of the slots
+/// `wanted` selects. Epochs are not compared: the target is another
+/// shard's primary.
+pub(crate) async fn hand_slots(
+    core: &Core,
+    target: &str,
+    wanted: impl Fn(Slot) -> bool,
+) -> Result<HandedOff, FollowError> {
+    let mut stream = Stream::connect(target, core.settings.repl_timeout).await?;
+    let hello = Request::Hello {
+        version: PROTOCOL_VERSION,
+        client_name: format!("tollgate-move {}", core.role.advertise()),
+        auth_token: core.auth_token.clone().map(Into::into),
+    };
+    stream.send(&hello, HELLO_ID).await?;
+    let max_frame = match stream.next().await? {
+        Response::HelloOk {
+            role: Role::Primary,
+            limits,
+            ..
+        } => limits.max_frame,
+        Response::HelloOk { .. } => {
+            return Err(FollowError::NotPrimary {
+                addr: target.to_owned(),
+            })
+        }
+        Response::Error { code, message } => return Err(FollowError::Refused { code, message }),
+        other => {
+            return Err(FollowError::Protocol(format!(
+                "{other:?} in answer to HELLO"
+            )))
+        }
+    };
+    hand_off(core, &mut stream, max_frame, wanted).await
 }
