@@ -54,6 +54,7 @@ impl Node {
     }
 
     /// Whether the process runs (started, not killed, not paused).
+    #[allow(dead_code)] // for the cluster tests, which share this harness
     pub fn running(&self) -> bool {
         self.child.is_some() && !self.paused.load(std::sync::atomic::Ordering::Relaxed)
     }
