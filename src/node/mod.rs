@@ -161,6 +161,12 @@ impl Node {
             .unwrap_or_else(|| ClusterTopology::single_node(&status::status(&self.core)))
     }
 
+    /// This node's place in its cluster and the routing table it serves
+    /// from (`GET /v1/cluster`); None outside a cluster.
+    pub fn cluster_json(&self) -> Option<serde_json::Value> {
+        self.source.describe()
+    }
+
     /// At shutdown, once no request is served any more: leave the cluster
     /// (nothing outside one).
     pub async fn leave(&self) {

@@ -177,6 +177,11 @@ pub(crate) trait RoleSource: Send + Sync {
         None
     }
 
+    /// What `GET /v1/cluster` shows; None outside a cluster.
+    fn describe(&self) -> Option<serde_json::Value> {
+        None
+    }
+
     /// Copies what the source reports into its metrics (before a scrape).
     fn refresh_metrics(&self) {}
 

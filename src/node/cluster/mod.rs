@@ -229,6 +229,27 @@ impl RoleSource for ClusterMode {
         ClusterMode::refresh_metrics(self);
     }
 
+    fn describe(&self) -> Option<serde_json::Value> {
+        let table = self.tables.load_full();
+        let member = self.member.load();
+        let deadline = member.deadline();
+        let role = self.core.role.view();
+        Some(serde_json::json!({
+            "cluster": self.keys.cluster(),
+            "shard": self.shard.0,
+            "addr": self.me,
+            "role": match role.role { Role::Primary => "primary", Role::Standby => "standby" },
+            "epoch": role.epoch,
+            "primary": role.primary,
+            "serving": self.serves_writes(&table),
+            "lease": format!("{:x}", deadline.lease_id()),
+            "lease_ms_left": deadline.time_left().as_millis() as u64,
+            "lease_renewals": deadline.renewals(),
+            "watch_in_sync": self.view.in_sync(),
+            "topology": crate::cluster::ClusterStatus::from(&*table),
+        }))
+    }
+
     fn leave(&self) -> Duty<'_> {
         Box::pin(async {
             let member = self.member.load_full();
