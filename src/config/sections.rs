@@ -42,7 +42,7 @@ pub const DEFAULT_LEASE_TTL: &str = "5s";
 pub const DEFAULT_LEASE_MARGIN: &str = "500ms";
 pub const DEFAULT_LEASE_RENEW: &str = "1s";
 pub const DEFAULT_ETCD_TIMEOUT: &str = "2s";
-pub const DEFAULT_CAMPAIGN_DELAY: &str = "5s";
+pub const DEFAULT_CAMPAIGN_DELAY: &str = "1s";
 
 /// Hard ceilings no setting may pass, so a typo cannot make the server
 /// reserve absurd buffers.
