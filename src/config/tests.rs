@@ -124,7 +124,10 @@ fn cluster_mode_needs_its_three_settings_and_no_pair_settings() {
             etcd.keepalive_interval,
             crate::cluster::DEFAULT_KEEPALIVE_INTERVAL
         );
-        assert_eq!(etcd.request_timeout, crate::cluster::DEFAULT_REQUEST_TIMEOUT);
+        assert_eq!(
+            etcd.request_timeout,
+            crate::cluster::DEFAULT_REQUEST_TIMEOUT
+        );
         c.cluster.lease_ttl = Duration::from_millis(1500);
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("whole seconds"), "{err}");

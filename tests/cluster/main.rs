@@ -9,6 +9,8 @@
 //! deadline passed before anyone else was elected), measured on one
 //! monotonic clock.
 
+mod chaos;
+mod checker;
 mod control;
 mod etcd;
 mod faults;

@@ -154,6 +154,15 @@ impl Deployment {
             .expect("the shard has a standby")
     }
 
+    /// Every node's address and its shard.
+    pub fn node_shards(&self) -> std::collections::HashMap<String, u16> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(s, nodes)| nodes.iter().map(move |n| (n.addr.clone(), s as u16)))
+            .collect()
+    }
+
     /// Every node's address.
     pub fn addrs(&self) -> Vec<String> {
         self.nodes
