@@ -291,16 +291,13 @@ impl RoleState {
 
     /// Becomes (or stays) a standby following `primary`, which claims
     /// `epoch`. Its copy is no longer resumable: the next stream is a full
-    /// sync. A standby already following `primary` at `epoch` or above
-    /// stays as it is.
+    /// sync. A standby already following `primary` stays as it is (its
+    /// stream reports the primary's epoch).
     pub fn step_down(&self, primary: String, epoch: u64, reason: Reason) {
         let mut state = self.state.lock();
         let was = self.role();
         state.highest_seen = state.highest_seen.max(epoch);
-        if was == Role::Standby
-            && state.primary.as_deref() == Some(primary.as_str())
-            && epoch <= self.epoch()
-        {
+        if was == Role::Standby && state.primary.as_deref() == Some(primary.as_str()) {
             return;
         }
         let old_epoch = self.epoch();

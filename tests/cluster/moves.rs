@@ -4,37 +4,14 @@
 //! transaction, and a client with the old map reaches the new owner after
 //! one MOVED.
 
-use std::time::Duration;
-
 use tollgate::cluster::{begin_move, load_topology, ShardId, SlotRange};
 use tollgate::slot::Slot;
-use tollgate_protocol::{
-    Algorithm, CheckBatch, CheckResult, ErrorCode, Limit, LimitRef, Pair, Request, Response,
-};
+use tollgate_protocol::{CheckResult, ErrorCode, Request, Response};
 
 use crate::etcd::EtcdCluster;
 use crate::nodes::*;
 use crate::router::{Outcome, Router};
 use crate::*;
-
-const LIMIT: Limit = Limit {
-    algorithm: Algorithm::TokenBucket,
-    count: 1,
-    period_ms: 3_600_000,
-    burst: 100,
-};
-
-fn batch(keys: &[&str]) -> CheckBatch {
-    let mut batch = CheckBatch::default();
-    for key in keys {
-        batch.push(Pair {
-            key: key.as_bytes().to_vec().into(),
-            limit: LimitRef::Inline(LIMIT),
-            cost: 1,
-        });
-    }
-    batch
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_range_moves_with_its_states_and_clients_follow_after_one_moved() {
@@ -151,21 +128,7 @@ async fn a_slot_range_moves_with_its_states_and_clients_follow_after_one_moved()
     }
     assert_eq!(router.map().unwrap().version, flipped);
     // The CLI waits for the same: another range moved with it, back.
-    let (code, out, err) = tollgate(&[
-        "cluster",
-        "move-slots",
-        "--etcd",
-        &d.etcd.endpoints().join(","),
-        "--cluster",
-        "moves",
-        "--slots",
-        "0-1023",
-        "--to",
-        "0",
-        "--timeout",
-        "30s",
-    ]);
-    assert_eq!(code, 0, "{out}{err}");
+    let out = d.move_slots("0-1023", 0);
     assert!(out.contains("belong to shard 0"), "{out}");
     let answer = router
         .send_check(moving[0], Request::Peek(batch(&[moving[0]])))
@@ -175,16 +138,8 @@ async fn a_slot_range_moves_with_its_states_and_clients_follow_after_one_moved()
         "{answer:?}"
     );
     // The source primary counted its move; nodes count their redirects.
-    let metrics = tollgate::admin_client::call(
-        &d.nodes[0].iter().find(|n| n.addr == source).unwrap().admin,
-        hyper::Method::GET,
-        "/metrics",
-        None,
-        Duration::from_secs(5),
-    )
-    .await
-    .expect("/metrics")
-    .text();
+    let admin = &d.nodes[0].iter().find(|n| n.addr == source).unwrap().admin;
+    let metrics = http_get(admin, "/metrics").await.expect("/metrics");
     assert!(
         metrics.contains("tollgate_cluster_slot_moves_total 1"),
         "{metrics}"

@@ -4,6 +4,7 @@
 use std::process::Command;
 
 use tollgate::cluster::{status, ClusterStatus, Etcd};
+use tollgate_protocol::{Algorithm, CheckBatch, Limit, LimitRef, Pair};
 
 use crate::etcd::EtcdCluster;
 use crate::procs::{free_addr, Node, BIN};
@@ -31,6 +32,8 @@ pub struct Deployment {
     pub name: String,
     /// `nodes[s]`: the nodes of shard `s`.
     pub nodes: Vec<Vec<Node>>,
+    /// The lease flags every node runs with.
+    lease_flags: Vec<String>,
 }
 
 /// Runs the `tollgate` binary with `args`; its exit code and output.
@@ -48,6 +51,17 @@ impl Deployment {
     /// of each (started one shard after the other), waiting until every
     /// shard has a primary and its standbys are in sync.
     pub async fn start(etcd: EtcdCluster, name: &str, shards: u16, per_shard: usize) -> Self {
+        Self::start_with(etcd, name, shards, per_shard, &LEASE_FLAGS).await
+    }
+
+    /// [`start`](Self::start) with other lease flags than [`LEASE_FLAGS`].
+    pub async fn start_with(
+        etcd: EtcdCluster,
+        name: &str,
+        shards: u16,
+        per_shard: usize,
+        lease_flags: &[&str],
+    ) -> Self {
         let endpoints = etcd.endpoints().join(",");
         let (code, out, err) = tollgate(&[
             "cluster",
@@ -66,6 +80,7 @@ impl Deployment {
             client,
             name: name.to_owned(),
             nodes: Vec::new(),
+            lease_flags: lease_flags.iter().map(|s| s.to_string()).collect(),
         };
         for shard in 0..shards {
             let nodes = (0..per_shard)
@@ -90,7 +105,7 @@ impl Deployment {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        flags.extend(LEASE_FLAGS.iter().map(|s| s.to_string()));
+        flags.extend(self.lease_flags.iter().cloned());
         flags
     }
 
@@ -154,6 +169,27 @@ impl Deployment {
             .expect("the shard has a standby")
     }
 
+    /// `tollgate cluster move-slots --slots RANGE --to SHARD`, which must
+    /// succeed; its output.
+    pub fn move_slots(&self, range: &str, to: u16) -> String {
+        let (code, out, err) = tollgate(&[
+            "cluster",
+            "move-slots",
+            "--etcd",
+            &self.etcd.endpoints().join(","),
+            "--cluster",
+            &self.name,
+            "--slots",
+            range,
+            "--to",
+            &to.to_string(),
+            "--timeout",
+            "30s",
+        ]);
+        assert_eq!(code, 0, "move-slots {range} to {to}: {out}{err}");
+        out
+    }
+
     /// Every node's address and its shard.
     pub fn node_shards(&self) -> std::collections::HashMap<String, u16> {
         self.nodes
@@ -171,6 +207,28 @@ impl Deployment {
             .map(|n| n.addr.clone())
             .collect()
     }
+}
+
+/// The limit the routing and move tests charge: 100 units that come back
+/// one per hour, so `remaining` counts charges.
+pub const LIMIT: Limit = Limit {
+    algorithm: Algorithm::TokenBucket,
+    count: 1,
+    period_ms: 3_600_000,
+    burst: 100,
+};
+
+/// A CHECK-shaped batch: one check per key, cost 1, under [`LIMIT`].
+pub fn batch(keys: &[&str]) -> CheckBatch {
+    let mut batch = CheckBatch::default();
+    for key in keys {
+        batch.push(Pair {
+            key: key.as_bytes().to_vec().into(),
+            limit: LimitRef::Inline(LIMIT),
+            cost: 1,
+        });
+    }
+    batch
 }
 
 /// Keys spread over every slot: `rl:{k<i>}:x`.

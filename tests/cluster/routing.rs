@@ -4,32 +4,11 @@
 //! MOVED as a whole, and the CLI reaching every key through any node.
 
 use tollgate::slot::Slot;
-use tollgate_protocol::{
-    Algorithm, CheckBatch, CheckResult, Limit, LimitRef, Pair, Request, Response,
-};
+use tollgate_protocol::{CheckResult, Request, Response};
 
 use crate::etcd::EtcdCluster;
 use crate::nodes::*;
 use crate::router::{Outcome, Router};
-
-const LIMIT: Limit = Limit {
-    algorithm: Algorithm::TokenBucket,
-    count: 1,
-    period_ms: 3_600_000,
-    burst: 100,
-};
-
-fn batch(keys: &[&str]) -> CheckBatch {
-    let mut batch = CheckBatch::default();
-    for key in keys {
-        batch.push(Pair {
-            key: key.as_bytes().to_vec().into(),
-            limit: LimitRef::Inline(LIMIT),
-            cost: 1,
-        });
-    }
-    batch
-}
 
 /// The first of `keys` whose slot shard `shard` owns in `map`.
 fn key_of<'k>(router: &Router, keys: &'k [String], shard: u16) -> &'k str {
