@@ -188,10 +188,7 @@ async fn a_standby_paused_past_the_failover_time_hands_back_no_charge() {
     // standby had no reason to take over.
     assert_eq!(primary, a.addr);
     let changes = b.logged("role change");
-    assert!(
-        changes.iter().all(|c| c["to"] != "primary"),
-        "{changes:#?}"
-    );
+    assert!(changes.iter().all(|c| c["to"] != "primary"), "{changes:#?}");
     assert_no_charge_lost(&primary, &ledger.counts(None)).await;
 }
 

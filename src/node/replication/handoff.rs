@@ -22,13 +22,14 @@ use super::records::snapshot_record;
 use super::standby::{FollowError, Stream};
 use crate::node::shared::Core;
 use crate::slot::Slot;
-use tollgate_protocol::{
-    Record, ReplRequest, ReplResponse, Request, Response, Role, PROTOCOL_VERSION,
-};
+use tollgate_protocol::{Record, ReplRequest, ReplResponse, Request, Response};
+#[cfg(feature = "cluster")]
+use tollgate_protocol::{Role, PROTOCOL_VERSION};
 
 /// Request id of HANDOFF frames.
 const HANDOFF_ID: u32 = 3;
 /// Request id of the HELLO before a slot move's handoff.
+#[cfg(feature = "cluster")]
 const HELLO_ID: u32 = 1;
 
 /// Room a HANDOFF frame's header and counts take besides its records.
@@ -109,6 +110,7 @@ async fn send(
     }
 }
 
+#[cfg(feature = "cluster")]
 /// A slot move's copy (cluster mode): connects to `target`, which must
 /// answer HELLO as a primary, and hands it every live state of the slots
 /// `wanted` selects. Epochs are not compared: the target is another
