@@ -7,7 +7,7 @@
 #
 # The runtime stage holds the binary and an example rules file, runs as an
 # unprivileged user, and takes its secrets from the environment
-# (TOLLGATE_AUTH_TOKEN today; see deploy/README.md). The command lines below
+# (TOLLGATE_AUTH_TOKEN, TOLLGATE_ADMIN_TOKEN; see deploy/README.md). The command lines below
 # are run with --print-config by tests/deploy.rs, so they cannot drift from
 # the CLI; scripts/lint-deploy.sh (in .ci/run) lints this file with hadolint.
 

@@ -27,6 +27,8 @@
 //! - [`store`]: lock-striped per-key state, atomic groups, expiry;
 //! - [`rules`]: named rules from the rules file, hot reload;
 //! - [`throttled`]: the most denied keys, in bounded memory;
+//! - [`tls`]: rustls configs of every port and of a node's own connections,
+//!   reloadable, and the one socket type for plain TCP and TLS;
 //! - [`config`]: the settings by section, flags and the config file;
 //! - `node`: who is primary (roles and epochs behind a role source; pair
 //!   mode today) and the replication to a standby;
@@ -59,4 +61,5 @@ pub mod slot;
 pub mod store;
 pub mod sync;
 pub mod throttled;
+pub mod tls;
 pub mod units;

@@ -204,7 +204,7 @@ async fn impossible_limits_and_costs_are_per_check_errors() {
 
 #[tokio::test]
 async fn handshake_failures_close_the_connection() {
-    let server = TestServer::start_with(|c| c.network.auth_token = Some("s3cret".into())).await;
+    let server = TestServer::start_with(|c| c.auth.auth_token = Some("s3cret".into())).await;
 
     let hello = |version, token: Option<&str>| Request::Hello {
         version,

@@ -1,7 +1,7 @@
 //! `tollgate check`: one key against an inline limit or a named rule, with
 //! the flags of each algorithm; also PEEK (`--peek`) and REFUND (`--refund`).
 
-use super::remote::connect;
+use super::remote::{connect, ServerArgs};
 use super::render::render;
 use super::route::owner_of;
 use crate::units::{parse_duration, parse_millis, Rate};
@@ -72,9 +72,8 @@ pub const DEFAULT_LEASE_TTL_MS: u64 = 30_000;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Server address.
-    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
-    pub server: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// The key to check, e.g. `rl:{apikey}:search`.
     #[arg(long)]
     pub key: String,
@@ -256,7 +255,9 @@ pub(super) async fn run(args: CheckArgs) -> ExitCode {
     // or answers MOVED or TryAgain (nothing was charged then).
     let deadline = Instant::now() + args.timeout;
     let results = loop {
-        let owner = match owner_of(&args.server, args.key.as_bytes(), deadline).await {
+        let seed = &args.server;
+        let token = seed.auth_token.as_deref();
+        let owner = match owner_of(&seed.server, token, args.key.as_bytes(), deadline).await {
             Ok(addr) => addr,
             Err(e) => {
                 eprintln!("error: {e}");
@@ -276,7 +277,11 @@ pub(super) async fn run(args: CheckArgs) -> ExitCode {
         let timeout = deadline
             .saturating_duration_since(Instant::now())
             .min(ROUTE_ATTEMPT);
-        let client = match connect(&owner, timeout).await {
+        let target = ServerArgs {
+            server: owner.clone(),
+            auth_token: seed.auth_token.clone(),
+        };
+        let client = match connect(&target, timeout).await {
             Ok(c) => c,
             Err(_) if retry(format!("cannot reach {owner}")) => {
                 tokio::time::sleep(ROUTE_RETRY).await;

@@ -57,6 +57,10 @@ pub struct StatusArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Client token for the nodes' HELLO, to ask the standbys their lag
+    /// (the servers' --auth-token).
+    #[arg(long, env = "TOLLGATE_AUTH_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -143,7 +147,12 @@ mod imp {
     async fn run_status(args: StatusArgs) -> Result<(), ClusterError> {
         let (etcd, keys) = connect(&args.etcd).await?;
         let status = status(&etcd, &keys).await?;
-        let lags = standby_lags(&status, args.etcd.timeout.min(Duration::from_secs(1))).await;
+        let lags = standby_lags(
+            &status,
+            args.etcd.timeout.min(Duration::from_secs(1)),
+            args.auth_token.as_deref(),
+        )
+        .await;
         if args.json {
             let mut v = serde_json::to_value(&status).expect("a status serializes");
             for (i, shard) in status.shards.iter().enumerate() {
@@ -170,25 +179,27 @@ mod imp {
     async fn standby_lags(
         status: &ClusterStatus,
         timeout: Duration,
+        auth_token: Option<&str>,
     ) -> std::collections::BTreeMap<String, Option<u64>> {
         let mut lags = std::collections::BTreeMap::new();
         for standby in status.shards.iter().flat_map(|s| &s.standbys) {
-            let client = Client::new(
-                standby.addr.clone(),
-                ClientConfig {
-                    deadline: timeout,
-                    connect_timeout: timeout,
-                    client_name: "tollgate-cli".into(),
-                    ..ClientConfig::default()
-                },
-            );
-            let lag = client
-                .status()
-                .await
-                .ok()
-                .filter(|s| s.field("synced") == Some(1))
-                .and_then(|s| s.field("lag_ms"));
-            client.close();
+            let config = ClientConfig {
+                deadline: timeout,
+                connect_timeout: timeout,
+                client_name: "tollgate-cli".into(),
+                auth_token: auth_token.map(|t| t.as_bytes().to_vec()),
+                ..ClientConfig::default()
+            };
+            let lag = match Client::new(standby.addr.clone(), config) {
+                Ok(client) => {
+                    let status = client.status().await.ok();
+                    client.close();
+                    status
+                        .filter(|s| s.field("synced") == Some(1))
+                        .and_then(|s| s.field("lag_ms"))
+                }
+                Err(_) => None,
+            };
             lags.insert(standby.addr.clone(), lag);
         }
         lags

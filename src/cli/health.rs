@@ -1,8 +1,8 @@
 //! `tollgate health`: asks the admin API's `/healthz` (or `/readyz`) and
-//! exits 0 on 200. The container health check: it needs no auth token and
-//! no HTTP tool in the image.
+//! exits 0 on 200. The container health check: it needs no auth token (both
+//! paths are open) and no HTTP tool in the image.
 
-use super::remote::admin_json;
+use super::remote::{admin_json, AdminArgs};
 use crate::units::parse_duration;
 use clap::Args;
 use std::process::ExitCode;
@@ -10,9 +10,10 @@ use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct HealthArgs {
-    /// Admin API address.
-    #[arg(long, default_value = crate::config::DEFAULT_ADMIN)]
-    pub admin: String,
+    /// The admin API (address; `--tls-ca` when it speaks HTTPS; no token
+    /// is needed for /healthz and /readyz).
+    #[command(flatten)]
+    pub admin: AdminArgs,
     /// Ask /readyz (serving, not draining) instead of /healthz.
     #[arg(long)]
     pub ready: bool,

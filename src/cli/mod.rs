@@ -8,8 +8,8 @@
 //! key of `--config FILE`); the others are small clients over
 //! `tollgate-client` (`check` finds a key's owner in a cluster through
 //! `route`), handy for smoke tests and for seeing what a limit does
-//! before putting it in a gateway; `rules` and `usage` wrap the admin HTTP
-//! API. Exit codes: 0 success, 1 the server refused the request (or, for
+//! before putting it in a gateway; `rules`, `usage` and `promote` wrap the
+//! admin HTTP API. Exit codes: 0 success, 1 the server refused the request (or, for
 //! `release`, the lease was no longer held), 2 usage or connection errors.
 
 pub mod check;
@@ -31,6 +31,7 @@ pub mod usage;
 pub use check::{AlgorithmArg, CheckArgs, UsageError, DEFAULT_LEASE_TTL_MS};
 pub use health::HealthArgs;
 pub use ping::PingArgs;
+pub use promote::PromoteArgs;
 pub use release::ReleaseArgs;
 pub use render::{render, render_status};
 pub use rules::RulesArgs;
@@ -65,8 +66,9 @@ pub enum Command {
     Ping(PingArgs),
     /// Show a node's role, epoch, replication offset, primary and lag.
     Status(StatusArgs),
-    /// Make a standby the primary (its epoch goes up by one).
-    Promote(PingArgs),
+    /// Make a standby the primary through its admin API (its epoch goes up
+    /// by one).
+    Promote(PromoteArgs),
     /// List the server's named rules (admin API), or reload them.
     Rules(RulesArgs),
     /// Show the current usage of a key under the server's rules (admin API).

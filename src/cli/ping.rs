@@ -1,16 +1,16 @@
 //! `tollgate ping`: one PING round trip.
 
-use super::remote::connect;
+use super::remote::{connect, ServerArgs};
 use crate::units::parse_duration;
 use clap::Args;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// A server to talk to (`ping`, `promote`).
+/// `tollgate ping`'s arguments.
 #[derive(Debug, Args)]
 pub struct PingArgs {
-    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
-    pub server: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub timeout: Duration,
 }
@@ -22,7 +22,7 @@ pub(super) async fn run(args: PingArgs) -> ExitCode {
     };
     match client.ping().await {
         Ok(rtt) => {
-            println!("PONG from {} in {:?}", args.server, rtt);
+            println!("PONG from {} in {:?}", args.server.server, rtt);
             ExitCode::SUCCESS
         }
         Err(e) => {

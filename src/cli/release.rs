@@ -1,6 +1,6 @@
 //! `tollgate release`: give a concurrency lease back before its time.
 
-use super::remote::connect;
+use super::remote::{connect, ServerArgs};
 use crate::units::parse_duration;
 use clap::Args;
 use std::process::ExitCode;
@@ -8,9 +8,8 @@ use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
-    /// Server address.
-    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
-    pub server: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// The key the lease was acquired on.
     #[arg(long)]
     pub key: String,

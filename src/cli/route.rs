@@ -33,13 +33,19 @@ pub enum RouteError {
     Unavailable { slot: u16, after: Duration },
 }
 
-/// The address of the primary that serves `key`, asked of `server`,
-/// waiting (until `deadline`) while its slot has none.
-pub async fn owner_of(server: &str, key: &[u8], deadline: Instant) -> Result<String, RouteError> {
+/// The address of the primary that serves `key`, asked of `server` (with
+/// the client token `auth_token`), waiting (until `deadline`) while its
+/// slot has none.
+pub async fn owner_of(
+    server: &str,
+    auth_token: Option<&str>,
+    key: &[u8],
+    deadline: Instant,
+) -> Result<String, RouteError> {
     let slot = Slot::of(key).get();
     let started = Instant::now();
     loop {
-        let Some(topology) = topology(server, deadline).await? else {
+        let Some(topology) = topology(server, auth_token, deadline).await? else {
             // Not a cluster-aware server: it serves every key.
             return Ok(server.to_owned());
         };
@@ -60,7 +66,11 @@ pub async fn owner_of(server: &str, key: &[u8], deadline: Instant) -> Result<Str
 }
 
 /// TOPOLOGY of `server`; None when it does not know the request.
-async fn topology(server: &str, deadline: Instant) -> Result<Option<ClusterTopology>, RouteError> {
+async fn topology(
+    server: &str,
+    auth_token: Option<&str>,
+    deadline: Instant,
+) -> Result<Option<ClusterTopology>, RouteError> {
     let unreachable = |reason: String| RouteError::Unreachable {
         addr: server.to_owned(),
         reason,
@@ -73,7 +83,7 @@ async fn topology(server: &str, deadline: Instant) -> Result<Option<ClusterTopol
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
             client_name: "tollgate-cli".into(),
-            auth_token: None,
+            auth_token: auth_token.map(|t| t.as_bytes().to_vec().into()),
         };
         for (id, request) in [(1, &hello), (2, &Request::Topology)] {
             encode_request(id, request, &mut out).map_err(|e| unreachable(e.to_string()))?;

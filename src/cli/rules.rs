@@ -1,7 +1,7 @@
 //! `tollgate rules`: the server's named rules as a table (admin API), after
 //! a reload if asked.
 
-use super::remote::admin_json;
+use super::remote::{admin_json, AdminArgs};
 use crate::units::parse_duration;
 use clap::Args;
 use std::process::ExitCode;
@@ -9,9 +9,8 @@ use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct RulesArgs {
-    /// Admin API address.
-    #[arg(long, default_value = crate::config::DEFAULT_ADMIN)]
-    pub admin: String,
+    #[command(flatten)]
+    pub admin: AdminArgs,
     /// Reload the rules file first (POST /v1/rules/reload).
     #[arg(long)]
     pub reload: bool,

@@ -109,13 +109,18 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
     tracing::info!(
         listen = %addr,
         admin = %admin_addr,
+        tls = server.tls().is_some(),
         rules = server.rules().current().len(),
         version = env!("CARGO_PKG_VERSION"),
         "tollgate serving"
     );
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
-    tokio::spawn(reload_on_sighup(server.rules(), shutdown.clone()));
+    tokio::spawn(reload_on_sighup(
+        server.rules(),
+        server.tls(),
+        shutdown.clone(),
+    ));
     match server.run(listener, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

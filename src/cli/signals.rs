@@ -1,7 +1,8 @@
 //! Signals of `tollgate serve`: SIGINT and SIGTERM start the drain, SIGHUP
-//! reloads the rules file.
+//! reloads the rules file and the TLS certificates.
 
 use crate::rules::{ReloadSource, Rules};
+use crate::server::{TlsReloadSource, TlsReloader};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -29,9 +30,14 @@ pub(super) async fn cancel_on_signal(token: CancellationToken) {
     token.cancel();
 }
 
-/// SIGHUP reloads the rules file (a bad file leaves the rules as they were;
-/// the outcome is logged and counted by the rules themselves).
-pub(super) async fn reload_on_sighup(rules: Arc<Rules>, stop: CancellationToken) {
+/// SIGHUP reloads the rules file and the certificates (a bad file leaves
+/// what was in force; each outcome is logged and counted where it is
+/// reloaded).
+pub(super) async fn reload_on_sighup(
+    rules: Arc<Rules>,
+    tls: Option<TlsReloader>,
+    stop: CancellationToken,
+) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -44,12 +50,15 @@ pub(super) async fn reload_on_sighup(rules: Arc<Rules>, stop: CancellationToken)
                 _ = stop.cancelled() => return,
                 got = hup.recv() => if got.is_none() { return },
             }
-            tracing::info!("SIGHUP: reloading rules");
+            tracing::info!("SIGHUP: reloading rules and certificates");
             let _ = rules.reload(ReloadSource::Signal).await;
+            if let Some(tls) = &tls {
+                let _ = tls.reload(TlsReloadSource::Signal);
+            }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = (rules, stop);
+        let _ = (rules, tls, stop);
     }
 }

@@ -1,6 +1,6 @@
 //! `tollgate status`: a node's role, epoch, offsets, primary and lag.
 
-use super::remote::connect;
+use super::remote::{connect, ServerArgs};
 use super::render::render_status;
 use crate::units::parse_duration;
 use clap::Args;
@@ -9,8 +9,8 @@ use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    #[arg(long, default_value = crate::config::DEFAULT_LISTEN)]
-    pub server: String,
+    #[command(flatten)]
+    pub server: ServerArgs,
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,

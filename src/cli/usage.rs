@@ -1,6 +1,6 @@
 //! `tollgate usage KEY`: a key's state and its use of each rule (admin API).
 
-use super::remote::admin_json;
+use super::remote::{admin_json, AdminArgs};
 use crate::admin_client::segment;
 use crate::units::parse_duration;
 use clap::Args;
@@ -11,9 +11,8 @@ use std::time::Duration;
 pub struct UsageArgs {
     /// The key, e.g. `rl:{acme}:search`.
     pub key: String,
-    /// Admin API address.
-    #[arg(long, default_value = crate::config::DEFAULT_ADMIN)]
-    pub admin: String,
+    #[command(flatten)]
+    pub admin: AdminArgs,
     /// Only under this rule.
     #[arg(long)]
     pub rule: Option<String>,

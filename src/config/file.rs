@@ -254,7 +254,7 @@ mod tests {
         assert!(c.replication.serve_stale_reads);
         assert_eq!(c.admin.listen, crate::config::AdminAddr::Off);
         assert_eq!(c.rules.file.as_deref(), Some(Path::new("r.yaml")));
-        assert_eq!(c.network.auth_token, None);
+        assert_eq!(c.auth.auth_token, None);
         // Untouched by both: the built-in default.
         assert_eq!(c.limits.max_frame, crate::config::DEFAULT_MAX_FRAME);
     }

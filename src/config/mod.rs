@@ -2,9 +2,10 @@
 //! flag, and the same name in the config file.
 //!
 //! `tollgate serve` runs on these defaults with no config file. Each
-//! section ([`NetworkSettings`], [`LimitSettings`], [`StoreSettings`],
-//! [`RuleSettings`], [`ReplicationSettings`], [`ClusterSettings`],
-//! [`AdminSettings`], [`LogSettings`]) is flattened into the command line (`--kebab-case`
+//! section ([`NetworkSettings`], [`AuthSettings`], [`TlsSettings`],
+//! [`LimitSettings`], [`StoreSettings`], [`RuleSettings`],
+//! [`ReplicationSettings`], [`ClusterSettings`], [`AdminSettings`],
+//! [`LogSettings`]) is flattened into the command line (`--kebab-case`
 //! flags, one `--help` heading each) and into one flat namespace of names
 //! shared by the flags, the config file and `--print-config`.
 //! [`ServerConfig::validate`] only checks and returns a typed error; an
@@ -16,9 +17,11 @@
 
 mod file;
 mod sections;
+mod security;
 
 pub use file::{ConfigFile, FileError};
 pub use sections::*;
+pub use security::*;
 
 use crate::store::StoreConfig;
 use crate::units::{format_duration, UnitError};
@@ -33,6 +36,12 @@ pub struct ServerConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub network: NetworkSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub auth: AuthSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls: TlsSettings,
     #[command(flatten)]
     #[serde(flatten)]
     pub limits: LimitSettings,
@@ -98,6 +107,36 @@ pub enum ConfigError {
     Cluster(String),
     #[error(transparent)]
     Unit(#[from] UnitError),
+    #[error("refusing to listen on {addr} for {port} without authentication: anyone who can reach it could {risk}. Set {fix}, listen on a loopback address such as 127.0.0.1, or pass --insecure to run it open on purpose")]
+    Unprotected {
+        port: &'static str,
+        addr: SocketAddr,
+        risk: &'static str,
+        fix: &'static str,
+    },
+    #[error("pair mode (--peer or --replica-of) needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same on both nodes, and different from the client tokens: without it the nodes could not replicate to each other. Generate one, e.g. `openssl rand -hex 32`; or pass --insecure to let any client replicate and change roles")]
+    PairWithoutSecret,
+    #[error("cluster mode (--etcd) needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same on every node of the cluster, and different from the client tokens: the nodes replicate and hand states to each other with it. Generate one, e.g. `openssl rand -hex 32`; or pass --insecure to let any client do so")]
+    ClusterWithoutSecret,
+    #[error("--cluster-secret must differ from the client tokens (--auth-token, --auth-token-next): a client holding the token could otherwise control the node")]
+    ClusterSecretIsAClientToken,
+    #[error("{name} must be 1 to {max} bytes, got {len}")]
+    SecretLength {
+        name: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("--{next} is the second secret accepted during a rotation: it needs --{current}")]
+    NextWithoutCurrent {
+        next: &'static str,
+        current: &'static str,
+    },
+    #[error("--tls-cert and --tls-key go together: give both, or neither")]
+    TlsHalf,
+    #[error("--{name} needs --tls-cert and --tls-key")]
+    TlsNeedsCert { name: &'static str },
+    #[error("pair mode or cluster mode with TLS needs --tls-ca: the CA that signed the other nodes' certificates, to verify them")]
+    PairTlsWithoutCa,
 }
 
 impl ServerConfig {
@@ -120,7 +159,8 @@ impl ServerConfig {
         self.store.validate()?;
         self.replication.validate()?;
         self.cluster.validate(&self.replication)?;
-        self.admin.validate()
+        self.admin.validate()?;
+        self.validate_security()
     }
 
     /// The store's own settings, gathered from the sections that bound it.

@@ -3,7 +3,7 @@
 //! is its `--help` text. Each section checks its own fields
 //! (`validate`), so every rule sits next to the numbers it bounds.
 
-use super::{at_least, at_most, human, human_opt, longer, redacted, ConfigError};
+use super::{at_least, at_most, human, human_opt, longer, ConfigError};
 use crate::units::{parse_bytes, parse_duration};
 use clap::Args;
 use serde::{Serialize, Serializer};
@@ -35,6 +35,7 @@ pub const DEFAULT_REPL_FLUSH: &str = "10ms";
 pub const DEFAULT_REPL_BUFFER_CAP: usize = crate::store::DEFAULT_CHANGE_BUFFER_CAP;
 pub const DEFAULT_REPL_BACKLOG: &str = "16MiB";
 pub const DEFAULT_REPL_TIMEOUT: &str = "3s";
+pub const DEFAULT_MAX_EPOCH_GAP: u64 = 1 << 20;
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:7701";
 pub const DEFAULT_THROTTLED_KEYS: usize = 1024;
 pub const DEFAULT_THROTTLED_WINDOW: &str = "1m";
@@ -93,12 +94,6 @@ pub struct NetworkSettings {
     #[arg(long, default_value = DEFAULT_SHUTDOWN_GRACE, value_parser = parse_duration)]
     #[serde(serialize_with = "human")]
     pub shutdown_grace: Duration,
-
-    /// Shared secret clients must present in HELLO (none: no auth); nodes
-    /// present it to their peer and primary too.
-    #[arg(long, env = "TOLLGATE_AUTH_TOKEN", hide_env_values = true)]
-    #[serde(serialize_with = "redacted")]
-    pub auth_token: Option<String>,
 }
 
 impl NetworkSettings {
@@ -336,9 +331,20 @@ pub struct ReplicationSettings {
     #[arg(long, default_value = DEFAULT_REPL_TIMEOUT, value_parser = parse_duration)]
     #[serde(serialize_with = "human")]
     pub repl_timeout: Duration,
+
+    /// Largest step above the highest epoch this node knows that it
+    /// believes from another node; a higher epoch is refused as absurd (a
+    /// promotion adds one, so real epochs never jump far).
+    #[arg(long, default_value_t = DEFAULT_MAX_EPOCH_GAP)]
+    pub max_epoch_gap: u64,
 }
 
 impl ReplicationSettings {
+    /// Pair mode: this node talks to another (`--peer` or `--replica-of`).
+    pub fn pair_mode(&self) -> bool {
+        self.peer.is_some() || self.replica_of.is_some()
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         for (name, d) in [
             ("heartbeat", self.heartbeat),
@@ -350,6 +356,7 @@ impl ReplicationSettings {
             }
         }
         at_least("repl-buffer-cap", self.repl_buffer_cap as u64, 1)?;
+        at_least("max-epoch-gap", self.max_epoch_gap, 1)?;
         // Heartbeats must be able to arrive before either timeout fires.
         longer(
             "repl-timeout",

@@ -141,3 +141,121 @@ fn cluster_mode_needs_its_three_settings_and_no_pair_settings() {
         assert!(err.contains("built without cluster mode"), "{err}");
     }
 }
+
+#[test]
+fn protected_mode_refuses_an_open_port_beyond_loopback() {
+    let open = ServerConfig::with_listen("0.0.0.0:7700".parse().unwrap());
+    let err = open.validate().unwrap_err();
+    assert!(matches!(
+        err,
+        ConfigError::Unprotected {
+            port: "the protocol port (--listen)",
+            ..
+        }
+    ));
+    let text = err.to_string();
+    for hint in ["0.0.0.0:7700", "--auth-token", "127.0.0.1", "--insecure"] {
+        assert!(text.contains(hint), "{text} lacks {hint}");
+    }
+    // A client token, or mTLS, or --insecure opens it.
+    let mut c = open.clone();
+    c.auth.auth_token = Some("t".into());
+    c.validate().unwrap();
+    let mut c = open.clone();
+    c.tls.tls_cert = Some("c.pem".into());
+    c.tls.tls_key = Some("k.pem".into());
+    c.tls.tls_client_ca = Some("ca.pem".into());
+    c.validate().unwrap();
+    let mut c = open.clone();
+    c.auth.insecure = true;
+    c.validate().unwrap();
+    // The admin port needs its own token.
+    let mut c = open.clone();
+    c.auth.auth_token = Some("t".into());
+    c.admin.listen = AdminAddr::On("[::]:7701".parse().unwrap());
+    let err = c.validate().unwrap_err();
+    assert!(err.to_string().contains("--admin-token"), "{err}");
+    c.auth.admin_token = Some("a".into());
+    c.validate().unwrap();
+    // Loopback needs nothing, v4 or v6.
+    for addr in ["127.0.0.1:7700", "[::1]:7700", "127.0.0.2:0"] {
+        ServerConfig::with_listen(addr.parse().unwrap())
+            .validate()
+            .unwrap();
+    }
+    // The function itself, for any port.
+    let exposure = Exposure {
+        port: "a port",
+        addr: "10.1.2.3:1".parse().unwrap(),
+        risk: "do harm",
+        authenticated: false,
+        fix: "--x",
+    };
+    assert!(protected_mode(&exposure, false).is_err());
+    assert!(protected_mode(&exposure, true).is_ok());
+}
+
+#[test]
+fn pair_mode_needs_a_cluster_secret_distinct_from_client_tokens() {
+    let mut c = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    c.replication.peer = Some("127.0.0.1:7800".into());
+    let err = c.validate().unwrap_err();
+    assert_eq!(err, ConfigError::PairWithoutSecret);
+    for hint in ["--cluster-secret", "TOLLGATE_CLUSTER_SECRET", "--insecure"] {
+        assert!(err.to_string().contains(hint), "{err}");
+    }
+    let mut insecure = c.clone();
+    insecure.auth.insecure = true;
+    insecure.validate().unwrap();
+    c.auth.cluster_secret = Some("s".into());
+    c.validate().unwrap();
+    c.auth.auth_token = Some("t".into());
+    c.auth.auth_token_next = Some("s".into());
+    assert_eq!(c.validate(), Err(ConfigError::ClusterSecretIsAClientToken));
+    c.auth.auth_token_next = None;
+    c.validate().unwrap();
+    c.auth.cluster_secret = Some("x".repeat(256));
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::SecretLength {
+            name: "cluster-secret",
+            len: 256,
+            ..
+        })
+    ));
+    c.auth.cluster_secret = Some(String::new());
+    assert!(c.validate().is_err());
+    c.auth.cluster_secret = None;
+    c.auth.cluster_secret_next = Some("n".into());
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::NextWithoutCurrent {
+            next: "cluster-secret-next",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn tls_settings_come_whole() {
+    let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    let mut c = base.clone();
+    c.tls.tls_cert = Some("c.pem".into());
+    assert_eq!(c.validate(), Err(ConfigError::TlsHalf));
+    let mut c = base.clone();
+    c.tls.tls_client_ca = Some("ca.pem".into());
+    assert_eq!(
+        c.validate(),
+        Err(ConfigError::TlsNeedsCert {
+            name: "tls-client-ca"
+        })
+    );
+    let mut c = base.clone();
+    c.tls.tls_cert = Some("c.pem".into());
+    c.tls.tls_key = Some("k.pem".into());
+    c.auth.cluster_secret = Some("s".into());
+    c.replication.replica_of = Some("127.0.0.1:7800".into());
+    assert_eq!(c.validate(), Err(ConfigError::PairTlsWithoutCa));
+    c.tls.tls_ca = Some("ca.pem".into());
+    c.validate().unwrap();
+}

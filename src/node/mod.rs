@@ -36,6 +36,7 @@
 #[cfg(feature = "cluster")]
 mod cluster;
 mod gate;
+mod link;
 mod metrics;
 mod pair;
 mod replication;
@@ -55,6 +56,7 @@ pub(crate) use supervisor::Supervisor;
 use crate::clock::Clock;
 use crate::config::ReplicationSettings;
 use crate::store::Store;
+use crate::tls::Tls;
 use metrics::ReplMetrics;
 use pair::PairMode;
 use prometheus::Registry;
@@ -87,7 +89,10 @@ pub(crate) struct Node {
 /// What a node is built from.
 pub(crate) struct NodeParts {
     pub settings: ReplicationSettings,
-    pub auth_token: Option<String>,
+    /// What the node presents to other nodes in HELLO (the cluster secret).
+    pub secret: Option<String>,
+    /// TLS for its own connections to other nodes.
+    pub tls: Option<Arc<Tls>>,
     pub limits: ServerLimits,
     /// Where the node is reached until the listener is bound (`--advertise`,
     /// else the address it listens on).
@@ -114,11 +119,12 @@ impl Node {
         #[cfg(not(feature = "cluster"))]
         let (role, primary) = PairMode::starting_role(&settings);
         let core = Arc::new(Core {
-            role: RoleState::new(role, primary, parts.advertise),
+            role: RoleState::new(role, primary, parts.advertise, settings.max_epoch_gap),
             store: parts.store,
             clock: parts.clock,
             settings,
-            auth_token: parts.auth_token,
+            secret: parts.secret,
+            tls: parts.tls,
             limits: parts.limits,
         });
         #[cfg(feature = "cluster")]
@@ -183,10 +189,10 @@ impl Node {
     }
 
     /// Whether a standby that knows `epoch` may follow this node: it must
-    /// be a primary that has not been replaced.
+    /// be a primary that has not been replaced, and the epoch believable.
     pub fn accept_replica(&self, epoch: u64) -> Result<(), Refusal> {
         let role = &self.core.role;
-        role.heard_of_epoch(epoch);
+        role.heard_of_epoch(epoch)?;
         self.source.leads()?;
         if epoch > role.epoch() {
             return Err(Refusal::StaleEpoch {
@@ -235,12 +241,17 @@ impl Node {
         self.source.promote()
     }
 
-    /// STATUS, after taking in what the asking node says of itself.
-    pub fn status(&self, announce: Option<&Announce>) -> NodeStatus {
-        if let Some(announce) = announce {
-            self.source.heard_of(announce);
-        }
+    /// STATUS: role, epoch, offsets and the replication counters.
+    pub fn status(&self) -> NodeStatus {
         status::status(&self.core)
+    }
+
+    /// STATUS from another node that describes itself: its announce is
+    /// taken in first (one with an unbelievable epoch is refused and
+    /// changes nothing). Only for connections that proved they are a node.
+    pub fn announced(&self, announce: &Announce) -> Result<NodeStatus, Refusal> {
+        self.source.heard_of(announce)?;
+        Ok(self.status())
     }
 
     /// Where this node is reached, once the listener is bound (unless

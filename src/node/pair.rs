@@ -26,15 +26,20 @@
 //!   primary it is about to follow (HANDOFF, merged there key by key with
 //!   the copy with less quota left winning) before it asks for a full
 //!   sync, so nothing it admitted is handed back.
+//!
+//! Every conversation with the peer goes over a [`Link`] (TLS when the
+//! node runs it, HELLO with the cluster secret), and every epoch the peer
+//! claims is checked by the role state before it counts: an absurd one is
+//! logged and ignored, never followed.
 
 use super::gate::Gate;
+use super::link::{unexpected, Link, LinkError};
 use super::shared::Core;
 use super::source::{Access, Duty, Refusal, RoleSource};
 use crate::config::ReplicationSettings;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate_client::{Client, ClientConfig};
-use tollgate_protocol::{Announce, NodeStatus, Role};
+use tollgate_protocol::{Announce, NodeStatus, ReplRequest, ReplResponse, Request, Response, Role};
 
 /// The role source of a pair of nodes.
 pub(crate) struct PairMode {
@@ -89,11 +94,11 @@ impl RoleSource for PairMode {
     }
 
     fn promote(&self) -> Result<(u64, bool), Refusal> {
-        Ok(self.core.role.promote("PROMOTE request"))
+        Ok(self.core.role.promote("PROMOTE request")?)
     }
 
-    fn heard_of(&self, announce: &Announce) {
-        on_announce(&self.core, announce);
+    fn heard_of(&self, announce: &Announce) -> Result<(), Refusal> {
+        on_announce(&self.core, announce)
     }
 }
 
@@ -103,21 +108,62 @@ pub(crate) fn outranks(epoch: u64, addr: &str, my_epoch: u64, my_addr: &str) -> 
     epoch > my_epoch || (epoch == my_epoch && addr < my_addr)
 }
 
-fn peer_client(core: &Core, peer: &str) -> Client {
-    let config = &core.settings;
-    let patience = config.repl_timeout.min(Duration::from_secs(1));
-    Client::new(
-        peer.to_owned(),
-        ClientConfig {
-            deadline: patience,
-            connect_timeout: patience,
-            client_name: format!("tollgate-peer {}", core.role.advertise()),
-            auth_token: core.auth_token.clone().map(String::into_bytes),
-            backoff_min: config.heartbeat,
-            backoff_max: config.heartbeat.saturating_mul(10),
-            ..ClientConfig::default()
-        },
-    )
+/// How long a conversation with the peer may take.
+fn patience(core: &Core) -> Duration {
+    core.settings.repl_timeout.min(Duration::from_secs(1))
+}
+
+/// A connection to the peer, opened when first needed and dropped on any
+/// error (the next call opens a new one).
+struct PeerLink<'a> {
+    core: &'a Core,
+    peer: String,
+    link: Option<Link>,
+}
+
+impl<'a> PeerLink<'a> {
+    fn new(core: &'a Core, peer: String) -> Self {
+        Self {
+            core,
+            peer,
+            link: None,
+        }
+    }
+
+    async fn call(&mut self, request: &Request) -> Result<Response, LinkError> {
+        let link = match &mut self.link {
+            Some(link) => link,
+            None => {
+                let (link, _) =
+                    Link::open(self.core, &self.peer, "tollgate-peer", patience(self.core)).await?;
+                self.link.insert(link)
+            }
+        };
+        let answer = link.call(request).await;
+        if answer.is_err() {
+            self.link = None;
+        }
+        answer
+    }
+
+    /// STATUS, describing this node when `announce` is given.
+    async fn status(&mut self, announce: Option<Announce>) -> Result<NodeStatus, LinkError> {
+        match self
+            .call(&Request::Repl(ReplRequest::Status { announce }))
+            .await?
+        {
+            Response::Repl(ReplResponse::Status(s)) => Ok(s),
+            other => Err(unexpected("STATUS", &other)),
+        }
+    }
+
+    /// PROMOTE: the epoch the peer is primary at.
+    async fn promote(&mut self) -> Result<u64, LinkError> {
+        match self.call(&Request::Repl(ReplRequest::Promote)).await? {
+            Response::Repl(ReplResponse::Promoted { epoch, .. }) => Ok(epoch),
+            other => Err(unexpected("PROMOTE", &other)),
+        }
+    }
 }
 
 /// Decides the starting role of a node with a peer (see the module docs).
@@ -133,10 +179,9 @@ async fn start(core: &Core) {
     // until --repl-timeout: taking the primary role on a missed answer
     // would serve checks beside the real primary until the next probe.
     let give_up = tokio::time::Instant::now() + config.repl_timeout;
+    let mut link = PeerLink::new(core, peer.clone());
     let status = loop {
-        let client = peer_client(core, &peer);
-        let status = client.status().await;
-        client.close();
+        let status = link.status(None).await;
         match status {
             Err(e) if tokio::time::Instant::now() < give_up => {
                 tracing::debug!(%peer, error = %e, "start: no answer from the peer yet");
@@ -145,37 +190,57 @@ async fn start(core: &Core) {
             status => break status,
         }
     };
-    let fallback = |known_epoch: u64, why: &'static str| match &config.replica_of {
-        Some(primary) => node.step_down(primary.clone(), known_epoch, why),
-        None => node.start_as_primary(known_epoch, why),
-    };
-    match status {
-        Ok(s) if s.role == Role::Primary => {
-            node.step_down(peer, s.epoch, "start: the peer is primary");
+    let fallback = |known_epoch: u64, why: &'static str| {
+        let settled = match &config.replica_of {
+            Some(primary) => node.step_down(primary.clone(), known_epoch, why),
+            None => node.start_as_primary(known_epoch, why),
+        };
+        if let Err(e) = settled {
+            tracing::error!(error = %e, "start: cannot take the configured role");
         }
-        Ok(s) if holds_the_data(core, &s, &me) => {
+    };
+    // An epoch the peer claims counts only if it is believable.
+    let status = status.map(|s| match node.heard_of_epoch(s.epoch) {
+        Ok(()) => Some(s),
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "start: ignoring the peer's answer");
+            None
+        }
+    });
+    match status {
+        Ok(Some(s)) if s.role == Role::Primary => {
+            settle(node.step_down(peer, s.epoch, "start: the peer is primary"));
+        }
+        Ok(Some(s)) if holds_the_data(core, &s, &me) => {
             tracing::info!(%peer, epoch = s.epoch, "start: the peer holds the data; promoting it");
-            let client = peer_client(core, &peer);
-            let promoted = client.promote().await;
-            client.close();
-            match promoted {
-                Ok((epoch, _)) => {
-                    node.step_down(peer, epoch, "start: promoted the peer, which held the data")
-                }
+            match link.promote().await {
+                Ok(epoch) => settle(node.step_down(
+                    peer,
+                    epoch,
+                    "start: promoted the peer, which held the data",
+                )),
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "start: cannot promote the peer");
                     fallback(s.epoch, "start: the peer could not be promoted");
                 }
             }
         }
-        Ok(s) => fallback(
+        Ok(Some(s)) => fallback(
             s.epoch,
             "start: the peer is a standby without a complete copy",
         ),
+        Ok(None) => fallback(0, "start: the peer's answer was refused"),
         Err(e) => {
             tracing::info!(%peer, error = %e, "start: the peer does not answer");
             fallback(0, "start: no answer from the peer");
         }
+    }
+}
+
+/// Logs a role change that the role state refused (an absurd epoch).
+fn settle(changed: Result<(), super::role::EpochError>) {
+    if let Err(e) = changed {
+        tracing::warn!(error = %e, "role change refused");
     }
 }
 
@@ -193,32 +258,44 @@ fn holds_the_data(core: &Core, s: &NodeStatus, me: &str) -> bool {
 /// the task is dropped).
 async fn probe(core: &Core, peer: String) {
     let node = &core.role;
-    let client = peer_client(core, &peer);
+    let mut link = PeerLink::new(core, peer.clone());
     let mut tick = tokio::time::interval(core.settings.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut reachable = true;
+    // An unreachable peer is asked again after a growing pause (one
+    // heartbeat, doubling, up to ten): a peer that restarts settles its
+    // own role by asking this node before this node's announces reach it.
+    let mut failures = 0u32;
+    let mut skip = 0u32;
     loop {
         tick.tick().await;
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
         let me = node.advertise();
         let announce = Announce {
             role: node.role(),
             epoch: node.epoch(),
             addr: me.clone(),
         };
-        match client.status_announcing(announce).await {
+        match link.status(Some(announce)).await {
             Ok(s) => {
+                failures = 0;
                 if !reachable {
                     tracing::info!(%peer, role = ?s.role, epoch = s.epoch, "peer reachable again");
                     reachable = true;
                 }
-                node.heard_of_epoch(s.epoch);
+                if let Err(e) = node.heard_of_epoch(s.epoch) {
+                    tracing::warn!(%peer, error = %e, "ignoring the peer's answer");
+                    continue;
+                }
                 if s.role == Role::Primary && outranks(s.epoch, &s.addr, node.epoch(), &me) {
-                    node.step_down(
+                    settle(node.step_down(
                         peer.clone(),
                         s.epoch,
                         "the peer is primary at a higher epoch",
-                    );
-                    client.close();
+                    ));
                     return;
                 }
             }
@@ -227,22 +304,25 @@ async fn probe(core: &Core, peer: String) {
                     tracing::info!(%peer, error = %e, "peer unreachable");
                     reachable = false;
                 }
+                skip = (1u32 << failures.min(4)).min(10) - 1;
+                failures = failures.saturating_add(1);
             }
         }
     }
 }
 
-/// A node told about another by a STATUS announce.
-fn on_announce(core: &Core, announce: &Announce) {
+/// A node told about another by a STATUS announce (from a connection
+/// that proved it is a node); an unbelievable epoch is refused whole.
+fn on_announce(core: &Core, announce: &Announce) -> Result<(), Refusal> {
     let node = &core.role;
-    node.heard_of_epoch(announce.epoch);
+    node.heard_of_epoch(announce.epoch)?;
     if announce.role != Role::Primary {
-        return;
+        return Ok(());
     }
     let view = node.view();
     let me = node.advertise();
     if announce.addr == me {
-        return;
+        return Ok(());
     }
     match view.role {
         Role::Primary if outranks(announce.epoch, &announce.addr, view.epoch, &me) => {
@@ -250,7 +330,7 @@ fn on_announce(core: &Core, announce: &Announce) {
                 announce.addr.clone(),
                 announce.epoch,
                 "told of a primary at a higher epoch",
-            );
+            )?;
         }
         Role::Standby
             if announce.epoch > view.epoch
@@ -260,10 +340,11 @@ fn on_announce(core: &Core, announce: &Announce) {
                 announce.addr.clone(),
                 announce.epoch,
                 "told of a primary at a higher epoch than the one followed",
-            );
+            )?;
         }
         _ => {}
     }
+    Ok(())
 }
 
 /// Promotes this standby once its primary has been silent for
@@ -298,7 +379,9 @@ async fn watch_primary(core: &Core) {
                     silence_ms = silence.as_millis() as u64,
                     "no heartbeat from the primary within --failover-after; promoting"
                 );
-                node.promote("failover: the primary stopped sending heartbeats");
+                if let Err(e) = node.promote("failover: the primary stopped sending heartbeats") {
+                    tracing::error!(error = %e, "failover: cannot promote");
+                }
                 return;
             }
         }

@@ -4,15 +4,21 @@
 //!
 //! Invariants:
 //! - every role change goes through [`RoleState::promote`],
-//!   [`RoleState::start_as_primary`] or [`RoleState::step_down`], which log
-//!   it and wake the supervisor (a `watch` generation); nothing else writes
-//!   the role;
+//!   [`RoleState::start_as_primary`], [`RoleState::step_down`] or, in
+//!   cluster mode, [`RoleState::lead`], [`RoleState::follow_elected`] and
+//!   [`RoleState::orphan`] (epochs from etcd, not checked), which log it and
+//!   wake the supervisor (a `watch` generation); nothing else writes the
+//!   role;
 //! - the role is an atomic read on every request, so checks pay one load;
 //! - the epoch only grows, except that a standby reports the epoch of the
 //!   primary it follows (which is at least the one it knew when it chose to
 //!   follow it);
 //! - a promotion takes `max(every epoch heard of) + 1`, so a promoted node
-//!   outranks every primary it has heard of.
+//!   outranks every primary it has heard of;
+//! - an epoch from another node is believed only up to `--max-epoch-gap`
+//!   above the highest this node knows ([`EpochError::TooFar`]): one absurd
+//!   claim (2^40, `u64::MAX`) cannot fence every later promotion out, or
+//!   overflow the next one, which is checked too ([`EpochError::Exhausted`]).
 
 use super::source::Refusal;
 use parking_lot::Mutex;
@@ -27,6 +33,17 @@ const STANDBY: u8 = Role::Standby as u8;
 
 /// Why a role changed, for the log line.
 pub(crate) type Reason = &'static str;
+
+/// An epoch this node will not take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EpochError {
+    #[error(
+        "epoch {theirs} refused: more than {gap} above the highest epoch known here ({known})"
+    )]
+    TooFar { theirs: u64, known: u64, gap: u64 },
+    #[error("this node knows epoch {0}, the largest there is: no promotion can outrank it")]
+    Exhausted(u64),
+}
 
 #[derive(Debug)]
 pub(crate) struct RoleState {
@@ -44,6 +61,8 @@ pub(crate) struct RoleState {
     pub stats: Stats,
     /// When the node started; `heard_at` and friends count from it.
     started: Instant,
+    /// `--max-epoch-gap`.
+    max_gap: u64,
 }
 
 #[derive(Debug)]
@@ -113,8 +132,9 @@ pub(crate) struct RoleView {
 }
 
 impl RoleState {
-    /// A node starting as `role` (a standby following `primary`).
-    pub fn new(role: Role, primary: Option<String>, advertise: String) -> Self {
+    /// A node starting as `role` (a standby following `primary`), taking
+    /// epochs up to `max_gap` above the highest it knows.
+    pub fn new(role: Role, primary: Option<String>, advertise: String, max_gap: u64) -> Self {
         let (generation, _) = watch::channel(0);
         let primary_now = role == Role::Primary;
         Self {
@@ -133,6 +153,7 @@ impl RoleState {
             advertise: Mutex::new(advertise),
             stats: Stats::default(),
             started: Instant::now(),
+            max_gap,
         }
     }
 
@@ -198,32 +219,61 @@ impl RoleState {
         }
     }
 
-    /// Remembers that some node claims `epoch`.
-    pub fn heard_of_epoch(&self, epoch: u64) {
+    /// Whether `epoch`, claimed by another node, is believable: at most
+    /// `--max-epoch-gap` above the highest epoch this node knows.
+    fn credible(&self, state: &State, epoch: u64) -> Result<(), EpochError> {
+        let known = self.epoch().max(state.highest_seen);
+        if epoch > known.saturating_add(self.max_gap) {
+            return Err(EpochError::TooFar {
+                theirs: epoch,
+                known,
+                gap: self.max_gap,
+            });
+        }
+        Ok(())
+    }
+
+    /// Remembers that some node claims `epoch`, if it is believable.
+    pub fn heard_of_epoch(&self, epoch: u64) -> Result<(), EpochError> {
         let mut state = self.state.lock();
+        self.credible(&state, epoch)?;
         state.highest_seen = state.highest_seen.max(epoch);
+        Ok(())
     }
 
     /// Becomes primary at `max(known epochs) + 1` (unless already primary).
     /// Returns the epoch and whether the node already was primary.
-    pub fn promote(&self, reason: Reason) -> (u64, bool) {
+    pub fn promote(&self, reason: Reason) -> Result<(u64, bool), EpochError> {
         self.become_primary(reason, true, None)
     }
 
     /// Becomes primary at exactly `epoch`, the one an election outside the
-    /// node handed it (cluster mode: etcd).
+    /// node handed it (cluster mode: etcd's revision, trusted as it is).
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub fn lead(&self, epoch: u64, reason: Reason) {
-        self.heard_of_epoch(epoch);
-        self.become_primary(reason, true, Some(epoch));
+        {
+            let mut state = self.state.lock();
+            state.highest_seen = state.highest_seen.max(epoch);
+        }
+        // Cannot fail: the epoch is given, not computed.
+        let _ = self.become_primary(reason, true, Some(epoch));
     }
 
-    fn become_primary(&self, reason: Reason, promotion: bool, at: Option<u64>) -> (u64, bool) {
+    fn become_primary(
+        &self,
+        reason: Reason,
+        promotion: bool,
+        at: Option<u64>,
+    ) -> Result<(u64, bool), EpochError> {
         let mut state = self.state.lock();
         if self.is_primary() {
-            return (self.epoch(), true);
+            return Ok((self.epoch(), true));
         }
-        let epoch = at.unwrap_or_else(|| self.epoch().max(state.highest_seen) + 1);
+        let known = self.epoch().max(state.highest_seen);
+        let epoch = match at {
+            Some(epoch) => epoch,
+            None => known.checked_add(1).ok_or(EpochError::Exhausted(known))?,
+        };
         let from = state.primary.take();
         state.replid = new_replid();
         state.synced = true;
@@ -246,14 +296,14 @@ impl RoleState {
             "role change"
         );
         self.generation.send_modify(|g| *g += 1);
-        (epoch, false)
+        Ok((epoch, false))
     }
 
     /// Starts as primary after a startup probe found no better node;
     /// `known_epoch` is the highest epoch the probe saw.
-    pub fn start_as_primary(&self, known_epoch: u64, reason: Reason) {
-        self.heard_of_epoch(known_epoch);
-        self.become_primary(reason, false, None);
+    pub fn start_as_primary(&self, known_epoch: u64, reason: Reason) -> Result<(), EpochError> {
+        self.heard_of_epoch(known_epoch)?;
+        self.become_primary(reason, false, None).map(drop)
     }
 
     /// Becomes (or stays) a standby that follows nobody for now (cluster
@@ -289,16 +339,38 @@ impl RoleState {
         self.generation.send_modify(|g| *g += 1);
     }
 
+    /// [`step_down`](Self::step_down) to a primary an election outside the
+    /// node named (cluster mode: etcd), whose epoch is trusted as it is
+    /// (etcd revisions jump far between two elections of a shard).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub fn follow_elected(&self, primary: String, epoch: u64, reason: Reason) {
+        // Cannot fail: the epoch is not checked.
+        let _ = self.change_primary(primary, epoch, reason, false);
+    }
+
     /// Becomes (or stays) a standby following `primary`, which claims
     /// `epoch`. Its copy is no longer resumable: the next stream is a full
     /// sync. A standby already following `primary` stays as it is (its
     /// stream reports the primary's epoch).
-    pub fn step_down(&self, primary: String, epoch: u64, reason: Reason) {
+    pub fn step_down(&self, primary: String, epoch: u64, reason: Reason) -> Result<(), EpochError> {
+        self.change_primary(primary, epoch, reason, true)
+    }
+
+    fn change_primary(
+        &self,
+        primary: String,
+        epoch: u64,
+        reason: Reason,
+        check: bool,
+    ) -> Result<(), EpochError> {
         let mut state = self.state.lock();
+        if check {
+            self.credible(&state, epoch)?;
+        }
         let was = self.role();
         state.highest_seen = state.highest_seen.max(epoch);
         if was == Role::Standby && state.primary.as_deref() == Some(primary.as_str()) {
-            return;
+            return Ok(());
         }
         let old_epoch = self.epoch();
         if was == Role::Primary {
@@ -327,12 +399,19 @@ impl RoleState {
             "role change"
         );
         self.generation.send_modify(|g| *g += 1);
+        Ok(())
     }
 
     /// A standby's stream started: it follows a stream of `replid` at
     /// `epoch`; a full sync makes its copy incomplete until it finishes.
-    pub fn stream_started(&self, replid: u64, epoch: u64, offset: Option<u64>) {
+    pub fn stream_started(
+        &self,
+        replid: u64,
+        epoch: u64,
+        offset: Option<u64>,
+    ) -> Result<(), EpochError> {
         let mut state = self.state.lock();
+        self.credible(&state, epoch)?;
         state.replid = replid;
         state.highest_seen = state.highest_seen.max(epoch);
         if let Some(offset) = offset {
@@ -340,6 +419,7 @@ impl RoleState {
             self.set_offset(offset);
         }
         self.epoch.store(epoch, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Whether this standby must hand its states to its primary before it
@@ -400,25 +480,62 @@ fn new_replid() -> u64 {
 mod tests {
     use super::*;
 
+    const GAP: u64 = 1000;
+
+    #[test]
+    fn absurd_epochs_are_refused_and_change_nothing() {
+        let node = RoleState::new(Role::Primary, None, "a:1".into(), GAP);
+        let too_far = EpochError::TooFar {
+            theirs: u64::MAX,
+            known: 1,
+            gap: GAP,
+        };
+        assert_eq!(node.heard_of_epoch(u64::MAX), Err(too_far.clone()));
+        assert_eq!(node.step_down("b:1".into(), u64::MAX, "test"), Err(too_far));
+        assert!(matches!(
+            node.step_down("b:1".into(), 1 << 40, "test"),
+            Err(EpochError::TooFar { theirs, .. }) if theirs == 1 << 40
+        ));
+        // Just inside the gap is fine.
+        assert_eq!(node.heard_of_epoch(1 + GAP), Ok(()));
+        let view = node.view();
+        assert_eq!(
+            (view.role, node.epoch(), view.highest_seen),
+            (Role::Primary, 1, 1 + GAP)
+        );
+        let standby = RoleState::new(Role::Standby, Some("a:1".into()), "b:1".into(), GAP);
+        assert!(standby.stream_started(9, u64::MAX, Some(0)).is_err());
+        assert_eq!(standby.epoch(), 0);
+    }
+
+    #[test]
+    fn a_promotion_past_the_largest_epoch_is_refused_not_wrapped() {
+        let node = RoleState::new(Role::Standby, Some("a:1".into()), "b:1".into(), u64::MAX);
+        node.stream_started(7, u64::MAX, Some(0)).unwrap();
+        assert_eq!(node.promote("test"), Err(EpochError::Exhausted(u64::MAX)));
+        assert!(!node.is_primary());
+        assert_eq!(node.epoch(), u64::MAX);
+    }
+
     #[test]
     fn promotion_outranks_every_epoch_heard_of() {
-        let node = RoleState::new(Role::Standby, Some("a:1".into()), "b:1".into());
+        let node = RoleState::new(Role::Standby, Some("a:1".into()), "b:1".into(), GAP);
         assert_eq!(node.epoch(), 0);
-        node.stream_started(7, 3, Some(0));
-        node.heard_of_epoch(5);
-        let (epoch, was) = node.promote("test");
+        node.stream_started(7, 3, Some(0)).unwrap();
+        node.heard_of_epoch(5).unwrap();
+        let (epoch, was) = node.promote("test").unwrap();
         assert_eq!((epoch, was), (6, false));
         assert!(node.is_primary());
-        assert_eq!(node.promote("again"), (6, true));
+        assert_eq!(node.promote("again"), Ok((6, true)));
         assert_ne!(node.view().replid, 7);
     }
 
     #[test]
     fn stepping_down_adopts_the_higher_epoch_and_forgets_the_stream() {
-        let node = RoleState::new(Role::Primary, None, "a:1".into());
+        let node = RoleState::new(Role::Primary, None, "a:1".into(), GAP);
         assert_eq!(node.epoch(), 1);
         let gen = node.subscribe();
-        node.step_down("b:1".into(), 4, "test");
+        node.step_down("b:1".into(), 4, "test").unwrap();
         assert!(gen.has_changed().unwrap());
         let view = node.view();
         assert_eq!(view.role, Role::Standby);
@@ -432,7 +549,21 @@ mod tests {
         node.handed_off();
         assert!(!node.owes_handoff());
         // Switching primaries as a standby owes nothing more.
-        node.step_down("c:1".into(), 5, "test");
+        node.step_down("c:1".into(), 5, "test").unwrap();
         assert!(!node.owes_handoff());
+    }
+
+    #[test]
+    fn an_elected_epoch_is_taken_as_it_is() {
+        // etcd revisions jump far past --max-epoch-gap between elections.
+        let node = RoleState::new(Role::Standby, None, "a:1".into(), GAP);
+        node.follow_elected("b:1".into(), 1_000_000, "test");
+        assert_eq!(node.epoch(), 1_000_000);
+        node.orphan("test");
+        assert_eq!(node.view().primary, None);
+        node.lead(5_000_000, "test");
+        assert_eq!((node.role(), node.epoch()), (Role::Primary, 5_000_000));
+        node.orphan("test");
+        assert!(node.owes_handoff(), "a primary orphaned owes its states");
     }
 }

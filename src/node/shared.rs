@@ -7,10 +7,10 @@ use super::role::RoleState;
 use crate::clock::Clock;
 use crate::config::ReplicationSettings;
 use crate::store::Store;
+use crate::tls::{Socket, Tls};
 use bytes::BytesMut;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use tokio::net::TcpStream;
 use tollgate_protocol::{RequestId, ServerLimits};
 
 /// What the node's tasks share: the role state and what replication reads.
@@ -20,8 +20,11 @@ pub(crate) struct Core {
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
     pub settings: ReplicationSettings,
-    /// The secret this node presents to its peer and its primary.
-    pub auth_token: Option<String>,
+    /// What this node presents in HELLO to its peer and its primary: the
+    /// cluster secret.
+    pub secret: Option<String>,
+    /// TLS for this node's own connections (None: plain TCP).
+    pub tls: Option<Arc<Tls>>,
     /// Frame limits for what a standby sends on its stream.
     pub limits: ServerLimits,
 }
@@ -30,7 +33,7 @@ pub(crate) struct Core {
 /// received it to the replication task, which owns the socket from then on.
 #[derive(Debug)]
 pub(crate) struct Handover {
-    pub stream: TcpStream,
+    pub stream: Socket,
     pub peer: SocketAddr,
     /// Bytes the connection had read past the REPLICATE (acks).
     pub leftover: BytesMut,

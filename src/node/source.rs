@@ -21,6 +21,7 @@
 //!   transitions.
 
 use super::gate::Gate;
+use super::role::EpochError;
 use std::future::Future;
 use std::pin::Pin;
 use tollgate_protocol::{Announce, ClusterTopology, ErrorCode, Role};
@@ -60,6 +61,15 @@ pub(crate) enum Refusal {
     TryAgain(Busy),
     /// Cluster mode: etcd elects primaries; PROMOTE is not used.
     ElectedByEtcd,
+    /// Another node claimed an epoch this node does not believe, or a
+    /// promotion would pass the largest epoch.
+    Epoch(EpochError),
+}
+
+impl From<EpochError> for Refusal {
+    fn from(e: EpochError) -> Self {
+        Self::Epoch(e)
+    }
 }
 
 /// Why a slot cannot be served right now (cluster mode), answered
@@ -92,6 +102,9 @@ impl Refusal {
             Self::TryAgain(_) => ErrorCode::TryAgain,
             // Answered MOVED, not ERROR; the nearest code if one is needed.
             Self::Moved { .. } => ErrorCode::NotPrimary,
+            // A value out of the range this node accepts.
+            Self::Epoch(EpochError::TooFar { .. }) => ErrorCode::Malformed,
+            Self::Epoch(EpochError::Exhausted(_)) => ErrorCode::Internal,
         }
     }
 }
@@ -143,6 +156,7 @@ impl std::fmt::Display for Refusal {
             Self::ElectedByEtcd => {
                 f.write_str("cluster mode: etcd elects each shard's primary, PROMOTE is not used")
             }
+            Self::Epoch(e) => e.fmt(f),
         }
     }
 }
@@ -168,8 +182,9 @@ pub(crate) trait RoleSource: Send + Sync {
     /// it already was.
     fn promote(&self) -> Result<(u64, bool), Refusal>;
 
-    /// Another node described itself (a STATUS announce).
-    fn heard_of(&self, announce: &Announce);
+    /// Another node described itself (a STATUS announce); refused when its
+    /// epoch is not believable.
+    fn heard_of(&self, announce: &Announce) -> Result<(), Refusal>;
 
     /// The slot map (TOPOLOGY); None outside a cluster (the node answers
     /// as one shard owning every slot).

@@ -9,7 +9,15 @@
 //! Edits made here (`PUT`, `DELETE`) live in memory: the next reload of the
 //! rules file (a change to it, SIGHUP, `POST /v1/rules/reload`) replaces the
 //! whole set with the file's content.
+//!
+//! With `--admin-token` every endpoint but `/healthz` and `/readyz` (and
+//! `/metrics` with `--admin-open-metrics`) answers 401 unless the request
+//! carries `Authorization: Bearer <token>`; unknown paths too, so the
+//! answer tells nothing without the token. `POST /v1/promote` is the
+//! operator's promotion (the protocol's PROMOTE is for nodes only).
+//! The listener (TLS, HTTP/1, graceful stop) is `admin_listener.rs`.
 
+use super::auth::AdminAuth;
 use super::Shared;
 use crate::algorithm::Policy;
 use crate::node::status;
@@ -18,7 +26,8 @@ use crate::slot::Slot;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State as AxumState};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -26,8 +35,6 @@ use prometheus::Registry;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tollgate_protocol::RETRY_NEVER;
 
 /// What the admin API reads: what connections see, and the server's own
@@ -41,23 +48,13 @@ pub(super) struct AdminState {
     pub serving: AtomicBool,
     /// `--max-log-entries`: usage is computed under the bound checks see.
     pub max_log_entries: u64,
+    /// Who may call which endpoint.
+    pub auth: AdminAuth,
 }
 
 type AppState = AxumState<Arc<AdminState>>;
 
-/// Serves the admin API on `listener` until `stop`.
-pub(super) async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: CancellationToken) {
-    let addr = listener.local_addr().ok();
-    tracing::info!(admin = ?addr, "admin API serving");
-    let result = axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "admin API failed");
-    }
-}
-
-fn router(state: Arc<AdminState>) -> Router {
+pub(super) fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -72,6 +69,7 @@ fn router(state: Arc<AdminState>) -> Router {
         .route("/v1/throttled", get(throttled))
         .route("/v1/replication", get(replication))
         .route("/v1/cluster", get(cluster))
+        .route("/v1/promote", post(promote))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {
             error(
@@ -79,7 +77,50 @@ fn router(state: Arc<AdminState>) -> Router {
                 "method not allowed on this endpoint",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ))
         .with_state(state)
+}
+
+/// 401 for a request the admin token does not cover.
+async fn require_token(
+    AxumState(state): AppState,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    if state.auth.allows(request.uri().path(), given) {
+        return next.run(request).await;
+    }
+    let mut refused = error(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong admin token: send `Authorization: Bearer <token>` (--admin-token)",
+    );
+    refused
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    refused
+}
+
+/// An operator's promotion: this node becomes primary at
+/// `max(every epoch it knows) + 1` (a primary stays as it is).
+async fn promote(AxumState(state): AppState) -> Response {
+    tracing::info!("promotion requested through the admin API");
+    match state.shared.node.promote() {
+        Ok((epoch, was_primary)) => Json(json!({
+            "role": "primary",
+            "epoch": epoch,
+            "was_primary": was_primary,
+            "addr": state.shared.node.status().addr,
+        }))
+        .into_response(),
+        Err(refusal) => error(StatusCode::CONFLICT, refusal),
+    }
 }
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
@@ -89,7 +130,7 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
 /// Role, epoch, offsets and replication counters (what `tollgate status`
 /// prints).
 async fn replication(AxumState(state): AppState) -> Response {
-    Json(status::to_json(&state.shared.node.status(None))).into_response()
+    Json(status::to_json(&state.shared.node.status())).into_response()
 }
 
 /// Cluster mode: this node's place (shard, role, epoch, lease) and the
@@ -387,6 +428,7 @@ mod tests {
             registry: Registry::new(),
             serving: AtomicBool::new(false),
             max_log_entries: 1000,
+            auth: AdminAuth::new(&Default::default()),
         });
 
         let r = readyz(AxumState(shared.clone())).await;

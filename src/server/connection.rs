@@ -16,17 +16,25 @@
 //! with NotPrimary naming its primary); a REPLICATE accepted by a primary
 //! ends this task and hands the socket, with whatever was read past the
 //! REPLICATE, to the node.
+//!
+//! Privilege: HELLO's token makes the connection a client or a node
+//! (`auth.rs`). Node-to-node control (REPLICATE, PROMOTE, a STATUS that
+//! announces a role) from a client connection is answered AuthFailed and
+//! changes nothing; the connection stays open for what a client may do.
+//! TLS, when the port speaks it, is negotiated before the first byte of
+//! the protocol, within the handshake timeout.
 
+use super::auth::Privilege;
 use super::check::{self, Verb};
 use super::Shared;
 use crate::node::{Access, Gate, Handover, Refusal};
 use crate::store::Mode;
+use crate::tls::Socket;
 use bytes::BytesMut;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use subtle::ConstantTimeEq;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -82,6 +90,8 @@ impl ErrorCounters {
 pub(crate) struct ConnMetrics {
     pub open: IntGauge,
     pub accepted: IntCounter,
+    /// TLS handshakes that failed (`tollgate_tls_handshake_failures_total`).
+    pub tls_failures: IntCounter,
 }
 
 impl ConnMetrics {
@@ -91,9 +101,19 @@ impl ConnMetrics {
             "tollgate_connections_accepted_total",
             "Client connections accepted since the start.",
         )?;
+        let tls_failures = IntCounter::new(
+            "tollgate_tls_handshake_failures_total",
+            "TLS handshakes on the protocol port that failed or timed out \
+             (no certificate under mTLS, an untrusted one, not TLS at all).",
+        )?;
         registry.register(Box::new(open.clone()))?;
         registry.register(Box::new(accepted.clone()))?;
-        Ok(Self { open, accepted })
+        registry.register(Box::new(tls_failures.clone()))?;
+        Ok(Self {
+            open,
+            accepted,
+            tls_failures,
+        })
     }
 }
 
@@ -144,13 +164,15 @@ enum ConnError {
 }
 
 struct Connection {
-    stream: TcpStream,
+    stream: Socket,
     peer: SocketAddr,
     shared: Arc<Shared>,
     rbuf: BytesMut,
     wbuf: BytesMut,
     /// Set by a valid HELLO; before it only HELLO is accepted.
     ready: bool,
+    /// What the HELLO proved (a client until then).
+    privilege: Privilege,
     client_name: String,
     /// When the partial frame now in `rbuf` started arriving.
     partial_since: Option<Instant>,
@@ -165,6 +187,10 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
     }
     shared.metrics.conns.accepted.inc();
     let _open = OpenConnection::new(&shared.metrics.conns.open);
+    let opened = Instant::now();
+    let Some(stream) = secure(stream, peer, &shared).await else {
+        return;
+    };
     let mut conn = Connection {
         stream,
         peer,
@@ -172,17 +198,42 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
         rbuf: BytesMut::with_capacity(READ_BUFFER),
         wbuf: BytesMut::with_capacity(WRITE_BUFFER),
         ready: false,
+        privilege: Privilege::Client,
         client_name: String::new(),
         partial_since: None,
         replicate: None,
     };
-    tracing::debug!(%peer, "connection opened");
-    match conn.run().await {
+    tracing::debug!(%peer, tls = conn.stream.is_tls(), "connection opened");
+    match conn.run(opened).await {
         Ok(()) => match conn.replicate.take() {
             Some(r) => hand_over(conn, r).await,
             None => tracing::debug!(%peer, client = %conn.client_name, "connection closed"),
         },
         Err(e) => tracing::info!(%peer, client = %conn.client_name, error = %e, "connection ended"),
+    }
+}
+
+/// The TLS handshake, when the port speaks TLS, within the handshake
+/// timeout (which also bounds the HELLO after it); None when it failed.
+async fn secure(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<Socket> {
+    let Some(tls) = &shared.tls else {
+        return Some(Socket::Plain(stream));
+    };
+    let acceptor = tls.protocol_acceptor();
+    let limit = shared.network.handshake_timeout;
+    let failed = |why: &dyn std::fmt::Display| {
+        shared.metrics.conns.tls_failures.inc();
+        tracing::debug!(%peer, error = %why, "TLS handshake failed");
+        None
+    };
+    let handshake = tokio::select! {
+        _ = shared.lifecycle.draining.cancelled() => return None,
+        h = tokio::time::timeout(limit, acceptor.accept(stream)) => h,
+    };
+    match handshake {
+        Ok(Ok(tls)) => Some(Socket::from(tls)),
+        Ok(Err(e)) => failed(&e),
+        Err(_) => failed(&format!("not done within {limit:?}")),
     }
 }
 
@@ -209,8 +260,9 @@ async fn hand_over(conn: Connection, r: Replicate) {
 }
 
 impl Connection {
-    async fn run(&mut self) -> Result<(), ConnError> {
-        let opened = Instant::now();
+    /// Serves the connection; `opened` is when it was accepted (the
+    /// handshake timeout counts from it).
+    async fn run(&mut self, opened: Instant) -> Result<(), ConnError> {
         loop {
             if self.answer_buffered().await? != Flow::Continue {
                 return self.flush().await;
@@ -373,6 +425,23 @@ impl Connection {
     fn replication(&mut self, id: RequestId, request: ReplRequest) -> Flow {
         let shared = self.shared.clone();
         let node = &shared.node;
+        let control = match &request {
+            ReplRequest::Replicate { .. } => Some("REPLICATE"),
+            ReplRequest::Promote => Some("PROMOTE"),
+            ReplRequest::Handoff { .. } => Some("HANDOFF"),
+            ReplRequest::Status { announce: Some(_) } => Some("a STATUS announce"),
+            ReplRequest::Status { announce: None } | ReplRequest::Ack { .. } => None,
+        };
+        if let (Some(what), Privilege::Client) = (control, self.privilege) {
+            tracing::warn!(
+                peer = %self.peer, client = %self.client_name, request = what,
+                "node-to-node request from a client connection refused"
+            );
+            // Operators promote through the admin API (POST /v1/promote).
+            let msg = format!("{what} needs a node connection (HELLO with the cluster secret)");
+            self.error(id, ErrorCode::AuthFailed, &msg);
+            return Flow::Continue;
+        }
         match request {
             ReplRequest::Replicate {
                 replid,
@@ -422,8 +491,14 @@ impl Connection {
                 Flow::Continue
             }
             ReplRequest::Status { announce } => {
-                let status = node.status(announce.as_ref());
-                self.respond(id, &Response::Repl(ReplResponse::Status(status)));
+                let status = match &announce {
+                    Some(announce) => node.announced(announce),
+                    None => Ok(node.status()),
+                };
+                match status {
+                    Ok(s) => self.respond(id, &Response::Repl(ReplResponse::Status(s))),
+                    Err(refusal) => self.refuse(id, &refusal),
+                }
                 Flow::Continue
             }
         }
@@ -450,17 +525,14 @@ impl Connection {
             self.error(id, ErrorCode::UnsupportedVersion, &msg);
             return Flow::Close;
         }
-        if let Some(expected) = &self.shared.network.auth_token {
-            let given = auth_token.as_deref().unwrap_or_default();
-            // Constant time: how much of a guessed token was right must not
-            // show in how long the answer takes.
-            if !bool::from(given.ct_eq(expected.as_bytes())) {
-                self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
-                return Flow::Close;
-            }
-        }
-        tracing::debug!(peer = %self.peer, client = %client_name, "handshake done");
+        let given = auth_token.as_deref().unwrap_or_default();
+        let Some(privilege) = self.shared.auth.hello(given) else {
+            self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
+            return Flow::Close;
+        };
+        tracing::debug!(peer = %self.peer, client = %client_name, ?privilege, "handshake done");
         self.ready = true;
+        self.privilege = privilege;
         self.client_name = client_name;
         let greeting = self.shared.node.greeting();
         let hello = Response::HelloOk {
@@ -518,7 +590,9 @@ impl Connection {
         tokio::select! {
             biased;
             _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-            r = tokio::time::timeout(t, self.stream.write_all(&self.wbuf)) => match r {
+            // Flushed: TLS may keep the tail of a write in its buffer when
+            // the socket is full (a no-op on plain TCP).
+            r = tokio::time::timeout(t, write_flushed(&mut self.stream, &self.wbuf)) => match r {
                 Ok(r) => r?,
                 Err(_) => return Err(ConnError::WriteTimeout(t)),
             },
@@ -558,4 +632,10 @@ impl Connection {
         let _ = self.stream.shutdown().await;
         Ok(())
     }
+}
+
+/// Writes `bytes` whole and flushes them out of any TLS buffer.
+async fn write_flushed(stream: &mut Socket, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
 }

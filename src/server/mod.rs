@@ -17,15 +17,24 @@
 //!   the server's whole life; a connection that sends REPLICATE is handed
 //!   over to it whole (socket and unread bytes);
 //! - a connection sees only what it needs (`Shared`): its settings, the
-//!   store, the clock, the rules, its metric handles and the node handle.
+//!   store, the clock, the rules, its metric handles and the node handle;
+//! - protected mode: `run` refuses a listener bound beyond loopback that
+//!   asks for no credentials, unless `--insecure` (the same check as the
+//!   settings', on the address actually bound);
+//! - with TLS configured every port speaks only TLS, and the certificates
+//!   are reloaded (SIGHUP, a file change) without touching open
+//!   connections (`tls.rs`).
 
 pub mod admin;
+mod admin_listener;
+mod auth;
 mod check;
 mod connection;
 mod sweeper;
+mod tls;
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::config::{NetworkSettings, ServerConfig};
+use crate::config::{protected_mode, ConfigError, NetworkSettings, ServerConfig};
 #[cfg(feature = "cluster")]
 use crate::node::Membership;
 use crate::node::{Node, NodeParts, Supervisor};
@@ -33,6 +42,7 @@ use crate::rules::{LoadError, Rules};
 use crate::store::Store;
 use crate::throttled::TopThrottled;
 use admin::AdminState;
+use auth::{AdminAuth, Authenticator};
 use check::CheckMetrics;
 use connection::{ConnMetrics, ErrorCounters};
 use prometheus::Registry;
@@ -47,10 +57,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate_protocol::ServerLimits;
 
+pub use tls::{TlsReloadSource, TlsReloader};
+
 /// What every connection task shares.
 pub(crate) struct Shared {
-    /// Timeouts and the auth token of the protocol port.
+    /// Timeouts of the protocol port.
     pub network: NetworkSettings,
+    /// What a HELLO's token proves.
+    pub auth: Authenticator,
+    /// TLS of the protocol port (None: plain TCP).
+    pub tls: Option<Arc<crate::tls::Tls>>,
     /// Frame limits, as told to clients in HELLO_OK.
     pub limits: ServerLimits,
     pub store: Arc<Store>,
@@ -90,6 +106,8 @@ pub struct Server {
     /// One registry per server; each part registered what it bumps.
     registry: Registry,
     admin: Option<TcpListener>,
+    /// Reloads the certificates (None without TLS).
+    tls: Option<TlsReloader>,
 }
 
 /// Why a server could not be built.
@@ -102,6 +120,8 @@ pub enum StartError {
     #[cfg(feature = "cluster")]
     #[error("cluster: {0}")]
     Cluster(#[from] crate::cluster::ClusterError),
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 impl Server {
@@ -159,6 +179,21 @@ impl Server {
             conns: ConnMetrics::register(&registry)?,
             errors: ErrorCounters::register(&registry)?,
         };
+        let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
+            (Some(cert), Some(key)) => {
+                Some(Arc::new(crate::tls::Tls::load(crate::tls::TlsPaths {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: config.tls.tls_client_ca.clone(),
+                    ca: config.tls.tls_ca.clone(),
+                })?))
+            }
+            _ => None,
+        };
+        let tls_reloader = tls
+            .as_ref()
+            .map(|t| TlsReloader::register(t.clone(), &registry))
+            .transpose()?;
         let sweeper = Sweeper {
             store: store.clone(),
             clock: clock.clone(),
@@ -170,7 +205,14 @@ impl Server {
         let (node, supervisor) = Node::new(
             NodeParts {
                 settings: config.replication.clone(),
-                auth_token: config.network.auth_token.clone(),
+                // Without a cluster secret (only with --insecure) the
+                // client token, if any, gets this node through HELLO.
+                secret: config
+                    .auth
+                    .cluster_secret
+                    .clone()
+                    .or_else(|| config.auth.auth_token.clone()),
+                tls: tls.clone(),
                 limits: config.limits.server_limits(),
                 advertise,
                 store: store.clone(),
@@ -186,6 +228,8 @@ impl Server {
         );
         let shared = Arc::new(Shared {
             network: config.network.clone(),
+            auth: Authenticator::new(&config.auth),
+            tls,
             limits: config.limits.server_limits(),
             store,
             clock,
@@ -205,6 +249,7 @@ impl Server {
             sweeper,
             registry,
             admin: None,
+            tls: tls_reloader,
         })
     }
 
@@ -233,8 +278,30 @@ impl Server {
         self.shared.rules.clone()
     }
 
+    /// The certificates, to reload them (the CLI's SIGHUP handler, tests);
+    /// None without TLS.
+    pub fn tls(&self) -> Option<TlsReloader> {
+        self.tls.clone()
+    }
+
+    /// Protected mode on the addresses actually bound (see the module
+    /// docs).
+    fn check_exposure(&self, listener: &TcpListener) -> io::Result<()> {
+        let refuse =
+            |e: ConfigError| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string());
+        let insecure = self.config.auth.insecure;
+        let addr = listener.local_addr()?;
+        protected_mode(&self.config.protocol_exposure(addr), insecure).map_err(refuse)?;
+        if let Some(admin) = &self.admin {
+            let addr = admin.local_addr()?;
+            protected_mode(&self.config.admin_exposure(addr), insecure).map_err(refuse)?;
+        }
+        Ok(())
+    }
+
     /// Serves `listener` until `shutdown` is cancelled, then drains.
     pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
+        self.check_exposure(&listener)?;
         let Self {
             config,
             shared,
@@ -242,6 +309,7 @@ impl Server {
             sweeper,
             registry,
             admin,
+            tls,
         } = self;
         if let Ok(addr) = listener.local_addr() {
             shared.node.set_advertise(addr.to_string());
@@ -256,6 +324,9 @@ impl Server {
                 shutdown.clone(),
             ));
         }
+        if let Some(tls) = tls.filter(|_| !config.tls.tls_poll.is_zero()) {
+            tracker.spawn(tls.watch(config.tls.tls_poll, shutdown.clone()));
+        }
         // The admin server outlives the drain (readyz says "draining"), so
         // it has its own stop signal, given after the connections are done.
         let admin_stop = CancellationToken::new();
@@ -264,9 +335,17 @@ impl Server {
             registry,
             serving: AtomicBool::new(false),
             max_log_entries: config.store.max_log_entries,
+            auth: AdminAuth::new(&config.auth),
         });
-        let admin =
-            admin.map(|l| tokio::spawn(admin::serve(l, admin_state.clone(), admin_stop.clone())));
+        let admin = admin.map(|l| {
+            let acceptor = shared.tls.clone();
+            tokio::spawn(admin_listener::serve(
+                l,
+                acceptor,
+                admin_state.clone(),
+                admin_stop.clone(),
+            ))
+        });
         // Release: pairs with the Acquire in readyz, after the set-up above.
         admin_state.serving.store(true, Ordering::Release);
 
@@ -301,8 +380,7 @@ impl Server {
         }
 
         drop(listener);
-        // The sweeper and the node's supervisor are not connections.
-        tracing::info!(connections = tracker.len().saturating_sub(2), "draining");
+        tracing::info!(connections = shared.metrics.conns.open.get(), "draining");
         let lifecycle = &shared.lifecycle;
         lifecycle.draining.cancel();
         tracker.close();

@@ -37,7 +37,17 @@ const STATEFULSET: &str = "deploy/kubernetes/statefulset.yaml";
 /// The operator's environment when running compose: the secrets the
 /// files require.
 fn operator_vars() -> BTreeMap<String, String> {
-    BTreeMap::from([("TOLLGATE_AUTH_TOKEN".to_owned(), "stand-in".to_owned())])
+    BTreeMap::from([
+        ("TOLLGATE_AUTH_TOKEN".to_owned(), "stand-in".to_owned()),
+        (
+            "TOLLGATE_ADMIN_TOKEN".to_owned(),
+            "admin-stand-in".to_owned(),
+        ),
+        (
+            "TOLLGATE_CLUSTER_SECRET".to_owned(),
+            "cluster-stand-in".to_owned(),
+        ),
+    ])
 }
 
 /// Every YAML file below deploy/, relative to the root, sorted.
@@ -68,6 +78,16 @@ fn deploy_yaml_files() -> Vec<String> {
     files
 }
 
+/// The image's own command, with the secrets `docker run -e` supplies
+/// (deploy/README.md).
+fn image_launch(image: &Image, origin: String, vars: &BTreeMap<String, String>) -> Launch {
+    Launch {
+        origin,
+        argv: image.argv(),
+        env: image.env.clone().into_iter().chain(vars.clone()).collect(),
+    }
+}
+
 /// What the deployment files describe.
 struct Deployment {
     image: Image,
@@ -91,11 +111,11 @@ fn read_all(
         }
     };
     let image = dockerfile::parse(&read(DOCKERFILE)?)?;
-    let mut launches = vec![Launch {
-        origin: format!("{DOCKERFILE}: ENTRYPOINT + CMD"),
-        argv: image.argv(),
-        env: image.env.clone(),
-    }];
+    let mut launches = vec![image_launch(
+        &image,
+        format!("{DOCKERFILE}: ENTRYPOINT + CMD"),
+        vars,
+    )];
     let mut compose = BTreeMap::new();
     let mut objects = Vec::new();
     for file in deploy_yaml_files() {
@@ -252,11 +272,15 @@ fn a_bad_flag_or_a_missing_secret_fails_the_check() {
         };
         assert!(err.contains(file) && err.contains(named), "{err}");
     }
-    // Compose refuses to start without the shared secret.
-    let err = read_all(&BTreeMap::new(), &BTreeMap::new())
-        .err()
-        .expect("no TOLLGATE_AUTH_TOKEN");
-    assert!(err.contains("TOLLGATE_AUTH_TOKEN must be set"), "{err}");
+    // Compose refuses to start without each secret.
+    for missing in operator_vars().keys() {
+        let mut vars = operator_vars();
+        vars.remove(missing);
+        let err = read_all(&BTreeMap::new(), &vars)
+            .err()
+            .unwrap_or_else(|| panic!("started without {missing}"));
+        assert!(err.contains(&format!("{missing} must be set")), "{err}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,11 +292,7 @@ async fn the_image_runs_unprivileged_and_its_health_check_asks_the_admin_api() {
         .and_then(|u| u.split(':').next()?.parse().ok())
         .expect("USER with a numeric uid");
     assert_ne!(uid, 0, "the image must not run as root");
-    let launch = Launch {
-        origin: DOCKERFILE.into(),
-        argv: image.argv(),
-        env: image.env.clone(),
-    };
+    let launch = image_launch(&image, DOCKERFILE.into(), &operator_vars());
     let config = launch.print_config().unwrap();
     let (listen, admin) = (port_of(&config["listen"]), port_of(&config["admin"]));
     assert!(image.expose.contains(&listen), "EXPOSE {listen}");

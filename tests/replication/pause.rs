@@ -109,16 +109,12 @@ async fn charge(client: &Client, ledger: &Ledger, key: &str, n: u64) {
 /// Starts a pair as the README says: A primary, B its standby, each the
 /// other's peer, failover after 2 s.
 async fn pair() -> (Node, Node, Client) {
-    let (a_addr, b_addr) = (free_addr(), free_addr());
-    let common = ["--failover-after", "2s"];
-    let a = Node::start(&a_addr, &[&["--peer", &b_addr][..], &common].concat());
-    role_is(&a_addr, Role::Primary).await;
-    let b = Node::start(
-        &b_addr,
-        &[&["--replica-of", &a_addr, "--peer", &a_addr][..], &common].concat(),
-    );
-    caught_up(&a_addr, &b_addr).await;
-    let shard = Client::new_shard(vec![a_addr, b_addr], config(Duration::from_millis(500)));
+    let (a, b) = start_pair("2s").await;
+    let shard = Client::new_shard(
+        vec![a.addr.clone(), b.addr.clone()],
+        config(Duration::from_millis(500)),
+    )
+    .expect("valid config");
     (a, b, shard)
 }
 

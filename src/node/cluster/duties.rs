@@ -65,7 +65,7 @@ impl ClusterMode {
                     return;
                 }
                 Step::Follow { addr, epoch } => {
-                    self.core.role.step_down(
+                    self.core.role.follow_elected(
                         addr,
                         epoch,
                         "cluster: following the shard's elected primary",
@@ -139,7 +139,7 @@ impl ClusterMode {
             }
             Ok(Campaign::Follower { primary, epoch }) => {
                 if primary.addr != self.me {
-                    self.core.role.step_down(
+                    self.core.role.follow_elected(
                         primary.addr,
                         epoch,
                         "cluster: another node was elected first",
@@ -200,7 +200,7 @@ impl ClusterMode {
             match primary {
                 Some(p) if p.lease == deadline.lease_id() => {}
                 Some(p) if p.epoch > epoch => {
-                    self.core.role.step_down(
+                    self.core.role.follow_elected(
                         p.addr,
                         p.epoch,
                         "cluster: etcd elected another primary",

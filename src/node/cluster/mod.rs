@@ -217,8 +217,9 @@ impl RoleSource for ClusterMode {
         }
     }
 
-    fn heard_of(&self, _announce: &Announce) {
+    fn heard_of(&self, _announce: &Announce) -> Result<(), Refusal> {
         // etcd decides; what other nodes say of themselves changes nothing.
+        Ok(())
     }
 
     fn topology(&self) -> Option<ClusterTopology> {

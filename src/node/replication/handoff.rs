@@ -19,18 +19,10 @@
 
 use super::primary::{record_size, CHUNK};
 use super::records::snapshot_record;
-use super::standby::{FollowError, Stream};
+use crate::node::link::{unexpected, Link, LinkError};
 use crate::node::shared::Core;
 use crate::slot::Slot;
 use tollgate_protocol::{Record, ReplRequest, ReplResponse, Request, Response};
-#[cfg(feature = "cluster")]
-use tollgate_protocol::{Role, PROTOCOL_VERSION};
-
-/// Request id of HANDOFF frames.
-const HANDOFF_ID: u32 = 3;
-/// Request id of the HELLO before a slot move's handoff.
-#[cfg(feature = "cluster")]
-const HELLO_ID: u32 = 1;
 
 /// Room a HANDOFF frame's header and counts take besides its records.
 const FRAME_OVERHEAD: usize = 64;
@@ -47,14 +39,15 @@ pub(crate) struct HandedOff {
     pub too_large: u64,
 }
 
-/// Sends every live state of the slots `wanted` selects over `stream`
-/// (after HELLO), a stripe at a time, and waits for each frame's answer.
+/// Sends every live state of the slots `wanted` selects over `link`
+/// (open: HELLO said), a stripe at a time, and waits for each frame's
+/// answer; `max_frame` is the receiver's.
 pub(crate) async fn hand_off(
     core: &Core,
-    stream: &mut Stream,
+    link: &mut Link,
     max_frame: u32,
     wanted: impl Fn(Slot) -> bool,
-) -> Result<HandedOff, FollowError> {
+) -> Result<HandedOff, LinkError> {
     let store = &core.store;
     let epoch = core.role.epoch();
     let budget = usize::try_from(max_frame)
@@ -75,7 +68,7 @@ pub(crate) async fn hand_off(
                 continue;
             }
             if size + len > budget {
-                send(stream, epoch, std::mem::take(&mut batch), &mut done).await?;
+                send(link, epoch, std::mem::take(&mut batch), &mut done).await?;
                 size = 0;
             }
             size += len;
@@ -83,67 +76,45 @@ pub(crate) async fn hand_off(
         }
     }
     if !batch.is_empty() {
-        send(stream, epoch, batch, &mut done).await?;
+        send(link, epoch, batch, &mut done).await?;
     }
     Ok(done)
 }
 
 async fn send(
-    stream: &mut Stream,
+    link: &mut Link,
     epoch: u64,
     records: Vec<Record>,
     done: &mut HandedOff,
-) -> Result<(), FollowError> {
+) -> Result<(), LinkError> {
     let n = records.len() as u64;
     let request = Request::Repl(ReplRequest::Handoff { epoch, records });
-    stream.send(&request, HANDOFF_ID).await?;
-    match stream.next().await? {
+    match link.call(&request).await? {
         Response::Repl(ReplResponse::HandedOff { merged }) => {
             done.sent += n;
             done.merged += u64::from(merged);
             Ok(())
         }
-        Response::Error { code, message } => Err(FollowError::Refused { code, message }),
-        other => Err(FollowError::Protocol(format!(
-            "{other:?} in answer to HANDOFF"
-        ))),
+        other => Err(unexpected("HANDOFF", &other)),
     }
 }
 
-#[cfg(feature = "cluster")]
 /// A slot move's copy (cluster mode): connects to `target`, which must
 /// answer HELLO as a primary, and hands it every live state of the slots
 /// `wanted` selects. Epochs are not compared: the target is another
 /// shard's primary.
+#[cfg(feature = "cluster")]
 pub(crate) async fn hand_slots(
     core: &Core,
     target: &str,
     wanted: impl Fn(Slot) -> bool,
-) -> Result<HandedOff, FollowError> {
-    let mut stream = Stream::connect(target, core.settings.repl_timeout).await?;
-    let hello = Request::Hello {
-        version: PROTOCOL_VERSION,
-        client_name: format!("tollgate-move {}", core.role.advertise()),
-        auth_token: core.auth_token.clone().map(Into::into),
-    };
-    stream.send(&hello, HELLO_ID).await?;
-    let max_frame = match stream.next().await? {
-        Response::HelloOk {
-            role: Role::Primary,
-            limits,
-            ..
-        } => limits.max_frame,
-        Response::HelloOk { .. } => {
-            return Err(FollowError::NotPrimary {
-                addr: target.to_owned(),
-            })
-        }
-        Response::Error { code, message } => return Err(FollowError::Refused { code, message }),
-        other => {
-            return Err(FollowError::Protocol(format!(
-                "{other:?} in answer to HELLO"
-            )))
-        }
-    };
-    hand_off(core, &mut stream, max_frame, wanted).await
+) -> Result<HandedOff, LinkError> {
+    let timeout = core.settings.repl_timeout;
+    let (mut link, hello) = Link::open(core, target, "tollgate-move", timeout).await?;
+    if hello.role != tollgate_protocol::Role::Primary {
+        return Err(LinkError::Protocol(format!(
+            "{target} is not primary: it cannot take moving slots"
+        )));
+    }
+    hand_off(core, &mut link, hello.max_frame, wanted).await
 }

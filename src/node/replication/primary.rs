@@ -29,12 +29,12 @@ use super::records::{change_record, snapshot_record};
 use crate::node::role::RoleState;
 use crate::node::shared::{Core, Handover};
 use crate::store::Drained;
+use crate::tls::Socket;
 use bytes::{Bytes, BytesMut};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tollgate_protocol::{
@@ -47,8 +47,8 @@ pub(crate) const CHUNK: usize = 64 * 1024;
 
 /// The attached standby.
 struct Attached {
-    reader: OwnedReadHalf,
-    writer: OwnedWriteHalf,
+    reader: ReadHalf<Socket>,
+    writer: WriteHalf<Socket>,
     rbuf: BytesMut,
     request_id: RequestId,
     peer: SocketAddr,
@@ -123,7 +123,7 @@ impl Feed {
         if let Some(old) = self.standby.take() {
             tracing::info!(old = %old.peer, new = %h.peer, "a new standby connection replaces the attached one");
         }
-        let (reader, writer) = h.stream.into_split();
+        let (reader, writer) = tokio::io::split(h.stream);
         self.standby = Some(Attached {
             reader,
             writer,
@@ -137,7 +137,7 @@ impl Feed {
         let resume = self.capturing
             && h.replid == self.replid
             && h.offset <= self.offset
-            && first <= h.offset + 1;
+            && first <= h.offset.saturating_add(1);
         let epoch = self.node().epoch();
         let stats = &self.node().stats;
         stats.replica_connected.store(1, Ordering::Relaxed);
@@ -331,7 +331,7 @@ impl Feed {
         if self.standby.is_some() || !self.capturing {
             return;
         }
-        if self.backlog.first(self.offset) > self.acked + 1 {
+        if self.backlog.first(self.offset) > self.acked.saturating_add(1) {
             tracing::info!(
                 acked = self.acked,
                 "the backlog no longer reaches the last standby's position; \
@@ -433,7 +433,12 @@ impl Feed {
             return;
         };
         let frame = with_request_id(frame, standby.request_id);
-        match tokio::time::timeout(timeout, standby.writer.write_all(&frame)).await {
+        // Flushed: TLS may keep the tail of a write in its buffer.
+        let write = async {
+            standby.writer.write_all(&frame).await?;
+            standby.writer.flush().await
+        };
+        match tokio::time::timeout(timeout, write).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 let why = format!("write failed: {e}");

@@ -3,7 +3,8 @@
 //! the follower only records when it last heard from the primary.)
 //!
 //! ```text
-//!  connect -> HELLO (must say primary, epoch >= ours) -> REPLICATE{replid, offset, epoch}
+//!  connect (TLS when configured) -> HELLO with the cluster secret
+//!     (the answer must say primary, epoch >= ours) -> REPLICATE{replid, offset, epoch}
 //!     <- REPL_STREAM (full: a full sync follows | resume)
 //!     <- REPL_CHANGES: apply each record            (offset += 1)
 //!     <- REPL_SNAPSHOT parts: collect, replace the unit's slots at `last`
@@ -19,38 +20,25 @@
 
 use super::handoff::hand_off;
 use super::records::key_write;
-use crate::node::role::RoleState;
+use crate::node::link::{unexpected, Link, LinkError};
+use crate::node::role::{EpochError, RoleState};
 use crate::node::shared::Core;
-use bytes::BytesMut;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tollgate_protocol::{
-    decode_response, encode_request, ChangeBatch, ErrorCode, Record, ReplRequest, ReplResponse,
-    Request, Response, Role, SnapshotPart, PROTOCOL_VERSION,
+    ChangeBatch, ErrorCode, Record, ReplRequest, ReplResponse, Request, Response, Role,
+    SnapshotPart,
 };
 
-/// Largest frame a standby accepts from its primary (the server's frame
-/// ceiling): a snapshot part is one chunk plus one record, and one record is
-/// at most a key and `max_log_entries` timestamps.
-const MAX_STREAM_FRAME: u32 = crate::config::MAX_FRAME_CEILING;
-
-/// Request id of the standby's HELLO and REPLICATE.
-const HELLO_ID: u32 = 1;
+/// Request id of the standby's REPLICATE, carried by every frame of the
+/// stream.
 const REPLICATE_ID: u32 = 2;
 
 /// Why a replication connection ended.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum FollowError {
-    #[error("cannot connect: {0}")]
-    Connect(std::io::Error),
-    #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("nothing from the primary for {0:?}")]
-    Silent(Duration),
-    #[error("the primary closed the connection")]
-    Closed,
+    #[error(transparent)]
+    Link(#[from] LinkError),
     #[error("{addr} is not primary")]
     NotPrimary { addr: String },
     #[error("{addr} is at epoch {theirs}, below ours ({ours}): not following a replaced primary")]
@@ -59,6 +47,8 @@ pub(crate) enum FollowError {
         theirs: u64,
         ours: u64,
     },
+    #[error("{addr}: {error}")]
+    Epoch { addr: String, error: EpochError },
     #[error("refused: {code}: {message}")]
     Refused { code: ErrorCode, message: String },
     #[error("protocol: {0}")]
@@ -68,12 +58,22 @@ pub(crate) enum FollowError {
 impl FollowError {
     /// Whether the stream had started (the backoff starts over).
     fn streamed(&self) -> bool {
-        matches!(self, Self::Silent(_) | Self::Closed | Self::Io(_))
+        matches!(
+            self,
+            Self::Link(LinkError::Silent(_) | LinkError::Closed | LinkError::Io(_))
+        )
     }
 
     /// The other end closed or reset an established connection.
     fn closed_by_peer(&self) -> bool {
-        matches!(self, Self::Closed | Self::Io(_))
+        matches!(self, Self::Link(LinkError::Closed | LinkError::Io(_)))
+    }
+
+    fn epoch(addr: &str, error: EpochError) -> Self {
+        Self::Epoch {
+            addr: addr.to_owned(),
+            error,
+        }
     }
 }
 
@@ -116,24 +116,36 @@ pub(crate) async fn follow(core: &Core) {
 /// One replication connection: handshake, stream start, then frames until
 /// something ends it.
 async fn follow_once(core: &Core, primary: &str) -> Result<(), FollowError> {
-    let settings = &core.settings;
-    let mut stream = Stream::connect(primary, settings.repl_timeout).await?;
-    let max_frame = hello(core, &mut stream, primary).await?;
-    if core.role.owes_handoff() {
+    let timeout = core.settings.repl_timeout;
+    let (mut link, hello) = Link::open(core, primary, "tollgate-standby", timeout).await?;
+    // The node asked must be a primary at an epoch no lower than ours.
+    let node = &core.role;
+    node.heard_of_epoch(hello.epoch)
+        .map_err(|e| FollowError::epoch(primary, e))?;
+    if hello.role != Role::Primary {
+        return Err(FollowError::NotPrimary {
+            addr: primary.to_owned(),
+        });
+    }
+    not_stale(node, primary, hello.epoch)?;
+    if node.owes_handoff() {
         // Our copy may hold charges the primary never saw: merged there
         // first, so the full sync below hands none of them back.
-        let done = hand_off(core, &mut stream, max_frame, |_| true).await?;
-        core.role.handed_off();
+        let done = hand_off(core, &mut link, hello.max_frame, |_| true).await?;
+        node.handed_off();
         tracing::info!(%primary, sent = done.sent, merged = done.merged, too_large = done.too_large, "handed our states to the primary");
     }
-    let next = replicate(core, &mut stream, primary).await?;
+    let next = replicate(core, &mut link, primary).await?;
     // From here a silence of `--failover-after` ends the stream, so the
     // role source's watchdog sees it; until then frames may be waiting in
     // the socket (this node was paused), and they are read first.
-    stream.timeout = settings
-        .repl_timeout
-        .min(settings.failover_after.unwrap_or(settings.repl_timeout));
-    let _streaming = Streaming::on(&core.role);
+    let settings = &core.settings;
+    link.set_timeout(
+        settings
+            .repl_timeout
+            .min(settings.failover_after.unwrap_or(settings.repl_timeout)),
+    );
+    let _streaming = Streaming::on(node);
     let mut applier = Applier {
         core,
         primary,
@@ -141,10 +153,10 @@ async fn follow_once(core: &Core, primary: &str) -> Result<(), FollowError> {
         unit: None,
     };
     loop {
-        let response = stream.next().await?;
+        let (_, response) = link.next().await?;
         core.role.heard();
         if let Some(ack) = applier.apply(response)? {
-            stream.send(&ack, REPLICATE_ID).await?;
+            link.send(REPLICATE_ID, &ack).await?;
         }
     }
 }
@@ -165,42 +177,9 @@ impl Drop for Streaming<'_> {
     }
 }
 
-/// HELLO: the node asked must be a primary at an epoch no lower than ours.
-/// Returns the largest frame it accepts.
-async fn hello(core: &Core, stream: &mut Stream, primary: &str) -> Result<u32, FollowError> {
-    let node = &core.role;
-    let hello = Request::Hello {
-        version: PROTOCOL_VERSION,
-        client_name: format!("tollgate-standby {}", node.advertise()),
-        auth_token: core.auth_token.clone().map(Into::into),
-    };
-    stream.send(&hello, HELLO_ID).await?;
-    match stream.next().await? {
-        Response::HelloOk {
-            role,
-            epoch,
-            limits,
-            ..
-        } => {
-            node.heard_of_epoch(epoch);
-            if role != Role::Primary {
-                return Err(FollowError::NotPrimary {
-                    addr: primary.to_owned(),
-                });
-            }
-            not_stale(node, primary, epoch)?;
-            Ok(limits.max_frame)
-        }
-        Response::Error { code, message } => Err(FollowError::Refused { code, message }),
-        other => Err(FollowError::Protocol(format!(
-            "{other:?} in answer to HELLO"
-        ))),
-    }
-}
-
 /// REPLICATE from where our copy stands; the answer starts the stream (a
 /// resume, or a full sync). Returns the first offset due.
-async fn replicate(core: &Core, stream: &mut Stream, primary: &str) -> Result<u64, FollowError> {
+async fn replicate(core: &Core, link: &mut Link, primary: &str) -> Result<u64, FollowError> {
     let node = &core.role;
     let view = node.view();
     let replicate = Request::Repl(ReplRequest::Replicate {
@@ -209,8 +188,8 @@ async fn replicate(core: &Core, stream: &mut Stream, primary: &str) -> Result<u6
         epoch: node.epoch(),
         advertise: node.advertise(),
     });
-    stream.send(&replicate, REPLICATE_ID).await?;
-    match stream.next().await? {
+    link.send(REPLICATE_ID, &replicate).await?;
+    match link.next().await?.1 {
         Response::Repl(ReplResponse::Stream {
             replid,
             epoch,
@@ -218,7 +197,11 @@ async fn replicate(core: &Core, stream: &mut Stream, primary: &str) -> Result<u6
             full,
         }) => {
             not_stale(node, primary, epoch)?;
-            node.stream_started(replid, epoch, full.then_some(offset));
+            let first = offset
+                .checked_add(1)
+                .ok_or_else(|| FollowError::Protocol(format!("a stream at offset {offset}")))?;
+            node.stream_started(replid, epoch, full.then_some(offset))
+                .map_err(|e| FollowError::epoch(primary, e))?;
             node.heard();
             if full {
                 node.stats.full_syncs.fetch_add(1, Ordering::Relaxed);
@@ -226,12 +209,10 @@ async fn replicate(core: &Core, stream: &mut Stream, primary: &str) -> Result<u6
             } else {
                 tracing::info!(%primary, epoch, offset, "resuming the primary's stream");
             }
-            Ok(offset + 1)
+            Ok(first)
         }
         Response::Error { code, message } => Err(FollowError::Refused { code, message }),
-        other => Err(FollowError::Protocol(format!(
-            "{other:?} in answer to REPLICATE"
-        ))),
+        other => Err(unexpected("REPLICATE", &other).into()),
     }
 }
 
@@ -366,85 +347,15 @@ struct Unit {
     records: Vec<Record>,
 }
 
-/// The replication connection, with its buffers and its silence timeout.
-pub(crate) struct Stream {
-    socket: TcpStream,
-    rbuf: BytesMut,
-    wbuf: BytesMut,
-    timeout: Duration,
-}
-
-impl Stream {
-    pub(crate) async fn connect(primary: &str, timeout: Duration) -> Result<Self, FollowError> {
-        let socket = match tokio::time::timeout(timeout, TcpStream::connect(primary)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(FollowError::Connect(e)),
-            Err(_) => return Err(FollowError::Silent(timeout)),
-        };
-        socket.set_nodelay(true)?;
-        Ok(Self {
-            socket,
-            rbuf: BytesMut::with_capacity(64 * 1024),
-            wbuf: BytesMut::new(),
-            timeout,
-        })
-    }
-
-    pub(crate) async fn send(&mut self, request: &Request, id: u32) -> Result<(), FollowError> {
-        self.wbuf.clear();
-        encode_request(id, request, &mut self.wbuf)
-            .map_err(|e| FollowError::Protocol(e.to_string()))?;
-        match tokio::time::timeout(self.timeout, self.socket.write_all(&self.wbuf)).await {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(FollowError::Silent(self.timeout)),
-        }
-    }
-
-    /// The next frame, within the timeout. Whatever the socket already
-    /// holds is read before the timeout is looked at (tokio's `timeout`
-    /// polls the read first), so a node resumed after a pause reads what
-    /// came meanwhile instead of calling its primary silent.
-    pub(crate) async fn next(&mut self) -> Result<Response, FollowError> {
-        loop {
-            match decode_response(&mut self.rbuf, MAX_STREAM_FRAME) {
-                Ok(Some((_, response))) => return Ok(response),
-                Ok(None) => {}
-                Err(e) => return Err(FollowError::Protocol(e.to_string())),
-            }
-            if self.rbuf.capacity() - self.rbuf.len() < 16 * 1024 {
-                self.rbuf.reserve(64 * 1024);
-            }
-            match tokio::time::timeout(self.timeout, self.socket.read_buf(&mut self.rbuf)).await {
-                Ok(Ok(0)) => return Err(FollowError::Closed),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(e.into()),
-                // The runtime may fire the timer before it has seen the
-                // socket become readable (a process resumed after SIGSTOP
-                // finds both due at once): ask the kernel itself.
-                Err(_) if self.bytes_waiting() => {}
-                Err(_) => return Err(FollowError::Silent(self.timeout)),
-            }
-        }
-    }
-
-    /// Whether the kernel holds received bytes not read yet (or the end of
-    /// the stream), asked without blocking.
-    fn bytes_waiting(&self) -> bool {
-        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-        match socket2::SockRef::from(&self.socket).peek(&mut probe) {
-            Ok(_) => true,
-            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-        }
-    }
-}
-
 fn check_offset(offset: u64, expected: &mut u64) -> Result<(), FollowError> {
     if offset != *expected {
         return Err(FollowError::Protocol(format!(
             "frame {offset} where {expected} was due"
         )));
     }
-    *expected += 1;
+    *expected = offset
+        .checked_add(1)
+        .ok_or_else(|| FollowError::Protocol(format!("no frame can follow offset {offset}")))?;
     Ok(())
 }
 

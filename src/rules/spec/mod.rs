@@ -17,7 +17,7 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::HashSet;
 use std::fmt;
-use tollgate_protocol::{Algorithm, Limit, MAX_RULE_NAME_LEN};
+use tollgate_protocol::{Algorithm, Limit, RuleFieldError, MAX_RULE_NAME_LEN};
 
 /// Most rules one server holds. Rule names become metric labels, so their
 /// number is bounded whatever the file says.
@@ -182,64 +182,27 @@ impl RuleSpec {
             return Err(RuleError::ZeroCost { name: name() });
         }
         let algorithm = self.algorithm.wire();
-        let refuse = |field: &'static str, given: bool| {
-            if given {
-                Err(RuleError::FieldNotFor {
-                    name: name(),
-                    field,
-                    algorithm: algorithm.name(),
-                })
-            } else {
-                Ok(())
-            }
-        };
-        let rate = self.rate.rate;
-        let limit = |count, period_ms, burst| Limit {
+        // The one reading of rule fields, shared with clients that fetch
+        // the rule table (PROTOCOL.md §5 numbers, as `tollgate check` builds
+        // them from the same flags).
+        let limit = Limit::from_rule_fields(
             algorithm,
-            count,
-            period_ms,
-            burst,
-        };
-        // The numbers as PROTOCOL.md §5 reads them for each algorithm (and
-        // as `tollgate check` builds them from the same flags).
-        let limit = match algorithm {
-            Algorithm::TokenBucket | Algorithm::LeakyBucket => {
-                refuse("window", self.window.is_some())?;
-                // A token bucket grants its rate's count at once by default;
-                // a leaky bucket spaces requests strictly by default.
-                let default_burst = if algorithm == Algorithm::TokenBucket {
-                    rate.count
-                } else {
-                    1
-                };
-                limit(
-                    rate.count,
-                    rate.period_ms,
-                    self.burst.unwrap_or(default_burst),
-                )
-            }
-            Algorithm::SlidingWindow | Algorithm::FixedWindow | Algorithm::SlidingLog => {
-                refuse("burst", self.burst.is_some())?;
-                let window_ms = self.window.as_ref().map_or(rate.period_ms, |w| w.ms);
-                let scaled = u128::from(rate.count) * u128::from(window_ms);
-                let period = u128::from(rate.period_ms);
-                let uneven = || RuleError::UnevenWindow {
-                    name: name(),
-                    rate: self.rate.text.clone(),
-                    window_ms,
-                };
-                if scaled % period != 0 || scaled < period {
-                    return Err(uneven());
-                }
-                let count = u64::try_from(scaled / period).map_err(|_| uneven())?;
-                limit(count, window_ms, 0)
-            }
-            Algorithm::Concurrency => {
-                refuse("burst", self.burst.is_some())?;
-                refuse("window", self.window.is_some())?;
-                limit(rate.count, rate.period_ms, 0)
-            }
-        };
+            self.rate.rate,
+            self.burst,
+            self.window.as_ref().map(|w| w.ms),
+        )
+        .map_err(|e| match e {
+            RuleFieldError::NotFor { field, algorithm } => RuleError::FieldNotFor {
+                name: name(),
+                field,
+                algorithm,
+            },
+            RuleFieldError::UnevenWindow { window_ms, .. } => RuleError::UnevenWindow {
+                name: name(),
+                rate: self.rate.text.clone(),
+                window_ms,
+            },
+        })?;
         // The same bounds as an inline limit (zero, overflow, rate too high,
         // a log or a concurrency count above the server's cap).
         Policy::from_limit_with(&limit, max_log_entries).map_err(|e| RuleError::Impossible {

@@ -2,15 +2,21 @@
 //! named default.
 //!
 //! Invariants: the defaults are tuned for a gateway on the request path (a
-//! call never waits more than [`DEFAULT_DEADLINE`], undecided calls pass);
-//! [`ClientConfig::validate`] only checks and never changes a value. A client
-//! built from an invalid config does not panic: each of its connection
-//! attempts fails with [`Error::Config`](crate::Error::Config).
+//! call never waits more than [`DEFAULT_DEADLINE`], undecided calls pass,
+//! a hung node is cut off by its circuit breaker, a local fallback limits
+//! while the server cannot be reached); [`ClientConfig::validate`] only
+//! checks and never changes a value, and [`Client::new`](crate::Client::new)
+//! refuses an invalid config with [`Error::Config`](crate::Error::Config):
+//! a bad config never silently turns limiting off.
 
 use std::fmt;
 use std::time::Duration;
 
 use tollgate_protocol::DEFAULT_CLIENT_MAX_FRAME;
+
+mod failure;
+
+pub use failure::*;
 
 /// Default time budget of one call, connecting included. The limiter sits on
 /// every API request, so it may add a few milliseconds at most.
@@ -29,6 +35,16 @@ pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 pub const DEFAULT_MAX_FRAME: u32 = DEFAULT_CLIENT_MAX_FRAME;
 /// Default number of requests that may wait for the connection's writer.
 pub const DEFAULT_MAX_QUEUED: usize = 4096;
+/// Default idle time before TCP keepalive probes start (the kernel then
+/// notices a peer host that vanished without closing the connection).
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(10);
+/// Default wait for the PING sent on a connection that let a call time
+/// out; no answer by then and the connection is dropped.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+/// Default interval between refreshes of the rule table from the admin API.
+pub const DEFAULT_RULES_REFRESH: Duration = Duration::from_secs(10);
+/// Default bound on one fetch of the rule table.
+pub const DEFAULT_RULES_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Longest client name and auth token: their HELLO length fields are one byte.
 pub const MAX_HELLO_FIELD_LEN: usize = u8::MAX as usize;
@@ -81,7 +97,7 @@ pub struct UnknownFailMode(pub String);
 
 /// Settings of a [`Client`](crate::Client). Build with struct update syntax
 /// over [`ClientConfig::default()`].
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct ClientConfig {
     /// Time budget of one call, from the call to its answer, including any
     /// wait for a connection. Override per call with
@@ -96,8 +112,9 @@ pub struct ClientConfig {
     /// Shared secret sent in HELLO when the server requires one (at most 255
     /// bytes).
     pub auth_token: Option<Vec<u8>>,
-    /// What [`Client::allows`](crate::Client::allows) makes of an undecided
-    /// outcome.
+    /// What an undecided check means when neither the call
+    /// ([`Client::with_fail_mode`](crate::Client::with_fail_mode)) nor the
+    /// named rule (its `failure-mode` in the rule table) says otherwise.
     pub fail_mode: FailMode,
     /// Wait after the first failed connection attempt; doubles with each
     /// further failure up to `backoff_max`. Jittered (between half and all of
@@ -109,8 +126,31 @@ pub struct ClientConfig {
     /// the connection.
     pub max_frame: u32,
     /// Requests that may wait for the connection's writer; a call finding the
-    /// queue full waits for room within its deadline.
+    /// queue full is undecided at once (`Overloaded`) rather than queueing
+    /// behind a saturated connection.
     pub max_queued: usize,
+    /// TCP keepalive idle time (`None`: off).
+    pub keepalive: Option<Duration>,
+    /// Wait for the PING probe sent on a connection that let a call time
+    /// out ("suspect"); no answer within it and the connection is dropped, so
+    /// the next call reconnects (for a shard: to whichever node is primary).
+    pub probe_timeout: Duration,
+    /// The circuit breaker kept per node.
+    pub breaker: BreakerConfig,
+    /// The local limiter that decides fail-open checks the server could not
+    /// (`None`: undecided checks just follow their fail mode).
+    pub fallback: Option<FallbackConfig>,
+    /// Token leasing for hot keys (`None`: off, every check asks the server).
+    pub lease: Option<LeaseConfig>,
+    /// The server's admin API (`host:port`), from which the rule table (each
+    /// rule's limit and failure mode) is fetched and refreshed. `None`: rules
+    /// are known only by name, and undecided rule checks take `fail_mode`.
+    pub admin: Option<String>,
+    /// Interval between refreshes of the rule table.
+    pub rules_refresh: Duration,
+    /// Prometheus registry the client's metrics are registered in (`None`:
+    /// no metrics).
+    pub metrics: Option<prometheus::Registry>,
 }
 
 impl Default for ClientConfig {
@@ -125,6 +165,14 @@ impl Default for ClientConfig {
             backoff_max: DEFAULT_BACKOFF_MAX,
             max_frame: DEFAULT_MAX_FRAME,
             max_queued: DEFAULT_MAX_QUEUED,
+            keepalive: Some(DEFAULT_KEEPALIVE),
+            probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            breaker: BreakerConfig::default(),
+            fallback: Some(FallbackConfig::default()),
+            lease: None,
+            admin: None,
+            rules_refresh: DEFAULT_RULES_REFRESH,
+            metrics: None,
         }
     }
 }
@@ -145,6 +193,14 @@ impl fmt::Debug for ClientConfig {
             .field("backoff_max", &self.backoff_max)
             .field("max_frame", &self.max_frame)
             .field("max_queued", &self.max_queued)
+            .field("keepalive", &self.keepalive)
+            .field("probe_timeout", &self.probe_timeout)
+            .field("breaker", &self.breaker)
+            .field("fallback", &self.fallback)
+            .field("lease", &self.lease)
+            .field("admin", &self.admin)
+            .field("rules_refresh", &self.rules_refresh)
+            .field("metrics", &self.metrics.as_ref().map(|_| "<registry>"))
             .finish()
     }
 }
@@ -196,6 +252,77 @@ impl ClientConfig {
         if self.max_queued == 0 {
             return Err(ConfigError::ZeroQueue);
         }
+        if self.keepalive.is_some_and(|k| k.is_zero()) {
+            return Err(ConfigError::ZeroDuration { field: "keepalive" });
+        }
+        for (field, d) in [
+            ("probe_timeout", self.probe_timeout),
+            ("rules_refresh", self.rules_refresh),
+            ("breaker.window", self.breaker.window),
+            ("breaker.open_for", self.breaker.open_for),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration { field });
+            }
+        }
+        let b = &self.breaker;
+        if b.consecutive_failures == 0 {
+            return Err(ConfigError::Zero {
+                field: "breaker.consecutive_failures",
+            });
+        }
+        if !(1..=100).contains(&b.error_percent) {
+            return Err(ConfigError::Percent {
+                field: "breaker.error_percent",
+                value: b.error_percent,
+            });
+        }
+        if b.open_for > b.open_max {
+            return Err(ConfigError::Inverted {
+                min_field: "breaker.open_for",
+                min: b.open_for,
+                max_field: "breaker.open_max",
+                max: b.open_max,
+            });
+        }
+        if let Some(f) = &self.fallback {
+            if f.gateways == 0 {
+                return Err(ConfigError::Zero {
+                    field: "fallback.gateways",
+                });
+            }
+            if f.max_keys == 0 {
+                return Err(ConfigError::Zero {
+                    field: "fallback.max_keys",
+                });
+            }
+        }
+        if let Some(l) = &self.lease {
+            for (field, v) in [
+                ("lease.max_lease", l.max_lease),
+                ("lease.capacity_divisor", l.capacity_divisor),
+                ("lease.hot_after", l.hot_after),
+            ] {
+                if v == 0 {
+                    return Err(ConfigError::Zero { field });
+                }
+            }
+            if l.max_keys == 0 {
+                return Err(ConfigError::Zero {
+                    field: "lease.max_keys",
+                });
+            }
+            if l.hold.is_zero() {
+                return Err(ConfigError::ZeroDuration {
+                    field: "lease.hold",
+                });
+            }
+        }
+        if let Some(admin) = &self.admin {
+            if admin.trim().is_empty() {
+                return Err(ConfigError::Empty { field: "admin" });
+            }
+        }
         Ok(())
     }
 }
@@ -217,6 +344,21 @@ pub enum ConfigError {
     MaxFrameTooSmall { max_frame: u32, min: u32 },
     #[error("max_queued must be at least 1")]
     ZeroQueue,
+    #[error("{field} must be at least 1")]
+    Zero { field: &'static str },
+    #[error("{field} must be a percentage from 1 to 100, got {value}")]
+    Percent { field: &'static str, value: u8 },
+    #[error("{min_field} ({min:?}) exceeds {max_field} ({max:?})")]
+    Inverted {
+        min_field: &'static str,
+        min: Duration,
+        max_field: &'static str,
+        max: Duration,
+    },
+    #[error("{field} must not be empty")]
+    Empty { field: &'static str },
+    #[error("cannot register the client's metrics: {reason}")]
+    Metrics { reason: String },
 }
 
 #[cfg(test)]
@@ -229,6 +371,55 @@ mod tests {
         assert_eq!(config.validate(), Ok(()));
         assert_eq!(config.fail_mode, FailMode::Open);
         assert_eq!(config.deadline, Duration::from_millis(5));
+        assert_eq!(config.fallback, Some(FallbackConfig::default()));
+        assert_eq!(config.lease, None);
+        let leasing = ClientConfig {
+            lease: Some(LeaseConfig::default()),
+            ..ClientConfig::default()
+        };
+        assert_eq!(leasing.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validate_checks_the_failure_settings() {
+        let config = ClientConfig {
+            breaker: BreakerConfig {
+                error_percent: 0,
+                ..BreakerConfig::default()
+            },
+            ..ClientConfig::default()
+        };
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::Percent {
+                field: "breaker.error_percent",
+                value: 0
+            })
+        );
+        let config = ClientConfig {
+            fallback: Some(FallbackConfig {
+                gateways: 0,
+                ..FallbackConfig::default()
+            }),
+            ..ClientConfig::default()
+        };
+        assert_eq!(
+            config.validate(),
+            Err(ConfigError::Zero {
+                field: "fallback.gateways"
+            })
+        );
+        let config = ClientConfig {
+            breaker: BreakerConfig {
+                open_for: Duration::from_secs(20),
+                ..BreakerConfig::default()
+            },
+            ..ClientConfig::default()
+        };
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::Inverted { .. })
+        ));
     }
 
     #[test]
