@@ -3,8 +3,9 @@
 //!
 //! `tollgate serve` runs on these defaults with no config file. Each
 //! section ([`NetworkSettings`], [`AuthSettings`], [`TlsSettings`],
-//! [`LimitSettings`], [`StoreSettings`], [`RuleSettings`], [`OverloadSettings`],
-//! [`ReplicationSettings`], [`AdminSettings`], [`LogSettings`]) is flattened into the command line (`--kebab-case`
+//! [`LimitSettings`], [`StoreSettings`], [`RuleSettings`],
+//! [`OverloadSettings`], [`ReplicationSettings`], [`ClusterSettings`], [`AdminSettings`],
+//! [`LogSettings`]) is flattened into the command line (`--kebab-case`
 //! flags, one `--help` heading each) and into one flat namespace of names
 //! shared by the flags, the config file and `--print-config`.
 //! [`ServerConfig::validate`] only checks and returns a typed error; an
@@ -60,6 +61,9 @@ pub struct ServerConfig {
     pub replication: ReplicationSettings,
     #[command(flatten)]
     #[serde(flatten)]
+    pub cluster: ClusterSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
     pub admin: AdminSettings,
     #[command(flatten)]
     #[serde(flatten)]
@@ -104,6 +108,8 @@ pub enum ConfigError {
         than: &'static str,
         bound: String,
     },
+    #[error("{0}")]
+    Cluster(String),
     #[error(transparent)]
     Unit(#[from] UnitError),
     #[error("refusing to listen on {addr} for {port} without authentication: anyone who can reach it could {risk}. Set {fix}, listen on a loopback address such as 127.0.0.1, or pass --insecure to run it open on purpose")]
@@ -115,6 +121,8 @@ pub enum ConfigError {
     },
     #[error("pair mode (--peer or --replica-of) needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same on both nodes, and different from the client tokens: without it the nodes could not replicate to each other. Generate one, e.g. `openssl rand -hex 32`; or pass --insecure to let any client replicate and change roles")]
     PairWithoutSecret,
+    #[error("cluster mode (--etcd) needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same on every node of the cluster, and different from the client tokens: the nodes replicate and hand states to each other with it. Generate one, e.g. `openssl rand -hex 32`; or pass --insecure to let any client do so")]
+    ClusterWithoutSecret,
     #[error("--cluster-secret must differ from the client tokens (--auth-token, --auth-token-next): a client holding the token could otherwise control the node")]
     ClusterSecretIsAClientToken,
     #[error("{name} must be 1 to {max} bytes, got {len}")]
@@ -132,7 +140,7 @@ pub enum ConfigError {
     TlsHalf,
     #[error("--{name} needs --tls-cert and --tls-key")]
     TlsNeedsCert { name: &'static str },
-    #[error("pair mode with TLS needs --tls-ca: the CA that signed the other node's certificate, to verify it")]
+    #[error("pair mode or cluster mode with TLS needs --tls-ca: the CA that signed the other nodes' certificates, to verify them")]
     PairTlsWithoutCa,
 }
 
@@ -156,6 +164,7 @@ impl ServerConfig {
         self.store.validate()?;
         self.overload.validate()?;
         self.replication.validate()?;
+        self.cluster.validate(&self.replication)?;
         self.admin.validate()?;
         self.validate_security()
     }

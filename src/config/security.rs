@@ -225,6 +225,9 @@ impl ServerConfig {
         if self.replication.pair_mode() && auth.cluster_secret.is_none() && !auth.insecure {
             return Err(ConfigError::PairWithoutSecret);
         }
+        if self.cluster.enabled() && auth.cluster_secret.is_none() && !auth.insecure {
+            return Err(ConfigError::ClusterWithoutSecret);
+        }
         self.validate_tls()?;
         protected_mode(&self.protocol_exposure(self.network.listen), auth.insecure)?;
         if let super::AdminAddr::On(addr) = self.admin.listen {
@@ -248,7 +251,8 @@ impl ServerConfig {
                 }
             }
         }
-        if tls.enabled() && self.replication.pair_mode() && tls.tls_ca.is_none() {
+        let nodes_connect = self.replication.pair_mode() || self.cluster.enabled();
+        if tls.enabled() && nodes_connect && tls.tls_ca.is_none() {
             return Err(ConfigError::PairTlsWithoutCa);
         }
         Ok(())

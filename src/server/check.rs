@@ -30,6 +30,7 @@
 use super::dedup::Answered;
 use super::Shared;
 use crate::clock::Nanos;
+use crate::node::Gate;
 use crate::rules::spec::INLINE_LABEL;
 use crate::rules::{DecisionCounters, Rule, RuleSet};
 use crate::slot::Slot;
@@ -106,6 +107,7 @@ pub(super) fn answer(
     id: RequestId,
     batch: &CheckBatch,
     verb: Verb,
+    gate: &Gate<'_>,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     let started = Instant::now();
@@ -115,6 +117,7 @@ pub(super) fn answer(
         rules: &rules,
         now: shared.clock.now(),
         verb,
+        gate,
     };
     let encoded = encode_checked(id, batch.iter().map(|pairs| evaluation.check(pairs)), dst);
     if let Verb::Check(_) = verb {
@@ -135,6 +138,7 @@ pub(super) fn answer_tagged(
     id: RequestId,
     batch: &TaggedBatch,
     backlog: usize,
+    gate: &Gate<'_>,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     let started = Instant::now();
@@ -144,6 +148,7 @@ pub(super) fn answer_tagged(
         rules: &rules,
         now: shared.clock.now(),
         verb: Verb::Check(Mode::Charge),
+        gate,
     };
     let results = batch.iter().map(|(tag, pairs)| {
         let fresh = || {
@@ -194,6 +199,9 @@ struct Evaluation<'a> {
     rules: &'a RuleSet,
     now: Nanos,
     verb: Verb,
+    /// Which slots this node serves (cluster mode: a check whose slot is
+    /// moving gets TryAgain on its own).
+    gate: &'a Gate<'a>,
 }
 
 /// A check's pairs with their rules resolved to inline limits, and the rule
@@ -232,6 +240,11 @@ impl<'r> Decided<'r> {
 
 impl Evaluation<'_> {
     fn check(&self, pairs: &[Pair]) -> CheckResult {
+        if pairs.first().is_some_and(|p| self.gate.moving(&p.key)) {
+            // Nobody admits a moving slot; nothing is charged.
+            self.shared.metrics.errors.count(ErrorCode::TryAgain);
+            return CheckResult::Error(ErrorCode::TryAgain);
+        }
         let decided = match self.verb {
             Verb::Check(mode) => self.evaluate(pairs, mode),
             Verb::Refund => self.refund(pairs),

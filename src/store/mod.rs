@@ -18,6 +18,7 @@
 mod changes;
 mod group;
 mod key;
+mod merge;
 mod tables;
 
 use crate::algorithm::State;
