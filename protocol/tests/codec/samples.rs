@@ -193,6 +193,7 @@ pub fn requests() -> Vec<(RequestId, Request)> {
     .into_iter()
     .chain(crate::replication::requests())
     .chain(crate::cluster::requests())
+    .chain(crate::regions::requests())
     .collect()
 }
 
@@ -331,6 +332,7 @@ pub fn responses() -> Vec<(RequestId, Response)> {
     }
     out.extend(crate::replication::responses());
     out.extend(crate::cluster::responses());
+    out.extend(crate::regions::responses());
     out
 }
 
