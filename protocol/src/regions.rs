@@ -17,6 +17,16 @@ use bytes::Bytes;
 /// Longest region name, in bytes (the shortest is 1).
 pub const MAX_REGION_NAME_LEN: usize = 64;
 
+/// The region names the reference server takes: 1 to 64 bytes out of
+/// `A-Z a-z 0-9 _ - .` (the wire takes any UTF-8 of that length), safe in
+/// a metric label and a log line.
+pub fn valid_region_name(name: &str) -> bool {
+    (1..=MAX_REGION_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
 /// Bytes of a USAGE payload before its entries, for a region name of
 /// `region_len` bytes: `region_len`, the name, session, seq, sent_at, n.
 pub const fn usage_header_len(region_len: usize) -> usize {

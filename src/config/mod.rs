@@ -15,10 +15,12 @@
 //! (the store does not know this module).
 
 mod file;
+mod regions;
 mod sections;
 mod security;
 
 pub use file::{ConfigFile, FileError};
+pub use regions::*;
 pub use sections::*;
 pub use security::*;
 
@@ -53,6 +55,9 @@ pub struct ServerConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub replication: ReplicationSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub regions: RegionSettings,
     #[command(flatten)]
     #[serde(flatten)]
     pub admin: AdminSettings,
@@ -127,6 +132,14 @@ pub enum ConfigError {
     TlsHalf,
     #[error("--{name} needs --tls-cert and --tls-key")]
     TlsNeedsCert { name: &'static str },
+    #[error("region name {0:?} must be 1 to 64 characters out of A-Z a-z 0-9 _ - .")]
+    RegionName(String),
+    #[error("--region-peer {value:?}: {reason}")]
+    RegionPeer { value: String, reason: String },
+    #[error("--region-peer needs --region: the peers must know which region this node is")]
+    PeersWithoutRegion,
+    #[error("--region-ceiling must be a share in (0, 1], got {0}")]
+    CeilingShare(String),
     #[error("pair mode with TLS needs --tls-ca: the CA that signed the other node's certificate, to verify it")]
     PairTlsWithoutCa,
 }
@@ -150,6 +163,7 @@ impl ServerConfig {
         self.limits.validate()?;
         self.store.validate()?;
         self.replication.validate()?;
+        self.regions.validate()?;
         self.admin.validate()?;
         self.validate_security()
     }

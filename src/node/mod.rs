@@ -36,6 +36,7 @@
 mod link;
 mod metrics;
 mod pair;
+pub(crate) mod regions;
 mod replication;
 mod role;
 mod shared;
@@ -54,6 +55,7 @@ use crate::tls::Tls;
 use metrics::ReplMetrics;
 use pair::PairMode;
 use prometheus::Registry;
+use regions::{RegionConfig, Regions};
 use role::RoleState;
 use shared::Core;
 use source::RoleSource;
@@ -76,6 +78,8 @@ pub(crate) struct Node {
     source: Arc<dyn RoleSource>,
     handovers: mpsc::Sender<Handover>,
     metrics: ReplMetrics,
+    /// The usage exchange of global limits (None: in no region).
+    regions: Option<Arc<Regions>>,
 }
 
 /// What a node is built from.
@@ -91,6 +95,8 @@ pub(crate) struct NodeParts {
     pub advertise: String,
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
+    /// This node's region and its peers (None: in no region).
+    pub regions: Option<RegionConfig>,
 }
 
 impl Node {
@@ -99,6 +105,11 @@ impl Node {
     pub fn new(parts: NodeParts, registry: &Registry) -> prometheus::Result<(Self, Supervisor)> {
         let metrics = ReplMetrics::register(registry)?;
         let settings = parts.settings;
+        let regions = parts
+            .regions
+            .map(|c| Regions::new(c, parts.store.clone(), parts.clock.now(), registry))
+            .transpose()?
+            .map(Arc::new);
         let (role, primary) = PairMode::starting_role(&settings);
         let core = Arc::new(Core {
             role: RoleState::new(role, primary, parts.advertise, settings.max_epoch_gap),
@@ -119,6 +130,7 @@ impl Node {
             source,
             handovers,
             metrics,
+            regions,
         };
         Ok((node, supervisor))
     }
@@ -184,6 +196,21 @@ impl Node {
         if self.core.settings.advertise.is_none() {
             self.core.role.set_advertise(addr);
         }
+    }
+
+    /// The regions layer, when this node is in a region.
+    pub fn regions(&self) -> Option<&Regions> {
+        self.regions.as_deref()
+    }
+
+    /// The usage exchange with the other regions, to run beside the
+    /// listener until `shutdown` (None: in no region).
+    pub fn exchange(
+        &self,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let regions = self.regions.clone()?;
+        Some(regions::run(self.core.clone(), regions, shutdown))
     }
 
     /// Copies the replication numbers into the metrics (before a scrape).

@@ -66,9 +66,12 @@ impl Store {
         let Locked { tables, changes } = &mut *locked;
         let current = tables.live(table, hash, key, now, &self.expired_on_access);
         let mut entry = current.clone();
-        if let Some((state, expires_at)) =
-            policy.absorb(entry.as_ref().map(|e| &e.state), usage.at, now, usage.charged)?
-        {
+        if let Some((state, expires_at)) = policy.absorb(
+            entry.as_ref().map(|e| &e.state),
+            usage.at,
+            now,
+            usage.charged,
+        )? {
             entry = Some(Entry { state, expires_at });
         }
         let mut refund = usage.refunded;
@@ -187,11 +190,15 @@ mod tests {
             let key = format!("rl:{{k}}:{}", l.algorithm.name());
             // A PEEK answers after one more unit: 10 - 1 with nothing used.
             assert_eq!(remaining(&s, &key, l, now), 9);
-            assert!(s.absorb(key.as_bytes(), &l, usage(4, 0, now - S), now).unwrap());
+            assert!(s
+                .absorb(key.as_bytes(), &l, usage(4, 0, now - S), now)
+                .unwrap());
             assert_eq!(remaining(&s, &key, l, now), 5, "{l:?}");
             // Local checks add to it.
             let pair = Pair::inline(Bytes::from(key.clone().into_bytes()), l, 2);
-            assert!(matches!(s.check(&[pair], now, Mode::Charge), CheckResult::Decision(d) if d.allowed));
+            assert!(
+                matches!(s.check(&[pair], now, Mode::Charge), CheckResult::Decision(d) if d.allowed)
+            );
             assert_eq!(remaining(&s, &key, l, now), 3);
             // A refund made there gives units back here.
             assert!(s.absorb(key.as_bytes(), &l, usage(0, 3, now), now).unwrap());
@@ -204,7 +211,9 @@ mod tests {
         let s = Store::new(StoreConfig::default());
         let now = 100 * S;
         let window = limit(Algorithm::FixedWindow, 10, 1000, 0);
-        assert!(!s.absorb(b"w", &window, usage(3, 0, now - 2 * S), now).unwrap());
+        assert!(!s
+            .absorb(b"w", &window, usage(3, 0, now - 2 * S), now)
+            .unwrap());
         let bucket = limit(Algorithm::TokenBucket, 10, 1000, 10);
         // Two tokens used 1 s ago have refilled already.
         assert!(!s.absorb(b"b", &bucket, usage(2, 0, now - S), now).unwrap());

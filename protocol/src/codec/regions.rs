@@ -72,7 +72,11 @@ pub(crate) fn encode_usage(
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     let hint = usage_header_len(report.region.len())
-        + report.entries.iter().map(UsageEntry::wire_len).sum::<usize>();
+        + report
+            .entries
+            .iter()
+            .map(UsageEntry::wire_len)
+            .sum::<usize>();
     encode_frame(dst, opcode::USAGE, request_id, hint, |dst| {
         put_region(dst, &report.region)?;
         dst.put_u64(report.session);

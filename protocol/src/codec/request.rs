@@ -199,7 +199,10 @@ pub(super) fn decode_rule_name(r: &mut PayloadReader) -> Result<RuleName, Decode
 }
 
 /// A key_len-prefixed key, its length checked before it is sliced.
-pub(super) fn decode_key(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Bytes, DecodeError> {
+pub(super) fn decode_key(
+    r: &mut PayloadReader,
+    limits: &ServerLimits,
+) -> Result<Bytes, DecodeError> {
     let len = r.u16()?;
     if len == 0 {
         return Err(DecodeError::EmptyKey {

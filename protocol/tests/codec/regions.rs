@@ -205,7 +205,11 @@ fn entry_and_header_lengths_match_the_encoder() {
     let expected = FRAME_HEADER_LEN
         + MIN_FRAME_BODY as usize
         + usage_header_len(report.region.len())
-        + report.entries.iter().map(UsageEntry::wire_len).sum::<usize>();
+        + report
+            .entries
+            .iter()
+            .map(UsageEntry::wire_len)
+            .sum::<usize>();
     assert_eq!(frame.len(), expected);
 }
 
@@ -283,9 +287,7 @@ fn report() -> impl Strategy<Value = UsageReport> {
         any::<u64>(),
         any::<u64>(),
     )
-        .prop_map(|(key, rule, charged, refunded, at)| {
-            entry(&key, &rule, charged, refunded, at)
-        });
+        .prop_map(|(key, rule, charged, refunded, at)| entry(&key, &rule, charged, refunded, at));
     (
         "[a-z0-9-]{1,64}",
         any::<u64>(),
