@@ -138,9 +138,11 @@ pub enum ConfigError {
     RegionPeer { value: String, reason: String },
     #[error("--region-peer needs --region: the peers must know which region this node is")]
     PeersWithoutRegion,
+    #[error("--region-peer needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same in every region: the usage exchange is a node-to-node exchange. Or pass --insecure to let any client send usage")]
+    RegionsWithoutSecret,
     #[error("--region-ceiling must be a share in (0, 1], got {0}")]
     CeilingShare(String),
-    #[error("pair mode with TLS needs --tls-ca: the CA that signed the other node's certificate, to verify it")]
+    #[error("pair mode or region peers with TLS need --tls-ca: the CA that signed the other node's certificate, to verify it")]
     PairTlsWithoutCa,
 }
 

@@ -225,6 +225,10 @@ impl ServerConfig {
         if self.replication.pair_mode() && auth.cluster_secret.is_none() && !auth.insecure {
             return Err(ConfigError::PairWithoutSecret);
         }
+        if !self.regions.region_peer.is_empty() && auth.cluster_secret.is_none() && !auth.insecure
+        {
+            return Err(ConfigError::RegionsWithoutSecret);
+        }
         self.validate_tls()?;
         protected_mode(&self.protocol_exposure(self.network.listen), auth.insecure)?;
         if let super::AdminAddr::On(addr) = self.admin.listen {
@@ -248,7 +252,8 @@ impl ServerConfig {
                 }
             }
         }
-        if tls.enabled() && self.replication.pair_mode() && tls.tls_ca.is_none() {
+        let talks_to_nodes = self.replication.pair_mode() || !self.regions.region_peer.is_empty();
+        if tls.enabled() && talks_to_nodes && tls.tls_ca.is_none() {
             return Err(ConfigError::PairTlsWithoutCa);
         }
         Ok(())

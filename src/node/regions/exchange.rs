@@ -130,6 +130,7 @@ async fn exchange_once(
             metrics.keys_sent.inc_by(report.entries.len() as u64);
             peer.last_acked
                 .fetch_max(core.clock.now(), crate::sync::Ordering::Relaxed);
+            peer.acked.fetch_add(1, crate::sync::Ordering::Relaxed);
         }
         Err(LinkError::Refused { code, message }) => {
             tracing::warn!(

@@ -78,6 +78,8 @@ pub(crate) struct Peer {
     applied: Mutex<Option<(u64, u64)>>,
     /// Whether the exchange with it is stalled (the monitor's view).
     stalled: AtomicBool,
+    /// USAGE messages it answered (applied or duplicate).
+    acked: AtomicU64,
 }
 
 /// Why a USAGE is refused: nothing changed.
@@ -121,6 +123,7 @@ impl Regions {
                 last_received: AtomicU64::new(now),
                 applied: Mutex::new(None),
                 stalled: AtomicBool::new(false),
+                acked: AtomicU64::new(0),
             })
             .collect();
         Ok(Self {
@@ -297,6 +300,7 @@ impl Regions {
                             .saturating_sub(p.last_received.load(Ordering::Relaxed))
                             / 1_000_000,
                         stalled: p.stalled.load(Ordering::Relaxed),
+                        messages_acked: p.acked.load(Ordering::Relaxed),
                         keys_sent: m.keys_sent.get(),
                         keys_received: m.keys_received.get(),
                         units_imported: m.units_imported.get(),
@@ -337,6 +341,8 @@ pub(crate) struct PeerStatus {
     pub last_acked_ms_ago: u64,
     pub last_received_ms_ago: u64,
     pub stalled: bool,
+    /// USAGE messages this node sent that the peer answered.
+    pub messages_acked: u64,
     pub keys_sent: u64,
     pub keys_received: u64,
     pub units_imported: u64,
