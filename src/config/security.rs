@@ -225,8 +225,7 @@ impl ServerConfig {
         if self.replication.pair_mode() && auth.cluster_secret.is_none() && !auth.insecure {
             return Err(ConfigError::PairWithoutSecret);
         }
-        if !self.regions.region_peer.is_empty() && auth.cluster_secret.is_none() && !auth.insecure
-        {
+        if !self.regions.region_peer.is_empty() && auth.cluster_secret.is_none() && !auth.insecure {
             return Err(ConfigError::RegionsWithoutSecret);
         }
         self.validate_tls()?;

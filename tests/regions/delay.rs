@@ -84,7 +84,10 @@ async fn one_way(
     let reader = async move {
         let mut buf = vec![0u8; 32 * 1024];
         while let Ok(n @ 1..) = from.read(&mut buf).await {
-            if tx.send((Instant::now() + delay, buf[..n].to_vec())).is_err() {
+            if tx
+                .send((Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+            {
                 break;
             }
         }
