@@ -347,3 +347,6 @@ pub(crate) struct PeerStatus {
     pub keys_received: u64,
     pub units_imported: u64,
 }
+
+#[cfg(test)]
+mod tests;
