@@ -77,9 +77,9 @@ impl World {
         let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
         let mut relays = HashMap::new();
         for i in 0..NAMES.len() {
-            for j in 0..NAMES.len() {
+            for (j, to) in addrs.iter().enumerate() {
                 if i != j {
-                    let relay = DelayRelay::start(addrs[j].to_string(), ONE_WAY).await;
+                    let relay = DelayRelay::start(to.to_string(), ONE_WAY).await;
                     relays.insert((i, j), relay);
                 }
             }
@@ -188,12 +188,12 @@ fn peer_field(status: &Value, peer: &str, field: &str) -> u64 {
 
 /// Waits until every region has heard from every peer (the exchange runs).
 async fn in_step(world: &World) {
-    for r in 0..NAMES.len() {
+    for (r, name) in NAMES.iter().enumerate() {
         eventually("every peer answering", || async {
             let s = world.status(r).await;
             let ok = NAMES
                 .iter()
-                .filter(|n| **n != NAMES[r])
+                .filter(|n| *n != name)
                 .all(|n| peer_field(&s, n, "messages_acked") >= 2);
             (ok && s["cut_off"] == false).then_some(())
         })
@@ -244,12 +244,11 @@ async fn spread_then_shift(rule_name: &str) {
     );
     // And every region now knows: none admits the customer any more.
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    for r in 1..NAMES.len() {
+    for (r, name) in NAMES.iter().enumerate().skip(1) {
         while world.peek(r, key, rule_name).await.allowed {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "{} still admits the customer",
-                NAMES[r]
+                "{name} still admits the customer"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -152,7 +152,7 @@ impl Regions {
         now: Nanos,
     ) {
         for peer in &self.peers {
-            if regions.iter().any(|r| *r == peer.config.name) {
+            if regions.contains(&peer.config.name) {
                 peer.journal.lock().add(key, rule, charged, refunded, now);
             }
         }
