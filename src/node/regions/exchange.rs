@@ -6,9 +6,9 @@
 //! `exchange-max-bytes` (or takes the unanswered one again), sends it over
 //! a node link (HELLO with the cluster secret) and waits for USAGE_OK. A
 //! message is numbered once (session, seq) and resent unchanged until
-//! answered, so the receiver applies it at most once; a refusal (the peer
-//! does not know this region, say) drops it with a warning rather than
-//! retrying it forever. One message is in flight per peer.
+//! answered, so the receiver applies it at most once; a Malformed refusal
+//! (the peer does not know this region, say) drops it with a warning
+//! rather than retrying it forever. One message is in flight per peer.
 
 use super::journal::Journal;
 use super::Regions;
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use tollgate_protocol::{Request, Response, Role, UsageReport};
+use tollgate_protocol::{ErrorCode, Request, Response, Role, UsageReport};
 
 /// Runs the monitor and one sender per peer until `shutdown`.
 pub(crate) async fn run(core: Arc<Core>, regions: Arc<Regions>, shutdown: CancellationToken) {
@@ -132,7 +132,9 @@ async fn exchange_once(
                 .fetch_max(core.clock.now(), crate::sync::Ordering::Relaxed);
             peer.acked.fetch_add(1, crate::sync::Ordering::Relaxed);
         }
-        Err(LinkError::Refused { code, message }) => {
+        // Malformed: the peer will never take this message (it does not
+        // know this region, say); drop it rather than retry it forever.
+        Err(LinkError::Refused { code, message }) if code == ErrorCode::Malformed => {
             tracing::warn!(
                 peer = %peer.config.name, %code, %message,
                 "peer region refused our usage; message dropped"
@@ -140,6 +142,8 @@ async fn exchange_once(
             metrics.send_failures.inc();
             s.link = None;
         }
+        // Anything else (a standby answering NotPrimary during a failover
+        // there, a broken connection): the same message again next time.
         Err(e) => {
             tracing::debug!(peer = %peer.config.name, error = %e, "usage exchange failed; will resend");
             metrics.send_failures.inc();
