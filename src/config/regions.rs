@@ -32,6 +32,7 @@ pub struct RegionSettings {
     /// (repeatable, or comma-separated). Usage is exchanged with each over a
     /// node connection (the cluster secret).
     #[arg(long, value_name = "NAME=HOST:PORT", value_delimiter = ',')]
+    #[serde(serialize_with = "comma_separated")]
     pub region_peer: Vec<String>,
 
     /// How often usage is sent to each peer region.
@@ -54,6 +55,16 @@ pub struct RegionSettings {
     /// exchange is stalled, in (0, 1] (default: 1 / number of regions).
     #[arg(long, value_name = "SHARE")]
     pub region_ceiling: Option<f64>,
+}
+
+/// The peers as a config file takes them (one scalar, comma-separated;
+/// null when there are none), so `--print-config` loads back.
+fn comma_separated<S: serde::Serializer>(peers: &[String], s: S) -> Result<S::Ok, S::Error> {
+    if peers.is_empty() {
+        s.serialize_none()
+    } else {
+        s.serialize_str(&peers.join(","))
+    }
 }
 
 /// A peer region as configured.
