@@ -1,7 +1,7 @@
 //! Replication and failover messages, as Rust values (`PROTOCOL.md` §13).
 //!
 //! They travel in ordinary frames on the ordinary port, with the request
-//! opcodes `0x08..=0x0B` and the response opcodes `0x88..=0x8D`, and are
+//! opcodes `0x08..=0x0C` and the response opcodes `0x88..=0x8E`, and are
 //! wrapped in [`Request::Repl`](crate::Request::Repl) and
 //! [`Response::Repl`](crate::Response::Repl) so that code handling client
 //! traffic matches on one variant for all of them.
@@ -56,6 +56,13 @@ pub enum ReplRequest {
     /// STATUS_OK). A node probing its peer describes itself in `announce`,
     /// so the peer learns about a newer primary even if it never probes.
     Status { announce: Option<Announce> },
+    /// `0x0C`: a node hands its states over to this primary, which merges
+    /// them into its own key by key, keeping whichever of the two states
+    /// has less quota left (answered by HANDED_OFF). Sent by a primary that
+    /// steps down after serving clients, so nothing it admitted is handed
+    /// back, and by a slot move's source to its target. `epoch` is the
+    /// sender's epoch (for logs).
+    Handoff { epoch: u64, records: Vec<Record> },
 }
 
 /// What a node says about itself when it probes its peer.
@@ -99,6 +106,9 @@ pub enum ReplResponse {
     /// `0x8D` PROMOTED: the node is primary at `epoch`; `was_primary` when
     /// it already was (PROMOTE is idempotent).
     Promoted { epoch: u64, was_primary: bool },
+    /// `0x8E` HANDED_OFF: the records of a HANDOFF are merged; `merged` of
+    /// them changed a state here.
+    HandedOff { merged: u32 },
 }
 
 /// One frame of a snapshot of the slots `s` with `s % slot_mod ==

@@ -22,11 +22,13 @@
 //!
 //! Besides charging, a state can be given units back ([`Policy::refund`],
 //! never beyond a full/empty state) and a concurrency lease can be released
-//! ([`release_lease`]).
+//! ([`release_lease`]). Two copies of one key's state (two nodes served
+//! it) are combined by [`merge`], which never hands quota back.
 
 mod concurrency;
 mod fixed_window;
 mod leaky_bucket;
+mod merge;
 mod sliding_log;
 mod sliding_window;
 mod token_bucket;
@@ -34,6 +36,7 @@ mod token_bucket;
 pub use concurrency::{Concurrency, Lease, LeaseSet};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use leaky_bucket::LeakyBucket;
+pub use merge::merge;
 pub use sliding_log::{LogState, SlidingLog};
 pub use sliding_window::{SlidingWindow, WindowState};
 pub use token_bucket::TokenBucket;

@@ -1,17 +1,19 @@
 //! The `tollgate` binary's commands, one file each: [`serve`], [`check`],
 //! [`release`], [`ping`], [`status`], [`promote`], [`rules`], [`usage`],
-//! [`health`];
+//! [`health`], [`cluster`];
 //! beside them what several share: [`render`] (how answers print),
 //! `remote` (reaching a server), `signals` and `logging` (of `serve`).
 //!
 //! `serve` runs the server on built-in defaults (every setting a flag, or a
 //! key of `--config FILE`); the others are small clients over
-//! `tollgate-client`, handy for smoke tests and for seeing what a limit does
+//! `tollgate-client` (`check` finds a key's owner in a cluster through
+//! `route`), handy for smoke tests and for seeing what a limit does
 //! before putting it in a gateway; `rules`, `usage` and `promote` wrap the
 //! admin HTTP API. Exit codes: 0 success, 1 the server refused the request (or, for
 //! `release`, the lease was no longer held), 2 usage or connection errors.
 
 pub mod check;
+pub mod cluster;
 pub mod health;
 mod logging;
 pub mod ping;
@@ -19,6 +21,7 @@ pub mod promote;
 pub mod release;
 mod remote;
 pub mod render;
+mod route;
 pub mod rules;
 pub mod serve;
 mod signals;
@@ -73,6 +76,8 @@ pub enum Command {
     /// Exit 0 when the admin API answers /healthz (or /readyz) with 200:
     /// the container health check, which needs no auth token and no curl.
     Health(HealthArgs),
+    /// Cluster mode: create a cluster in etcd, show it, move slots.
+    Cluster(cluster::ClusterArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -101,6 +106,7 @@ pub fn main() -> ExitCode {
         Command::Rules(args) => runtime.block_on(rules::run(args)),
         Command::Usage(args) => runtime.block_on(usage::run(args)),
         Command::Health(args) => runtime.block_on(health::run(args)),
+        Command::Cluster(args) => runtime.block_on(cluster::run(args)),
     }
 }
 

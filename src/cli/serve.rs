@@ -90,7 +90,12 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
         .as_ref()
         .and_then(|l| l.local_addr().ok())
         .map_or_else(|| "none".to_owned(), |a| a.to_string());
-    let mut server = match Server::new(config) {
+    let built = if config.cluster.enabled() {
+        join_cluster(config, &listener, admin.as_ref()).await
+    } else {
+        Server::new(config)
+    };
+    let mut server = match built {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot start");
@@ -123,4 +128,54 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Cluster mode: registers this node in etcd under the address others
+/// reach it at (`--advertise`, else the bound address, which must then be
+/// a real one, not `0.0.0.0`).
+#[cfg(feature = "cluster")]
+async fn join_cluster(
+    config: ServerConfig,
+    listener: &tokio::net::TcpListener,
+    admin: Option<&tokio::net::TcpListener>,
+) -> Result<Server, crate::server::StartError> {
+    use crate::cluster::ClusterError;
+    let bound = listener.local_addr().map_err(|e| {
+        crate::server::StartError::Cluster(ClusterError::Settings(format!(
+            "cannot read the listen address: {e}"
+        )))
+    })?;
+    let advertise = match &config.replication.advertise {
+        Some(a) => a.clone(),
+        None if bound.ip().is_unspecified() => {
+            return Err(ClusterError::Settings(format!(
+                "listening on {bound}: give --advertise HOST:PORT, the address other nodes and \
+                 clients reach this node at"
+            ))
+            .into())
+        }
+        None => bound.to_string(),
+    };
+    let admin =
+        admin
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| match &config.replication.advertise {
+                // Reachable at the advertised host, on the admin port.
+                Some(host) if a.ip().is_unspecified() => host
+                    .rsplit_once(':')
+                    .map_or_else(|| a.to_string(), |(h, _)| format!("{h}:{}", a.port())),
+                _ => a.to_string(),
+            });
+    Server::join_cluster(config, advertise, admin).await
+}
+
+/// Without the `cluster` feature, settings validation refuses `--etcd`
+/// before this is reached.
+#[cfg(not(feature = "cluster"))]
+async fn join_cluster(
+    config: ServerConfig,
+    _listener: &tokio::net::TcpListener,
+    _admin: Option<&tokio::net::TcpListener>,
+) -> Result<Server, crate::server::StartError> {
+    Server::new(config)
 }

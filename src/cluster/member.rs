@@ -248,7 +248,7 @@ impl Member {
     /// Stops renewing and revokes the lease: the registration and any
     /// primary key go at once, so a standby can take over without waiting
     /// for the TTL. The node must have stopped serving writes first.
-    pub async fn leave(self) -> Result<(), ClusterError> {
+    pub async fn leave(&self) -> Result<(), ClusterError> {
         self.cancel.cancel();
         let lease = self.lease_id();
         self.deadline.lose();

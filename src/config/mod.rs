@@ -4,7 +4,8 @@
 //! `tollgate serve` runs on these defaults with no config file. Each
 //! section ([`NetworkSettings`], [`AuthSettings`], [`TlsSettings`],
 //! [`LimitSettings`], [`StoreSettings`], [`RuleSettings`],
-//! [`ReplicationSettings`], [`AdminSettings`], [`LogSettings`]) is flattened into the command line (`--kebab-case`
+//! [`ReplicationSettings`], [`ClusterSettings`], [`AdminSettings`],
+//! [`LogSettings`]) is flattened into the command line (`--kebab-case`
 //! flags, one `--help` heading each) and into one flat namespace of names
 //! shared by the flags, the config file and `--print-config`.
 //! [`ServerConfig::validate`] only checks and returns a typed error; an
@@ -60,6 +61,9 @@ pub struct ServerConfig {
     pub regions: RegionSettings,
     #[command(flatten)]
     #[serde(flatten)]
+    pub cluster: ClusterSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
     pub admin: AdminSettings,
     #[command(flatten)]
     #[serde(flatten)]
@@ -104,6 +108,8 @@ pub enum ConfigError {
         than: &'static str,
         bound: String,
     },
+    #[error("{0}")]
+    Cluster(String),
     #[error(transparent)]
     Unit(#[from] UnitError),
     #[error("refusing to listen on {addr} for {port} without authentication: anyone who can reach it could {risk}. Set {fix}, listen on a loopback address such as 127.0.0.1, or pass --insecure to run it open on purpose")]
@@ -115,6 +121,8 @@ pub enum ConfigError {
     },
     #[error("pair mode (--peer or --replica-of) needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same on both nodes, and different from the client tokens: without it the nodes could not replicate to each other. Generate one, e.g. `openssl rand -hex 32`; or pass --insecure to let any client replicate and change roles")]
     PairWithoutSecret,
+    #[error("cluster mode (--etcd) needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same on every node of the cluster, and different from the client tokens: the nodes replicate and hand states to each other with it. Generate one, e.g. `openssl rand -hex 32`; or pass --insecure to let any client do so")]
+    ClusterWithoutSecret,
     #[error("--cluster-secret must differ from the client tokens (--auth-token, --auth-token-next): a client holding the token could otherwise control the node")]
     ClusterSecretIsAClientToken,
     #[error("{name} must be 1 to {max} bytes, got {len}")]
@@ -142,7 +150,7 @@ pub enum ConfigError {
     RegionsWithoutSecret,
     #[error("--region-ceiling must be a share in (0, 1], got {0}")]
     CeilingShare(String),
-    #[error("pair mode or region peers with TLS need --tls-ca: the CA that signed the other node's certificate, to verify it")]
+    #[error("pair mode, cluster mode or region peers with TLS need --tls-ca: the CA that signed the other nodes' certificates, to verify them")]
     PairTlsWithoutCa,
 }
 
@@ -166,6 +174,7 @@ impl ServerConfig {
         self.store.validate()?;
         self.replication.validate()?;
         self.regions.validate()?;
+        self.cluster.validate(&self.replication)?;
         self.admin.validate()?;
         self.validate_security()
     }

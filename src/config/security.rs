@@ -228,6 +228,9 @@ impl ServerConfig {
         if !self.regions.region_peer.is_empty() && auth.cluster_secret.is_none() && !auth.insecure {
             return Err(ConfigError::RegionsWithoutSecret);
         }
+        if self.cluster.enabled() && auth.cluster_secret.is_none() && !auth.insecure {
+            return Err(ConfigError::ClusterWithoutSecret);
+        }
         self.validate_tls()?;
         protected_mode(&self.protocol_exposure(self.network.listen), auth.insecure)?;
         if let super::AdminAddr::On(addr) = self.admin.listen {
@@ -251,8 +254,10 @@ impl ServerConfig {
                 }
             }
         }
-        let talks_to_nodes = self.replication.pair_mode() || !self.regions.region_peer.is_empty();
-        if tls.enabled() && talks_to_nodes && tls.tls_ca.is_none() {
+        let nodes_connect = self.replication.pair_mode()
+            || self.cluster.enabled()
+            || !self.regions.region_peer.is_empty();
+        if tls.enabled() && nodes_connect && tls.tls_ca.is_none() {
             return Err(ConfigError::PairTlsWithoutCa);
         }
         Ok(())

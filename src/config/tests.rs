@@ -101,6 +101,50 @@ fn replication_timeouts_must_outlast_the_heartbeat() {
 }
 
 #[test]
+fn cluster_mode_needs_its_three_settings_and_no_pair_settings() {
+    let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    assert!(!base.cluster.enabled());
+    let mut c = base.clone();
+    c.cluster.etcd = Some("127.0.0.1:2379".into());
+    c.cluster.cluster = Some("prod".into());
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("--shard is missing"), "{err}");
+    c.cluster.shard = Some(0);
+    c.replication.peer = Some("10.0.0.2:7700".into());
+    let err = c.validate().unwrap_err().to_string();
+    assert!(err.contains("--peer is a pair-mode setting"), "{err}");
+    c.replication.peer = None;
+    #[cfg(feature = "cluster")]
+    {
+        assert_eq!(c.validate(), Err(ConfigError::ClusterWithoutSecret));
+        c.auth.cluster_secret = Some("cluster-secret".into());
+        assert_eq!(c.validate(), Ok(()));
+        let etcd = c.cluster.etcd_settings().unwrap();
+        assert_eq!(etcd.lease_ttl, crate::cluster::DEFAULT_LEASE_TTL);
+        assert_eq!(etcd.lease_margin, crate::cluster::DEFAULT_LEASE_MARGIN);
+        assert_eq!(
+            etcd.keepalive_interval,
+            crate::cluster::DEFAULT_KEEPALIVE_INTERVAL
+        );
+        assert_eq!(
+            etcd.request_timeout,
+            crate::cluster::DEFAULT_REQUEST_TIMEOUT
+        );
+        c.cluster.lease_ttl = Duration::from_millis(1500);
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("whole seconds"), "{err}");
+        c.cluster.lease_ttl = Duration::from_secs(5);
+        c.cluster.cluster = Some("a/b".into());
+        assert!(c.validate().is_err());
+    }
+    #[cfg(not(feature = "cluster"))]
+    {
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("built without cluster mode"), "{err}");
+    }
+}
+
+#[test]
 fn protected_mode_refuses_an_open_port_beyond_loopback() {
     let open = ServerConfig::with_listen("0.0.0.0:7700".parse().unwrap());
     let err = open.validate().unwrap_err();

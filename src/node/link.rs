@@ -4,7 +4,8 @@
 //! pair's probes, STATUS and PROMOTE) or the replication stream (the
 //! follower, which drives [`Link::send`] and [`Link::next`] itself).
 //!
-//! Invariants: every read and write is bounded by the link's timeout;
+//! Invariants: every read and write is bounded by the link's timeout, and
+//! a read times out only when the kernel holds nothing unread for it;
 //! frames are decoded under the server's frame ceiling, never more.
 
 use super::shared::Core;
@@ -47,6 +48,8 @@ pub(crate) enum LinkError {
 pub(crate) struct Hello {
     pub role: Role,
     pub epoch: u64,
+    /// The largest frame it accepts (HELLO_OK's limits).
+    pub max_frame: u32,
 }
 
 /// An open, authenticated connection to another node.
@@ -86,9 +89,26 @@ impl Link {
         };
         link.send(HELLO_ID, &hello).await?;
         match link.answer(HELLO_ID).await? {
-            Response::HelloOk { role, epoch, .. } => Ok((link, Hello { role, epoch })),
+            Response::HelloOk {
+                role,
+                epoch,
+                limits,
+                ..
+            } => Ok((
+                link,
+                Hello {
+                    role,
+                    epoch,
+                    max_frame: limits.max_frame,
+                },
+            )),
             other => Err(unexpected("HELLO", &other)),
         }
+    }
+
+    /// Every later read and write is bounded by `timeout` instead.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     /// One request and its answer (an ERROR comes back as
@@ -143,8 +163,22 @@ impl Link {
                 Ok(Ok(0)) => return Err(LinkError::Closed),
                 Ok(Ok(_)) => {}
                 Ok(Err(e)) => return Err(e.into()),
+                // The runtime may fire the timer before it has seen the
+                // socket become readable (a process resumed after SIGSTOP
+                // finds both due at once): ask the kernel itself.
+                Err(_) if self.bytes_waiting() => {}
                 Err(_) => return Err(LinkError::Silent(self.timeout)),
             }
+        }
+    }
+
+    /// Whether the kernel holds received bytes not read yet (or the end of
+    /// the stream), asked without blocking.
+    fn bytes_waiting(&self) -> bool {
+        let mut probe = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        match socket2::SockRef::from(self.socket.tcp()).peek(&mut probe) {
+            Ok(_) => true,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
         }
     }
 }

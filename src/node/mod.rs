@@ -29,10 +29,13 @@
 //! - [`Node::admit`] is on every request: it reads atomics, takes no lock
 //!   unless it refuses, and does no I/O.
 //!
-//! Pair mode (`--peer`, `--replica-of`) is the one `RoleSource` today;
-//! cluster mode is meant to be the second, deciding roles from etcd and
-//! adding refusals of its own (see `source.rs`).
+//! Pair mode (`--peer`, `--replica-of`, pair.rs) and cluster mode
+//! (`--etcd`, cluster/, feature `cluster`: roles from etcd, MOVED and
+//! TryAgain per slot through a [`Gate`]) are the two `RoleSource`s.
 
+#[cfg(feature = "cluster")]
+mod cluster;
+mod gate;
 mod link;
 mod metrics;
 mod pair;
@@ -44,6 +47,9 @@ mod source;
 pub(crate) mod status;
 mod supervisor;
 
+#[cfg(feature = "cluster")]
+pub(crate) use cluster::Membership;
+pub(crate) use gate::Gate;
 pub(crate) use shared::Handover;
 pub(crate) use source::{Access, Refusal};
 pub(crate) use supervisor::Supervisor;
@@ -56,12 +62,14 @@ use metrics::ReplMetrics;
 use pair::PairMode;
 use prometheus::Registry;
 use regions::{RegionConfig, Regions};
+use replication::records::key_write;
 use role::RoleState;
 use shared::Core;
 use source::RoleSource;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
-use tollgate_protocol::{Announce, NodeStatus, Role, ServerLimits};
+use tollgate_protocol::{Announce, ClusterTopology, NodeStatus, Record, Role, ServerLimits};
 
 /// What a node tells a client in HELLO_OK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,11 +105,14 @@ pub(crate) struct NodeParts {
     pub clock: Arc<dyn Clock>,
     /// This node's region and its peers (None: in no region).
     pub regions: Option<RegionConfig>,
+    /// Cluster mode: the membership `serve` joined (None: pair mode).
+    #[cfg(feature = "cluster")]
+    pub cluster: Option<Membership>,
 }
 
 impl Node {
-    /// A node in pair mode, and the task that runs its duties. Its metrics
-    /// go into `registry`.
+    /// A node (in pair mode, or in the cluster it joined), and the task
+    /// that runs its duties. Its metrics go into `registry`.
     pub fn new(parts: NodeParts, registry: &Registry) -> prometheus::Result<(Self, Supervisor)> {
         let metrics = ReplMetrics::register(registry)?;
         let settings = parts.settings;
@@ -110,6 +121,13 @@ impl Node {
             .map(|c| Regions::new(c, parts.store.clone(), parts.clock.now(), registry))
             .transpose()?
             .map(Arc::new);
+        #[cfg(feature = "cluster")]
+        let (role, primary) = match &parts.cluster {
+            // A cluster node follows nobody until its duties read etcd.
+            Some(_) => (Role::Standby, None),
+            None => PairMode::starting_role(&settings),
+        };
+        #[cfg(not(feature = "cluster"))]
         let (role, primary) = PairMode::starting_role(&settings);
         let core = Arc::new(Core {
             role: RoleState::new(role, primary, parts.advertise, settings.max_epoch_gap),
@@ -120,6 +138,16 @@ impl Node {
             tls: parts.tls,
             limits: parts.limits,
         });
+        #[cfg(feature = "cluster")]
+        let source: Arc<dyn RoleSource> = match parts.cluster {
+            Some(membership) => Arc::new(cluster::ClusterMode::new(
+                core.clone(),
+                membership,
+                registry,
+            )?),
+            None => Arc::new(PairMode::new(core.clone())),
+        };
+        #[cfg(not(feature = "cluster"))]
         let source: Arc<dyn RoleSource> = Arc::new(PairMode::new(core.clone()));
         // A handover waits here only while the replication task switches
         // roles; a few cover a standby reconnecting meanwhile.
@@ -135,10 +163,32 @@ impl Node {
         Ok((node, supervisor))
     }
 
-    /// Whether this node serves `access` to the counters now; the refusal
-    /// says why not and where to go instead.
-    pub fn admit(&self, access: Access) -> Result<(), Refusal> {
+    /// Whether this node serves `access` to the counters now, and a gate
+    /// that screens the request's slots; the refusal says why not and
+    /// where to go instead.
+    pub fn admit(&self, access: Access) -> Result<Gate<'_>, Refusal> {
         self.source.admit(access)
+    }
+
+    /// The slot map, as TOPOLOGY answers it: the cluster's, or outside a
+    /// cluster one shard owning every slot, served by this node (or by the
+    /// primary a standby follows).
+    pub fn topology(&self) -> ClusterTopology {
+        self.source
+            .topology()
+            .unwrap_or_else(|| ClusterTopology::single_node(&status::status(&self.core)))
+    }
+
+    /// This node's place in its cluster and the routing table it serves
+    /// from (`GET /v1/cluster`); None outside a cluster.
+    pub fn cluster_json(&self) -> Option<serde_json::Value> {
+        self.source.describe()
+    }
+
+    /// At shutdown, once no request is served any more: leave the cluster
+    /// (nothing outside one).
+    pub async fn leave(&self) {
+        self.source.leave().await;
     }
 
     pub fn greeting(&self) -> Greeting {
@@ -155,7 +205,7 @@ impl Node {
     pub fn accept_replica(&self, epoch: u64) -> Result<(), Refusal> {
         let role = &self.core.role;
         role.heard_of_epoch(epoch)?;
-        self.source.admit(Access::Write)?;
+        self.source.leads()?;
         if epoch > role.epoch() {
             return Err(Refusal::StaleEpoch {
                 ours: role.epoch(),
@@ -169,6 +219,32 @@ impl Node {
     /// false when that task is gone (shutdown).
     pub async fn hand_over(&self, handover: Handover) -> bool {
         self.handovers.send(handover).await.is_ok()
+    }
+
+    /// HANDOFF: merges another node's states into ours, each key keeping
+    /// the copy with less quota left. Only a node serving writes takes
+    /// them. Returns how many records changed a state here.
+    pub fn take_handoff(&self, epoch: u64, records: &[Record]) -> Result<u32, Refusal> {
+        self.source.leads()?;
+        let gate = self.source.admit(Access::Write)?;
+        let now = self.core.clock.now();
+        let store = &self.core.store;
+        // In a cluster, states of slots this shard neither owns nor
+        // receives are not ours to keep (the sender's map was older).
+        let merged = records
+            .iter()
+            .filter(|r| gate.receives(&r.key) && store.merge(&key_write(r), now))
+            .count();
+        let stats = &self.core.role.stats;
+        stats.handoffs_received.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            from_epoch = epoch,
+            records = records.len(),
+            merged,
+            "merged states handed over by another node"
+        );
+        // At most a frame's worth of records, far below u32::MAX.
+        Ok(u32::try_from(merged).unwrap_or(u32::MAX))
     }
 
     /// PROMOTE: the epoch this node is primary at, and whether it already
@@ -216,5 +292,6 @@ impl Node {
     /// Copies the replication numbers into the metrics (before a scrape).
     pub fn refresh_metrics(&self) {
         self.metrics.refresh(&self.core);
+        self.source.refresh_metrics();
     }
 }

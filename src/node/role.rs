@@ -4,9 +4,11 @@
 //!
 //! Invariants:
 //! - every role change goes through [`RoleState::promote`],
-//!   [`RoleState::start_as_primary`] or [`RoleState::step_down`], which log
-//!   it and wake the supervisor (a `watch` generation); nothing else writes
-//!   the role;
+//!   [`RoleState::start_as_primary`], [`RoleState::step_down`] or, in
+//!   cluster mode, [`RoleState::lead`], [`RoleState::follow_elected`] and
+//!   [`RoleState::orphan`] (epochs from etcd, not checked), which log it and
+//!   wake the supervisor (a `watch` generation); nothing else writes the
+//!   role;
 //! - the role is an atomic read on every request, so checks pay one load;
 //! - the epoch only grows, except that a standby reports the epoch of the
 //!   primary it follows (which is at least the one it knew when it chose to
@@ -79,6 +81,11 @@ struct State {
     ever_synced: bool,
     /// Highest epoch this node has heard of from any other node.
     highest_seen: u64,
+    /// It stepped down from primary and has not yet handed its states to
+    /// the primary it follows: its copy may hold charges nobody else has,
+    /// so it must not be replaced by a full sync before they are merged
+    /// there (see `replication::standby`).
+    owes_handoff: bool,
 }
 
 /// Counters and gauges of replication (status, metrics).
@@ -103,6 +110,13 @@ pub(crate) struct Stats {
     /// Standby: when it last heard from its primary, ms since the node
     /// started, plus 1 (0: never).
     pub heard_at_ms: AtomicU64,
+    /// Standby: 1 while it holds an open stream whose last read did not
+    /// time out. Frames may be waiting in that socket (the node was
+    /// paused), so its silence is not yet proof that the primary is gone.
+    pub streaming: AtomicU64,
+    /// Handoffs sent (after stepping down) and received (merged).
+    pub handoffs_sent: AtomicU64,
+    pub handoffs_received: AtomicU64,
 }
 
 /// A consistent copy of the role and its details.
@@ -133,6 +147,7 @@ impl RoleState {
                 synced: primary_now,
                 ever_synced: false,
                 highest_seen: 0,
+                owes_handoff: false,
             }),
             generation,
             advertise: Mutex::new(advertise),
@@ -229,19 +244,42 @@ impl RoleState {
     /// Becomes primary at `max(known epochs) + 1` (unless already primary).
     /// Returns the epoch and whether the node already was primary.
     pub fn promote(&self, reason: Reason) -> Result<(u64, bool), EpochError> {
-        self.become_primary(reason, true)
+        self.become_primary(reason, true, None)
     }
 
-    fn become_primary(&self, reason: Reason, promotion: bool) -> Result<(u64, bool), EpochError> {
+    /// Becomes primary at exactly `epoch`, the one an election outside the
+    /// node handed it (cluster mode: etcd's revision, trusted as it is).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub fn lead(&self, epoch: u64, reason: Reason) {
+        {
+            let mut state = self.state.lock();
+            state.highest_seen = state.highest_seen.max(epoch);
+        }
+        // Cannot fail: the epoch is given, not computed.
+        let _ = self.become_primary(reason, true, Some(epoch));
+    }
+
+    fn become_primary(
+        &self,
+        reason: Reason,
+        promotion: bool,
+        at: Option<u64>,
+    ) -> Result<(u64, bool), EpochError> {
         let mut state = self.state.lock();
         if self.is_primary() {
             return Ok((self.epoch(), true));
         }
         let known = self.epoch().max(state.highest_seen);
-        let epoch = known.checked_add(1).ok_or(EpochError::Exhausted(known))?;
+        let epoch = match at {
+            Some(epoch) => epoch,
+            None => known.checked_add(1).ok_or(EpochError::Exhausted(known))?,
+        };
         let from = state.primary.take();
         state.replid = new_replid();
         state.synced = true;
+        // Its own copy was never replaced (the handoff comes before any
+        // sync), so it serves on with what it admitted.
+        state.owes_handoff = false;
         self.epoch.store(epoch, Ordering::Relaxed);
         self.role.store(PRIMARY, Ordering::Relaxed);
         if promotion {
@@ -265,21 +303,79 @@ impl RoleState {
     /// `known_epoch` is the highest epoch the probe saw.
     pub fn start_as_primary(&self, known_epoch: u64, reason: Reason) -> Result<(), EpochError> {
         self.heard_of_epoch(known_epoch)?;
-        self.become_primary(reason, false).map(drop)
+        self.become_primary(reason, false, None).map(drop)
+    }
+
+    /// Becomes (or stays) a standby that follows nobody for now (cluster
+    /// mode: its shard has no primary, or its lease is gone). Its copy is
+    /// left as it is: as complete as it was, and resumable.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub fn orphan(&self, reason: Reason) {
+        let mut state = self.state.lock();
+        let was = self.role();
+        if was == Role::Standby && state.primary.is_none() {
+            return;
+        }
+        if was == Role::Primary {
+            state.owes_handoff = true;
+            self.stats.role_changes.fetch_add(1, Ordering::Relaxed);
+        }
+        let previous = state.primary.take();
+        self.role.store(STANDBY, Ordering::Relaxed);
+        drop(state);
+        tracing::warn!(
+            from = if was == Role::Primary {
+                "primary"
+            } else {
+                "standby"
+            },
+            to = "standby",
+            epoch = self.epoch(),
+            previous_primary = previous.as_deref().unwrap_or("none"),
+            primary = "none",
+            reason,
+            "role change"
+        );
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// [`step_down`](Self::step_down) to a primary an election outside the
+    /// node named (cluster mode: etcd), whose epoch is trusted as it is
+    /// (etcd revisions jump far between two elections of a shard).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub fn follow_elected(&self, primary: String, epoch: u64, reason: Reason) {
+        // Cannot fail: the epoch is not checked.
+        let _ = self.change_primary(primary, epoch, reason, false);
     }
 
     /// Becomes (or stays) a standby following `primary`, which claims
     /// `epoch`. Its copy is no longer resumable: the next stream is a full
-    /// sync.
+    /// sync. A standby already following `primary` stays as it is (its
+    /// stream reports the primary's epoch).
     pub fn step_down(&self, primary: String, epoch: u64, reason: Reason) -> Result<(), EpochError> {
+        self.change_primary(primary, epoch, reason, true)
+    }
+
+    fn change_primary(
+        &self,
+        primary: String,
+        epoch: u64,
+        reason: Reason,
+        check: bool,
+    ) -> Result<(), EpochError> {
         let mut state = self.state.lock();
-        self.credible(&state, epoch)?;
+        if check {
+            self.credible(&state, epoch)?;
+        }
         let was = self.role();
         state.highest_seen = state.highest_seen.max(epoch);
         if was == Role::Standby && state.primary.as_deref() == Some(primary.as_str()) {
             return Ok(());
         }
         let old_epoch = self.epoch();
+        if was == Role::Primary {
+            state.owes_handoff = true;
+        }
         state.primary = Some(primary.clone());
         state.replid = 0;
         state.synced = false;
@@ -324,6 +420,27 @@ impl RoleState {
         }
         self.epoch.store(epoch, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether this standby must hand its states to its primary before it
+    /// follows it (it stepped down from primary since it last did).
+    pub fn owes_handoff(&self) -> bool {
+        self.state.lock().owes_handoff
+    }
+
+    /// The primary has merged this node's states.
+    pub fn handed_off(&self) {
+        self.state.lock().owes_handoff = false;
+        self.stats.handoffs_sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the follower holds an open stream that has not gone silent.
+    pub fn is_streaming(&self) -> bool {
+        self.stats.streaming.load(Ordering::Relaxed) == 1
+    }
+
+    pub fn set_streaming(&self, on: bool) {
+        self.stats.streaming.store(u64::from(on), Ordering::Relaxed);
     }
 
     /// A standby has applied a complete copy.
@@ -427,5 +544,26 @@ mod tests {
         assert_eq!(view.primary.as_deref(), Some("b:1"));
         assert!(!view.synced);
         assert!(node.not_primary().to_string().contains("b:1"));
+        // It served as primary: its states go to b before any sync.
+        assert!(node.owes_handoff());
+        node.handed_off();
+        assert!(!node.owes_handoff());
+        // Switching primaries as a standby owes nothing more.
+        node.step_down("c:1".into(), 5, "test").unwrap();
+        assert!(!node.owes_handoff());
+    }
+
+    #[test]
+    fn an_elected_epoch_is_taken_as_it_is() {
+        // etcd revisions jump far past --max-epoch-gap between elections.
+        let node = RoleState::new(Role::Standby, None, "a:1".into(), GAP);
+        node.follow_elected("b:1".into(), 1_000_000, "test");
+        assert_eq!(node.epoch(), 1_000_000);
+        node.orphan("test");
+        assert_eq!(node.view().primary, None);
+        node.lead(5_000_000, "test");
+        assert_eq!((node.role(), node.epoch()), (Role::Primary, 5_000_000));
+        node.orphan("test");
+        assert!(node.owes_handoff(), "a primary orphaned owes its states");
     }
 }

@@ -46,6 +46,8 @@ pub(crate) fn status(core: &Core) -> NodeStatus {
     put("backlog_resets", get(&stats.backlog_resets));
     put("promotions", get(&stats.promotions));
     put("role_changes", get(&stats.role_changes));
+    put("handoffs_sent", get(&stats.handoffs_sent));
+    put("handoffs_received", get(&stats.handoffs_received));
     NodeStatus {
         role: view.role,
         epoch: view.epoch,

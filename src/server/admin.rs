@@ -1,5 +1,5 @@
 //! The admin HTTP API: health, rules, usage, throttled keys, replication,
-//! metrics.
+//! cluster, metrics.
 //!
 //! JSON in and out; every error is `{"error": "..."}` with a fitting status
 //! code (unknown paths and methods included). It runs on its own port
@@ -68,6 +68,7 @@ pub(super) fn router(state: Arc<AdminState>) -> Router {
         .route("/v1/limits/{key}", get(limits))
         .route("/v1/throttled", get(throttled))
         .route("/v1/replication", get(replication))
+        .route("/v1/cluster", get(cluster))
         .route("/v1/promote", post(promote))
         .route("/v1/regions", get(regions))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
@@ -131,6 +132,18 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
 /// prints).
 async fn replication(AxumState(state): AppState) -> Response {
     Json(status::to_json(&state.shared.node.status())).into_response()
+}
+
+/// Cluster mode: this node's place (shard, role, epoch, lease) and the
+/// routing table it serves from; 404 outside a cluster.
+async fn cluster(AxumState(state): AppState) -> Response {
+    match state.shared.node.cluster_json() {
+        Some(v) => Json(v).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "this node is not in a cluster (no --etcd)",
+        ),
+    }
 }
 
 /// This node's region, the exchange with each peer region, and whether the

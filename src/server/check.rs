@@ -28,6 +28,7 @@ pub(super) use global::{receive_usage, UsageError};
 
 use super::Shared;
 use crate::clock::Nanos;
+use crate::node::Gate;
 use crate::rules::spec::INLINE_LABEL;
 use crate::rules::{DecisionCounters, Rule, RuleSet};
 use crate::slot::Slot;
@@ -104,6 +105,7 @@ pub(super) fn answer(
     id: RequestId,
     batch: &CheckBatch,
     verb: Verb,
+    gate: &Gate<'_>,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     let started = Instant::now();
@@ -113,6 +115,7 @@ pub(super) fn answer(
         rules: &rules,
         now: shared.clock.now(),
         verb,
+        gate,
     };
     let encoded = encode_checked(id, batch.iter().map(|pairs| evaluation.check(pairs)), dst);
     if let Verb::Check(_) = verb {
@@ -146,6 +149,9 @@ struct Evaluation<'a> {
     rules: &'a RuleSet,
     now: Nanos,
     verb: Verb,
+    /// Which slots this node serves (cluster mode: a check whose slot is
+    /// moving gets TryAgain on its own).
+    gate: &'a Gate<'a>,
 }
 
 /// A check's pairs with their rules resolved to inline limits, and the rule
@@ -184,6 +190,11 @@ impl<'r> Decided<'r> {
 
 impl Evaluation<'_> {
     fn check(&self, pairs: &[Pair]) -> CheckResult {
+        if pairs.first().is_some_and(|p| self.gate.moving(&p.key)) {
+            // Nobody admits a moving slot; nothing is charged.
+            self.shared.metrics.errors.count(ErrorCode::TryAgain);
+            return CheckResult::Error(ErrorCode::TryAgain);
+        }
         // Global rules matter only on a node in a region, and only to pairs
         // naming a rule.
         let regions = self

@@ -27,7 +27,7 @@
 use super::auth::Privilege;
 use super::check::{self, Verb};
 use super::Shared;
-use crate::node::{Access, Handover, Refusal};
+use crate::node::{Access, Gate, Handover, Refusal};
 use crate::store::Mode;
 use crate::tls::Socket;
 use bytes::BytesMut;
@@ -39,8 +39,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tollgate_protocol::{
-    decode_request, encode_response, ErrorCode, ReplRequest, ReplResponse, Request, RequestId,
-    Response, PROTOCOL_VERSION,
+    decode_request, encode_response, ErrorCode, Moved, ReplRequest, ReplResponse, Request,
+    RequestId, Response, PROTOCOL_VERSION,
 };
 
 /// Initial buffer sizes; both grow on demand (reads up to `max_frame`).
@@ -356,7 +356,17 @@ impl Connection {
             Request::Peek(_) => Some(Access::Read),
             _ => None,
         };
-        if let Some(Err(refusal)) = access.map(|a| shared.node.admit(a)) {
+        // The node admits the access, then its gate screens the request's
+        // slots (cluster mode: MOVED, TryAgain; PROTOCOL.md §14).
+        let gate = match access.map(|a| shared.node.admit(a)) {
+            None => Gate::All,
+            Some(Ok(gate)) => gate,
+            Some(Err(refusal)) => {
+                self.refuse(id, &refusal);
+                return Flow::Continue;
+            }
+        };
+        if let Err(refusal) = gate.screen(&request) {
             self.refuse(id, &refusal);
             return Flow::Continue;
         }
@@ -372,28 +382,34 @@ impl Connection {
             Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
             Request::Repl(repl) => return self.replication(id, repl),
             // Outside a cluster: one shard owning every slot (PROTOCOL.md §14).
-            Request::Topology => {
-                let status = shared.node.status();
-                let topology = tollgate_protocol::ClusterTopology::single_node(&status);
-                encode_response(id, &Response::Topology(topology), &mut self.wbuf)
-            }
+            Request::Topology => encode_response(
+                id,
+                &Response::Topology(shared.node.topology()),
+                &mut self.wbuf,
+            ),
             Request::Check(batch) => check::answer(
                 shared,
                 id,
                 &batch,
                 Verb::Check(Mode::Charge),
+                &gate,
                 &mut self.wbuf,
             ),
-            Request::Peek(batch) => {
-                check::answer(shared, id, &batch, Verb::Check(Mode::Peek), &mut self.wbuf)
-            }
+            Request::Peek(batch) => check::answer(
+                shared,
+                id,
+                &batch,
+                Verb::Check(Mode::Peek),
+                &gate,
+                &mut self.wbuf,
+            ),
             Request::Reset(keys) => {
                 let now = shared.clock.now();
                 let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
                 encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
             }
             Request::Refund(batch) => {
-                check::answer(shared, id, &batch, Verb::Refund, &mut self.wbuf)
+                check::answer(shared, id, &batch, Verb::Refund, &gate, &mut self.wbuf)
             }
             Request::Release(leases) => check::release(shared, id, &leases, &mut self.wbuf),
             Request::Usage(report) => match check::receive_usage(shared, self.privilege, &report) {
@@ -416,13 +432,14 @@ impl Connection {
         Flow::Continue
     }
 
-    /// REPLICATE, REPL_ACK, PROMOTE, STATUS.
+    /// REPLICATE, REPL_ACK, PROMOTE, STATUS, HANDOFF.
     fn replication(&mut self, id: RequestId, request: ReplRequest) -> Flow {
         let shared = self.shared.clone();
         let node = &shared.node;
         let control = match &request {
             ReplRequest::Replicate { .. } => Some("REPLICATE"),
             ReplRequest::Promote => Some("PROMOTE"),
+            ReplRequest::Handoff { .. } => Some("HANDOFF"),
             ReplRequest::Status { announce: Some(_) } => Some("a STATUS announce"),
             ReplRequest::Status { announce: None } | ReplRequest::Ack { .. } => None,
         };
@@ -470,6 +487,16 @@ impl Connection {
                         id,
                         &Response::Repl(ReplResponse::Promoted { epoch, was_primary }),
                     ),
+                    Err(refusal) => self.refuse(id, &refusal),
+                }
+                Flow::Continue
+            }
+            ReplRequest::Handoff { epoch, records } => {
+                tracing::debug!(peer = %self.peer, client = %self.client_name, records = records.len(), "HANDOFF");
+                match node.take_handoff(epoch, &records) {
+                    Ok(merged) => {
+                        self.respond(id, &Response::Repl(ReplResponse::HandedOff { merged }))
+                    }
                     Err(refusal) => self.refuse(id, &refusal),
                 }
                 Flow::Continue
@@ -530,8 +557,22 @@ impl Connection {
         Flow::Continue
     }
 
-    /// The node would not serve this request here and now.
+    /// The node would not serve this request here and now: MOVED to the
+    /// slot's owner, or an ERROR saying why.
     fn refuse(&mut self, id: RequestId, refusal: &Refusal) {
+        if let Refusal::Moved {
+            slot,
+            addr,
+            version,
+        } = refusal
+        {
+            let moved = Moved {
+                slot: *slot,
+                version: *version,
+                addr: addr.clone(),
+            };
+            return self.respond(id, &Response::Moved(moved));
+        }
         self.error(id, refusal.code(), &refusal.to_string());
     }
 

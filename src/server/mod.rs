@@ -35,6 +35,8 @@ mod tls;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{protected_mode, ConfigError, NetworkSettings, ServerConfig};
+#[cfg(feature = "cluster")]
+use crate::node::Membership;
 use crate::node::{Node, NodeParts, Supervisor};
 use crate::rules::{LoadError, Rules};
 use crate::store::Store;
@@ -115,6 +117,9 @@ pub enum StartError {
     Rules(#[from] LoadError),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[cfg(feature = "cluster")]
+    #[error("cluster: {0}")]
+    Cluster(#[from] crate::cluster::ClusterError),
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
 }
@@ -127,8 +132,39 @@ impl Server {
         Self::with_clock(config, Arc::new(MonotonicClock::new()))
     }
 
+    /// A server in cluster mode (`--etcd`): joins the cluster as the node
+    /// reached at `advertise` (and whose admin API is at `admin`), then is
+    /// built as [`Server::new`] builds one.
+    #[cfg(feature = "cluster")]
+    pub async fn join_cluster(
+        config: ServerConfig,
+        advertise: String,
+        admin: Option<String>,
+    ) -> Result<Self, StartError> {
+        let membership = Membership::join(&config.cluster, advertise, admin).await?;
+        Self::build(config, Arc::new(MonotonicClock::new()), Some(membership))
+    }
+
     /// A server whose time comes from `clock` (tests pass a manual clock).
     pub fn with_clock(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
+        #[cfg(feature = "cluster")]
+        return Self::build(config, clock, None);
+        #[cfg(not(feature = "cluster"))]
+        Self::build(config, clock)
+    }
+
+    fn build(
+        config: ServerConfig,
+        clock: Arc<dyn Clock>,
+        #[cfg(feature = "cluster")] cluster: Option<Membership>,
+    ) -> Result<Self, StartError> {
+        #[cfg(feature = "cluster")]
+        let advertise = match &cluster {
+            Some(m) => m.advertise().to_owned(),
+            None => Self::advertise(&config),
+        };
+        #[cfg(not(feature = "cluster"))]
+        let advertise = Self::advertise(&config);
         let store = Arc::new(Store::new(config.store_config()));
         let registry = Registry::new();
         let checks = CheckMetrics::register(&registry)?;
@@ -178,17 +214,15 @@ impl Server {
                     .or_else(|| config.auth.auth_token.clone()),
                 tls: tls.clone(),
                 limits: config.limits.server_limits(),
-                advertise: config
-                    .replication
-                    .advertise
-                    .clone()
-                    .unwrap_or_else(|| config.network.listen.to_string()),
+                advertise,
                 store: store.clone(),
                 clock: clock.clone(),
                 regions: crate::node::regions::RegionConfig::from_settings(
                     &config.regions,
                     config.limits.max_frame,
                 ),
+                #[cfg(feature = "cluster")]
+                cluster,
             },
             &registry,
         )?;
@@ -221,6 +255,15 @@ impl Server {
             admin: None,
             tls: tls_reloader,
         })
+    }
+
+    /// Where the node says it is reached until its listener is bound.
+    fn advertise(config: &ServerConfig) -> String {
+        config
+            .replication
+            .advertise
+            .clone()
+            .unwrap_or_else(|| config.network.listen.to_string())
     }
 
     /// Serves the admin HTTP API on `listener` too, while the server runs.
@@ -356,6 +399,9 @@ impl Server {
             lifecycle.abort.cancel();
             tracker.wait().await;
         }
+        // No request is served any more: a cluster node gives up its lease
+        // now, so a standby takes over without waiting for it to expire.
+        shared.node.leave().await;
         admin_stop.cancel();
         if let Some(admin) = admin {
             if tokio::time::timeout(grace, admin).await.is_err() {

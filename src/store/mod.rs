@@ -21,6 +21,7 @@
 mod changes;
 mod group;
 mod key;
+mod merge;
 mod remote;
 mod tables;
 

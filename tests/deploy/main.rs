@@ -31,6 +31,7 @@ use launch::{flag_value, Launch};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const DOCKERFILE: &str = "Dockerfile";
 const PAIR_COMPOSE: &str = "deploy/compose/pair.yml";
+const CLUSTER_COMPOSE: &str = "deploy/compose/cluster.yml";
 const STATEFULSET: &str = "deploy/kubernetes/statefulset.yaml";
 
 /// The operator's environment when running compose: the secrets the
@@ -254,6 +255,7 @@ fn a_bad_flag_or_a_missing_secret_fails_the_check() {
             "--max-memroy 512MiB",
             "--max-memroy",
         ),
+        (CLUSTER_COMPOSE, "- --shard", "- --shart", "--shart"),
         (
             STATEFULSET,
             "--failover-after 2s",
@@ -504,4 +506,43 @@ fn the_kubernetes_pair_matches_its_service_probes_rules_and_memory() {
         nodes.push((launch, config));
     }
     assert_pair(&nodes);
+}
+
+#[test]
+fn the_compose_cluster_is_three_shards_of_two_nodes_on_its_etcd() {
+    let deployment = read_all(&BTreeMap::new(), &operator_vars()).unwrap();
+    let services = &deployment.compose[CLUSTER_COMPOSE];
+    let launches: Vec<Launch> = services.iter().map(|s| s.launch.clone()).collect();
+    let nodes = print_configs(&launches).unwrap();
+    assert_eq!(nodes.len(), 6, "{nodes:?}");
+    let text = std::fs::read_to_string(Path::new(ROOT).join(CLUSTER_COMPOSE)).unwrap();
+    let doc: Value = serde_norway::from_str(&text).unwrap();
+    let etcd = &doc["services"]["etcd"];
+    assert!(etcd.is_mapping(), "an etcd service");
+    let mut per_shard = BTreeMap::new();
+    for (service, (_, config)) in services.iter().zip(&nodes) {
+        let origin = &service.launch.origin;
+        assert_eq!(config["cluster"], "demo", "{origin}");
+        let endpoint = config["etcd"].as_str().expect("--etcd");
+        let host = endpoint.split(':').next().unwrap();
+        assert_eq!(
+            etcd["hostname"].as_str(),
+            Some(host),
+            "{origin}: --etcd names the etcd service"
+        );
+        *per_shard
+            .entry(config["shard"].as_u64().expect("--shard"))
+            .or_insert(0) += 1;
+        assert_eq!(config["auth-token"], "<redacted>", "{origin}: no auth");
+        let advertise = config["advertise"].as_str().unwrap();
+        assert_eq!(advertise, format!("{}:7700", service.name), "{origin}");
+        for port in [port_of(&config["listen"]), port_of(&config["admin"])] {
+            assert!(
+                service.container_ports.contains(&port),
+                "{origin}: {port} unpublished"
+            );
+        }
+        assert!(config["peer"].is_null() && config["replica-of"].is_null());
+    }
+    assert_eq!(per_shard, BTreeMap::from([(0, 2), (1, 2), (2, 2)]));
 }

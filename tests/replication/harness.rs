@@ -35,6 +35,8 @@ pub struct Node {
     pub admin: String,
     args: Vec<String>,
     child: Option<Child>,
+    /// Stopped with SIGSTOP and not resumed.
+    paused: std::sync::atomic::AtomicBool,
     /// Every JSON log line so far.
     logs: Arc<Mutex<Vec<serde_json::Value>>>,
 }
@@ -48,10 +50,17 @@ impl Node {
             admin: String::new(),
             args: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
+            paused: Default::default(),
             logs: Arc::default(),
         };
         node.spawn();
         node
+    }
+
+    /// Whether the process runs (started, not killed, not paused).
+    #[allow(dead_code)] // for the cluster tests, which share this harness
+    pub fn running(&self) -> bool {
+        self.child.is_some() && !self.paused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn spawn(&mut self) {
@@ -104,17 +113,23 @@ impl Node {
             child.kill().expect("SIGKILL");
             child.wait().expect("reaped");
         }
+        self.paused
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// SIGSTOP: the process keeps its sockets and answers nothing (its
     /// peers' frames queue up unread) until [`resume`](Self::resume).
     pub fn pause(&self) {
         self.signal("-STOP");
+        self.paused
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// SIGCONT after [`pause`](Self::pause).
     pub fn resume(&self) {
         self.signal("-CONT");
+        self.paused
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn signal(&self, signal: &str) {
@@ -148,6 +163,19 @@ impl Node {
 
 impl Drop for Node {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            if let Ok(path) = std::env::var("TOLLGATE_TEST_LOGS") {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .unwrap();
+                for v in self.logs.lock().unwrap().iter() {
+                    let _ = writeln!(f, "{} {}", self.addr, v);
+                }
+            }
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();

@@ -345,11 +345,13 @@ async fn a_network_cut_and_its_healing_end_with_one_primary_and_converged_state(
     let b_after = status(&b_addr).await.unwrap();
     assert_eq!((b_after.role, b_after.epoch), (Role::Primary, 2));
     caught_up(&b_addr, &a_addr).await;
-    // Converged on the new primary's counts: A's 5 divergent charges are
-    // gone, B's 2 are there, and what both had before the cut is kept. (A
-    // PEEK answers as a check would: `remaining` after one more unit.)
-    assert_eq!(peek(&ca, "rl:{p}:split", tb).await.remaining, 50 - 2 - 1);
-    assert_eq!(peek(&cb, "rl:{p}:split", tb).await.remaining, 50 - 2 - 1);
+    // Converged on the merge of both copies: A handed its states to B
+    // before resyncing, and per key the copy with less quota left won, so
+    // A's 5 divergent charges stand (B's 2 are within them: a merge takes
+    // the larger, not the sum), and what both had before the cut is kept.
+    // (A PEEK answers as a check would: `remaining` after one more unit.)
+    assert_eq!(peek(&ca, "rl:{p}:split", tb).await.remaining, 50 - 5 - 1);
+    assert_eq!(peek(&cb, "rl:{p}:split", tb).await.remaining, 50 - 5 - 1);
     assert_eq!(peek(&ca, "rl:{p}:before", tb).await.remaining, 50 - 3 - 1);
     assert_eq!(peek(&cb, "rl:{p}:before", tb).await.remaining, 50 - 3 - 1);
     let stepped_down = a.logged("role change");
@@ -510,9 +512,9 @@ async fn promote_by_command_keeps_leases_and_windows() {
     assert_eq!(v["epoch"], 2);
     // The old primary has no peer configured, so it still thinks it is
     // primary (epoch 1) until told: a STATUS announce (what a peer probe
-    // sends) makes it step down and resync from the new primary. Only from
-    // a connection that proved the cluster secret: a plain client's
-    // announce is refused.
+    // sends) makes it step down, hand its states to the new primary, and
+    // resync from it. Only from a connection that proved the cluster
+    // secret: a plain client's announce is refused.
     assert_eq!(status(&a.addr).await.unwrap().role, Role::Primary);
     let b_primary = Announce {
         role: Role::Primary,
@@ -533,12 +535,21 @@ async fn promote_by_command_keeps_leases_and_windows() {
         .unwrap();
     assert_eq!((told.role, told.epoch), (Role::Standby, 2));
     caught_up(&b.addr, &a.addr).await;
-    let ca = client(&a.addr);
-    assert_eq!(
-        peek(&ca, "cc:{jobs}:run", leases).await.remaining,
-        50 - 2 - 1
-    );
-    assert_eq!(peek(&ca, "rl:{w}:day", window).await.remaining, 50 - 7 - 1);
+    assert_eq!(a.logged("handed our states to the primary").len(), 1);
+    // The handed-over copy still held the lease released on B: a merge
+    // never gives quota back (leases are united), so it is held again
+    // until it expires or is released once more.
+    for c in [client(&a.addr), client(&b.addr)] {
+        assert_eq!(
+            peek(&c, "cc:{jobs}:run", leases).await.remaining,
+            50 - 3 - 1
+        );
+        assert_eq!(peek(&c, "rl:{w}:day", window).await.remaining, 50 - 7 - 1);
+    }
+    assert!(client(&b.addr)
+        .release("cc:{jobs}:run", held[1])
+        .await
+        .unwrap());
 }
 
 /// A standby whose connection breaks (its process lives on) resumes from

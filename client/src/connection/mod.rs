@@ -324,6 +324,7 @@ pub(crate) fn response_name(response: &Response) -> &'static str {
             tollgate_protocol::ReplResponse::Heartbeat { .. } => "REPL_HEARTBEAT",
             tollgate_protocol::ReplResponse::Status(_) => "STATUS_OK",
             tollgate_protocol::ReplResponse::Promoted { .. } => "PROMOTED",
+            tollgate_protocol::ReplResponse::HandedOff { .. } => "HANDED_OFF",
         },
     }
 }

@@ -72,6 +72,8 @@ pub mod opcode {
     pub const REPL_ACK: u8 = 0x09;
     pub const PROMOTE: u8 = 0x0A;
     pub const STATUS: u8 = 0x0B;
+    /// States handed to a primary, merged conservatively.
+    pub const HANDOFF: u8 = 0x0C;
     /// Cluster (PROTOCOL.md §14): the slot map.
     pub const TOPOLOGY: u8 = 0x10;
     /// Regions (PROTOCOL.md §16): one region's usage of global keys.
@@ -92,6 +94,8 @@ pub mod opcode {
     pub const STATUS_OK: u8 = 0x8C;
     /// Answers PROMOTE.
     pub const PROMOTED: u8 = 0x8D;
+    /// Answers HANDOFF.
+    pub const HANDED_OFF: u8 = 0x8E;
     /// Answers TOPOLOGY.
     pub const TOPOLOGY_OK: u8 = 0x90;
     /// Answers any request whose slot another node serves.

@@ -58,6 +58,12 @@ pub(crate) fn decode_repl_request(
             };
             Ok(ReplRequest::Status { announce })
         })(),
+        opcode::HANDOFF => (|| {
+            Ok(ReplRequest::Handoff {
+                epoch: r.u64()?,
+                records: records(r)?,
+            })
+        })(),
         _ => return None,
     };
     Some(decoded)
@@ -104,6 +110,13 @@ pub(crate) fn encode_repl_request(
                     }
                 }
                 Ok(())
+            })
+        }
+        ReplRequest::Handoff { epoch, records } => {
+            let hint = 8 + 4 + records_hint(records);
+            encode_frame(dst, opcode::HANDOFF, request_id, hint, |dst| {
+                dst.put_u64(*epoch);
+                put_records(dst, records)
             })
         }
     }
@@ -183,6 +196,7 @@ pub(crate) fn decode_repl_response(
                 was_primary: flag(r, "was_primary")?,
             })
         })(),
+        opcode::HANDED_OFF => r.u32().map(|merged| ReplResponse::HandedOff { merged }),
         _ => return None,
     };
     Some(decoded)
@@ -256,6 +270,12 @@ pub(crate) fn encode_repl_response(
             encode_frame(dst, opcode::PROMOTED, request_id, 9, |dst| {
                 dst.put_u64(*epoch);
                 dst.put_u8((*was_primary).into());
+                Ok(())
+            })
+        }
+        ReplResponse::HandedOff { merged } => {
+            encode_frame(dst, opcode::HANDED_OFF, request_id, 4, |dst| {
+                dst.put_u32(*merged);
                 Ok(())
             })
         }

@@ -41,6 +41,20 @@ pub fn requests() -> Vec<(RequestId, Request)> {
                 }),
             }),
         ),
+        (
+            26,
+            Request::Repl(ReplRequest::Handoff {
+                epoch: 4,
+                records: records(),
+            }),
+        ),
+        (
+            27,
+            Request::Repl(ReplRequest::Handoff {
+                epoch: 0,
+                records: vec![],
+            }),
+        ),
     ]
 }
 
@@ -223,6 +237,11 @@ pub fn responses() -> Vec<(RequestId, Response)> {
                 epoch: 3,
                 was_primary: true,
             }),
+        ),
+        (34, Response::Repl(ReplResponse::HandedOff { merged: 0 })),
+        (
+            35,
+            Response::Repl(ReplResponse::HandedOff { merged: u32::MAX }),
         ),
     ]
 }

@@ -15,12 +15,15 @@
 //! - [`primary`]: the feed (drains, frames, the attached standby);
 //! - `backlog`: recent frames, for a standby that resumes;
 //! - [`standby`]: the follower;
+//! - [`handoff`]: a stepped-down primary's states, merged into the primary
+//!   it then follows (and a moving slot's, into its new shard);
 //! - [`records`]: store states <-> records.
 //!
 //! Which side runs is the role's business (the supervisor starts the feed
 //! on a primary and the follower on a standby); neither decides a role.
 
 mod backlog;
+pub(crate) mod handoff;
 pub(crate) mod primary;
 pub(crate) mod records;
 pub(crate) mod standby;

@@ -490,7 +490,7 @@ fn with_request_id(frame: Bytes, id: RequestId) -> Bytes {
 }
 
 /// About how many bytes a record takes on the wire.
-fn record_size(record: &Record) -> usize {
+pub(super) fn record_size(record: &Record) -> usize {
     use tollgate_protocol::{StateValue, TableState};
     let table = |t: &TableState| match t {
         TableState::Present(e) => {

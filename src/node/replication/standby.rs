@@ -18,6 +18,7 @@
 //! frame once it is applied; a standby never follows a primary whose epoch
 //! is below the one it knows.
 
+use super::handoff::hand_off;
 use super::records::key_write;
 use crate::node::link::{unexpected, Link, LinkError};
 use crate::node::role::{EpochError, RoleState};
@@ -63,6 +64,11 @@ impl FollowError {
         )
     }
 
+    /// The other end closed or reset an established connection.
+    fn closed_by_peer(&self) -> bool {
+        matches!(self, Self::Link(LinkError::Closed | LinkError::Io(_)))
+    }
+
     fn epoch(addr: &str, error: EpochError) -> Self {
         Self::Epoch {
             addr: addr.to_owned(),
@@ -85,6 +91,14 @@ pub(crate) async fn follow(core: &Core) {
         let Err(e) = result else { continue };
         if e.streamed() {
             failures = 0;
+        }
+        if e.closed_by_peer() {
+            // The primary's end closed or reset the stream: that is the
+            // last word heard from it, not a silence. (A standby resumed
+            // after a pause can find its stream reset, with the frames
+            // that waited in it discarded by the reset: it must try its
+            // primary again before the watchdog may call it silent.)
+            core.role.heard();
         }
         failures = failures.saturating_add(1);
         if failures == 1 {
@@ -114,7 +128,24 @@ async fn follow_once(core: &Core, primary: &str) -> Result<(), FollowError> {
         });
     }
     not_stale(node, primary, hello.epoch)?;
+    if node.owes_handoff() {
+        // Our copy may hold charges the primary never saw: merged there
+        // first, so the full sync below hands none of them back.
+        let done = hand_off(core, &mut link, hello.max_frame, |_| true).await?;
+        node.handed_off();
+        tracing::info!(%primary, sent = done.sent, merged = done.merged, too_large = done.too_large, "handed our states to the primary");
+    }
     let next = replicate(core, &mut link, primary).await?;
+    // From here a silence of `--failover-after` ends the stream, so the
+    // role source's watchdog sees it; until then frames may be waiting in
+    // the socket (this node was paused), and they are read first.
+    let settings = &core.settings;
+    link.set_timeout(
+        settings
+            .repl_timeout
+            .min(settings.failover_after.unwrap_or(settings.repl_timeout)),
+    );
+    let _streaming = Streaming::on(node);
     let mut applier = Applier {
         core,
         primary,
@@ -127,6 +158,22 @@ async fn follow_once(core: &Core, primary: &str) -> Result<(), FollowError> {
         if let Some(ack) = applier.apply(response)? {
             link.send(REPLICATE_ID, &ack).await?;
         }
+    }
+}
+
+/// Marks the follower as streaming for as long as it lives.
+struct Streaming<'a>(&'a RoleState);
+
+impl<'a> Streaming<'a> {
+    fn on(node: &'a RoleState) -> Self {
+        node.set_streaming(true);
+        Self(node)
+    }
+}
+
+impl Drop for Streaming<'_> {
+    fn drop(&mut self) {
+        self.0.set_streaming(false);
     }
 }
 

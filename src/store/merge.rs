@@ -1,0 +1,204 @@
+//! Handing states from one node to another (a HANDOFF): reading a
+//! stripe's live states for the sender ([`Store::live_states`]), dropping
+//! the states of slots that moved away ([`Store::forget_slots`]), and
+//! merging them on the receiver ([`Store::merge`]): key by key, table by
+//! table, the copy with less quota left wins
+//! ([`algorithm::merge`](crate::algorithm::merge)), so no unit either
+//! node admitted is handed back.
+//!
+//! Invariants: a merge never deletes (an absent or unchanged table in the
+//! handed state leaves ours alone), never lowers what a state has used, and
+//! records the key for the replication sender like any write, under the
+//! same stripe lock.
+
+use super::tables::Table;
+use super::{Entry, KeyWrite, Locked, Store, StoredKey, TableWrite};
+use crate::algorithm;
+use crate::clock::Nanos;
+use crate::slot::Slot;
+
+impl Store {
+    /// The live states of stripe `index` whose slot satisfies `wanted`
+    /// (one entry per table a key has state in). Holds the stripe's lock
+    /// while it copies them.
+    pub fn live_states(
+        &self,
+        index: usize,
+        now: Nanos,
+        wanted: impl Fn(Slot) -> bool,
+    ) -> Vec<(StoredKey, Entry)> {
+        let locked = self.stripes[index & self.mask].tables.lock();
+        let mut out = Vec::new();
+        locked.tables.for_each(|key, entry| {
+            if entry.expires_at > now && wanted(Slot::of(key.as_bytes())) {
+                out.push((key.clone(), entry));
+            }
+        });
+        out
+    }
+
+    /// Forgets every state of the slots `wanted` selects (they moved to
+    /// another shard), recording each key for the replication sender so a
+    /// standby forgets them too. Returns how many keys went.
+    pub fn forget_slots(&self, wanted: impl Fn(Slot) -> bool) -> usize {
+        let mut forgotten = 0;
+        for stripe in self.stripes.iter() {
+            let mut locked = stripe.tables.lock();
+            let Locked { tables, changes } = &mut *locked;
+            let mut keys: Vec<StoredKey> = Vec::new();
+            tables.for_each(|key, _| {
+                if wanted(Slot::of(key.as_bytes())) {
+                    keys.push(key.clone());
+                }
+            });
+            keys.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+            keys.dedup_by(|a, b| a.as_bytes() == b.as_bytes());
+            for key in &keys {
+                let key = key.as_bytes();
+                tables.remove(Table::Buckets, self.hash(key), key);
+                tables.remove(Table::Others, self.hash(key), key);
+                self.record_change(stripe, changes, key);
+            }
+            forgotten += keys.len();
+        }
+        forgotten
+    }
+
+    /// Merges one handed-over key into ours. Returns whether any of our
+    /// states changed.
+    pub fn merge(&self, write: &KeyWrite, now: Nanos) -> bool {
+        let hash = self.hash(&write.key);
+        let stripe = self.stripe(Slot::of(&write.key));
+        let mut locked = stripe.tables.lock();
+        let Locked { tables, changes } = &mut *locked;
+        let cap = usize::try_from(self.max_log_entries).unwrap_or(usize::MAX);
+        let mut changed = false;
+        for (table, handed) in [
+            (Table::Buckets, &write.bucket),
+            (Table::Others, &write.other),
+        ] {
+            let TableWrite::Put(theirs) = handed else {
+                continue;
+            };
+            if theirs.expires_at <= now {
+                continue;
+            }
+            let ours = tables
+                .find(table, hash, &write.key)
+                .filter(|e| e.expires_at > now);
+            let merged = match &ours {
+                None => theirs.clone(),
+                Some(ours) => merge_entries(ours, theirs, cap),
+            };
+            if ours.as_ref() != Some(&merged) {
+                tables.put(&self.hasher, hash, &write.key, merged);
+                changed = true;
+            }
+        }
+        if changed {
+            self.record_change(stripe, changes, &write.key);
+        }
+        changed
+    }
+}
+
+/// Two live entries of one table of one key: the merged state expires at
+/// the later of the two. States of different algorithms (the key was used
+/// with one limit here, another there) cannot be combined: the one that
+/// carries information longer stays.
+fn merge_entries(ours: &Entry, theirs: &Entry, cap: usize) -> Entry {
+    match algorithm::merge(&ours.state, &theirs.state, cap) {
+        Some(state) => Entry {
+            state,
+            expires_at: ours.expires_at.max(theirs.expires_at),
+        },
+        None if theirs.expires_at > ours.expires_at => theirs.clone(),
+        None => ours.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{State, WindowState};
+    use crate::store::StoreConfig;
+    use bytes::Bytes;
+
+    fn put(key: &'static str, bucket: Option<Entry>, other: Option<Entry>) -> KeyWrite {
+        let write = |e: Option<Entry>| e.map_or(TableWrite::Keep, TableWrite::Put);
+        KeyWrite {
+            key: Bytes::from_static(key.as_bytes()),
+            bucket: write(bucket),
+            other: write(other),
+        }
+    }
+
+    fn bucket(tat: Nanos) -> Entry {
+        Entry {
+            state: State::TokenBucket { tat },
+            expires_at: tat,
+        }
+    }
+
+    fn window(cur: u64, expires_at: Nanos) -> Entry {
+        Entry {
+            state: State::SlidingWindow(WindowState {
+                index: 1,
+                prev: 0,
+                cur,
+            }),
+            expires_at,
+        }
+    }
+
+    #[test]
+    fn the_copy_with_less_left_wins_and_nothing_is_deleted() {
+        let store = Store::new(StoreConfig::default());
+        let now = 100;
+        assert!(store.merge(&put("k", Some(bucket(500)), Some(window(3, 900))), now));
+        assert_eq!(store.entries(b"k", now), [bucket(500), window(3, 900)]);
+        // An older copy changes nothing.
+        assert!(!store.merge(&put("k", Some(bucket(400)), Some(window(2, 800))), now));
+        // A newer one moves each state forward.
+        assert!(store.merge(&put("k", Some(bucket(600)), None), now));
+        assert!(store.merge(&put("k", None, Some(window(5, 700))), now));
+        assert_eq!(store.entries(b"k", now), [bucket(600), window(5, 900)]);
+        // Absent in the handed state: ours stays.
+        let absent = KeyWrite {
+            key: Bytes::from_static(b"k"),
+            bucket: TableWrite::Remove,
+            other: TableWrite::Remove,
+        };
+        assert!(!store.merge(&absent, now));
+        assert_eq!(store.entries(b"k", now).len(), 2);
+        // An expired handed state is ignored.
+        assert!(!store.merge(&put("j", Some(bucket(50)), None), now));
+        assert!(store.entries(b"j", now).is_empty());
+    }
+
+    #[test]
+    fn a_merge_is_captured_for_the_standby() {
+        let store = Store::new(StoreConfig::default());
+        store.start_capture();
+        for i in 0..store.stripe_count() {
+            store.drain_stripe(i, 0);
+        }
+        assert!(store.merge(&put("k", Some(bucket(500)), None), 0));
+        let drained: Vec<_> = (0..store.stripe_count())
+            .map(|i| store.drain_stripe(i, 0))
+            .filter(|d| *d != crate::store::Drained::Nothing)
+            .collect();
+        assert_eq!(drained.len(), 1, "{drained:?}");
+        // What a sender reads back: the live state, for the slots asked.
+        let slot = Slot::of(b"k");
+        let index = usize::from(slot.get()) % store.stripe_count();
+        assert_eq!(store.live_states(index, 0, |s| s == slot).len(), 1);
+        assert!(store.live_states(index, 0, |s| s != slot).is_empty());
+        assert!(store.live_states(index, 500, |_| true).is_empty());
+        // Forgotten once the slot moved away, and the standby is told.
+        assert_eq!(store.forget_slots(|s| s == slot), 1);
+        assert!(store.get(b"k", 0).is_none());
+        assert!((0..store.stripe_count())
+            .any(|i| store.drain_stripe(i, 0) != crate::store::Drained::Nothing));
+    }
+}
