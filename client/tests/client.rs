@@ -142,7 +142,7 @@ fn answer(request: &Request) -> Response {
             Response::Released(leases.iter().filter(|l| l.lease % 2 == 1).count() as u32)
         }
         Request::Hello { .. } => panic!("second HELLO"),
-        Request::Repl(_) | Request::Topology => Response::Error {
+        Request::Repl(_) | Request::Topology | Request::Usage(_) => Response::Error {
             code: ErrorCode::UnknownOpcode,
             message: "not scripted".into(),
         },
@@ -875,6 +875,7 @@ async fn server_limits_errors_and_admin_calls() {
                 Request::Hello { .. } => "hello",
                 Request::Repl(_) => "repl",
                 Request::Topology => "topology",
+                Request::Usage(_) => "usage",
             })
             .collect();
         assert_eq!(

@@ -2,7 +2,8 @@
 //!
 //! Byte layout: `PROTOCOL.md` beside this crate (the normative spec).
 //! - [`message`]: requests, responses and their parts as Rust values
-//!   ([`replication`] and [`cluster`] hold those of §13 and §14);
+//!   ([`replication`], [`cluster`] and [`regions`] hold those of §13, §14
+//!   and §16);
 //! - [`units`]: the `5/s` rate and `250ms` duration parsers everyone shares;
 //! - `limits`: [`Limit`] constructors and the reading of a rule's fields;
 //! - [`codec`]: pure encode/decode functions over `BytesMut`, bounded by
@@ -21,6 +22,7 @@ pub mod cluster;
 pub mod codec;
 mod limits;
 pub mod message;
+pub mod regions;
 pub mod replication;
 pub mod units;
 
@@ -28,4 +30,5 @@ pub use cluster::*;
 pub use codec::*;
 pub use limits::RuleFieldError;
 pub use message::*;
+pub use regions::*;
 pub use replication::*;

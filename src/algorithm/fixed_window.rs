@@ -86,6 +86,30 @@ impl FixedWindow {
         Verdict::denied(decision, expires_at)
     }
 
+    /// Charges `units` used at `at <= now` somewhere else (another region)
+    /// without a decision, to the window in force when `at` falls in it;
+    /// usage of an earlier window no longer counts (`None`: the state stays
+    /// as it is). The count may pass the limit, never `MAX_COUNT`. Returns
+    /// the new state and its expiry.
+    pub fn absorb(
+        &self,
+        state: Option<FixedWindowState>,
+        at: Nanos,
+        now: Nanos,
+        units: u64,
+    ) -> Option<(FixedWindowState, Nanos)> {
+        let cur = self.current(state, now);
+        if at.min(now) / self.window < cur.index {
+            return None;
+        }
+        let count = cur.count.saturating_add(units).min(super::MAX_COUNT);
+        let state = FixedWindowState {
+            index: cur.index,
+            count,
+        };
+        Some((state, self.window_end(cur.index)))
+    }
+
     /// Gives `amount` units back to the current window, never below zero.
     /// No state: nothing to give back.
     pub fn refund(&self, state: Option<FixedWindowState>, now: Nanos, amount: u64) -> Verdict {
@@ -134,6 +158,20 @@ mod tests {
             }
         }
         ok
+    }
+
+    #[test]
+    fn absorbed_usage_counts_in_its_own_window_only() {
+        let fw = FixedWindow::new(10, 60 * S);
+        let (st, expires) = fw.absorb(None, 61 * S, 62 * S, 4).unwrap();
+        assert_eq!(st, FixedWindowState { index: 1, count: 4 });
+        assert_eq!(expires, 120 * S);
+        let (st, _) = fw.absorb(Some(st), 62 * S, 62 * S, 9).unwrap();
+        assert_eq!(st.count, 13);
+        assert!(!fw.evaluate(Some(st), 62 * S, 1).decision.allowed);
+        // Usage of the window before is forgotten with it.
+        assert_eq!(fw.absorb(Some(st), 59 * S, 62 * S, 3), None);
+        assert_eq!(fw.absorb(None, 59 * S, 62 * S, 3), None);
     }
 
     #[test]

@@ -85,6 +85,32 @@ pub enum InvalidLimit {
     ZeroCost,
     #[error("concurrency slots are given back with RELEASE and the lease id, not REFUND")]
     RefundOfLeases,
+    #[error("{algorithm} cannot be global: {why}")]
+    NotGlobal {
+        algorithm: &'static str,
+        why: &'static str,
+    },
+}
+
+/// Why an algorithm cannot be shared between regions (a global rule), or
+/// `None` when it can: the token bucket and the window counters take usage
+/// made elsewhere as more of the same ([`Policy::absorb`]).
+pub fn why_not_global(algorithm: Algorithm) -> Option<&'static str> {
+    match algorithm {
+        Algorithm::TokenBucket | Algorithm::SlidingWindow | Algorithm::FixedWindow => None,
+        Algorithm::SlidingLog => Some(
+            "a log promises exactness, which usage learnt an exchange interval late cannot \
+             keep (use sliding-window)",
+        ),
+        Algorithm::LeakyBucket => Some(
+            "it promises strict spacing between requests, which regions that learn of each \
+             other's requests once an interval cannot keep (use token-bucket)",
+        ),
+        Algorithm::Concurrency => Some(
+            "it counts requests in flight, a level that a region cut off would leave held, \
+             not a usage that drains",
+        ),
+    }
 }
 
 /// A rate-limit decision in server units (nanoseconds).
@@ -336,6 +362,73 @@ impl Policy {
         }
     }
 
+    /// Charges `units` that were used at `at` somewhere else (another
+    /// region) into `state`, without a decision: the state may pass the
+    /// limit, and the key is then denied until it has drained the excess.
+    /// An `at` later than `now` (a sender whose clock is ahead) counts as
+    /// `now`. Returns the state to store and its expiry (`<= now`: nothing
+    /// to keep), or `None` when the usage no longer counts (a window gone
+    /// by) and the state stays as it is. Only the algorithms that can be
+    /// global ([`why_not_global`]) take usage this way.
+    pub fn absorb(
+        &self,
+        state: Option<&State>,
+        at: Nanos,
+        now: Nanos,
+        units: u64,
+    ) -> Result<Option<(State, Nanos)>, InvalidLimit> {
+        let at = at.min(now);
+        if let Some(why) = why_not_global(self.algorithm()) {
+            return Err(InvalidLimit::NotGlobal {
+                algorithm: self.algorithm().name(),
+                why,
+            });
+        }
+        if units == 0 {
+            return Ok(None);
+        }
+        Ok(match self {
+            Policy::TokenBucket(tb) => {
+                let tat = match state {
+                    Some(State::TokenBucket { tat }) => Some(*tat),
+                    _ => None,
+                };
+                let tat = tb.absorb(tat, at, now, units);
+                Some((State::TokenBucket { tat }, tat))
+            }
+            Policy::SlidingWindow(sw) => {
+                let ws = match state {
+                    Some(State::SlidingWindow(ws)) => Some(*ws),
+                    _ => None,
+                };
+                sw.absorb(ws, at, now, units)
+                    .map(|(ws, expires_at)| (State::SlidingWindow(ws), expires_at))
+            }
+            Policy::FixedWindow(fw) => {
+                let s = match state {
+                    Some(State::FixedWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                fw.absorb(s, at, now, units)
+                    .map(|(s, expires_at)| (State::FixedWindow(s), expires_at))
+            }
+            // Refused above.
+            Policy::SlidingLog(_) | Policy::LeakyBucket(_) | Policy::Concurrency(_) => None,
+        })
+    }
+
+    /// The algorithm of this policy.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Policy::TokenBucket(_) => Algorithm::TokenBucket,
+            Policy::SlidingWindow(_) => Algorithm::SlidingWindow,
+            Policy::FixedWindow(_) => Algorithm::FixedWindow,
+            Policy::SlidingLog(_) => Algorithm::SlidingLog,
+            Policy::LeakyBucket(_) => Algorithm::LeakyBucket,
+            Policy::Concurrency(_) => Algorithm::Concurrency,
+        }
+    }
+
     /// Gives `amount` units back to `state` and answers with the decision
     /// after the refund (always allowed). Never beyond a full bucket or an
     /// empty window; a key without state (or with another algorithm's state)
@@ -462,6 +555,34 @@ mod tests {
             Policy::from_limit_with(&leases, 10),
             Err(InvalidLimit::TooManyInFlight { count: 11, max: 10 })
         );
+    }
+
+    #[test]
+    fn only_buckets_and_windows_absorb_usage_made_elsewhere() {
+        for a in Algorithm::ALL {
+            let burst = if matches!(a, Algorithm::TokenBucket | Algorithm::LeakyBucket) {
+                1
+            } else {
+                0
+            };
+            let p = Policy::from_limit(&limit(a, 10, 1000, burst)).unwrap();
+            let absorbed = p.absorb(None, 5, 10, 1);
+            assert_eq!(absorbed.is_ok(), why_not_global(a).is_none(), "{a:?}");
+            if let Err(e) = absorbed {
+                assert!(e.to_string().contains("cannot be global"), "{e}");
+            }
+        }
+        // A sender ahead of this clock: its usage counts as now.
+        let tb = Policy::from_limit(&limit(Algorithm::TokenBucket, 1, 1000, 5)).unwrap();
+        let now = 10 * crate::clock::NANOS_PER_MS * 1000;
+        let (state, _) = tb.absorb(None, now * 2, now, 1).unwrap().unwrap();
+        assert_eq!(
+            state,
+            State::TokenBucket {
+                tat: now + 1000 * crate::clock::NANOS_PER_MS
+            }
+        );
+        assert_eq!(tb.absorb(None, now, now, 0), Ok(None));
     }
 
     #[test]

@@ -78,6 +78,32 @@ impl SlidingWindow {
         Verdict::denied(decision, expires_at)
     }
 
+    /// Charges `units` used at `at <= now` somewhere else (another region)
+    /// without a decision, to the window holding `at`: the current one or
+    /// the previous one; usage older than that no longer counts (`None`:
+    /// the state stays as it is). Counts may pass the limit (the key is
+    /// denied until they weigh less), never `MAX_COUNT`. Returns the new
+    /// state and its expiry.
+    pub fn absorb(
+        &self,
+        state: Option<WindowState>,
+        at: Nanos,
+        now: Nanos,
+        units: u64,
+    ) -> Option<(WindowState, Nanos)> {
+        let w = self.window;
+        let index = now / w;
+        let (mut prev, mut cur) = roll(state, index);
+        let add = |count: u64| count.saturating_add(units).min(super::MAX_COUNT);
+        match index - at.min(now) / w {
+            0 => cur = add(cur),
+            1 => prev = add(prev),
+            _ => return None,
+        }
+        let expires_at = expiry(prev, cur, (index + 1) * w, w, now);
+        Some((WindowState { index, prev, cur }, expires_at))
+    }
+
     /// Gives `amount` units back: off the current window first, then off the
     /// previous one, never below zero. No state: nothing to give back.
     pub fn refund(&self, state: Option<WindowState>, now: Nanos, amount: u64) -> Verdict {
@@ -183,6 +209,32 @@ mod tests {
         assert_eq!(charge(&sw, &mut st, 59 * S, 100), 100);
         assert_eq!(charge(&sw, &mut st, 66 * S, 100), 10);
         assert_eq!(charge(&sw, &mut st, 114 * S, 100), 80);
+    }
+
+    #[test]
+    fn absorbed_usage_lands_in_the_window_it_was_made_in() {
+        let sw = SlidingWindow::new(100, 60 * S);
+        // 30 used elsewhere late in window 1, learnt early in window 2.
+        let (st, expires) = sw.absorb(None, 119 * S, 126 * S, 30).unwrap();
+        assert_eq!(
+            st,
+            WindowState {
+                index: 2,
+                prev: 30,
+                cur: 0
+            }
+        );
+        assert_eq!(expires, 180 * S);
+        // It weighs as the previous window does: 90% of 30 is 27.
+        let v = sw.evaluate(Some(st), 126 * S, 1);
+        assert_eq!(v.decision.remaining, 100 - 27 - 1);
+        // Usage of this window adds to the current count, past the limit
+        // if need be: nothing passes until it weighs less.
+        let (st, _) = sw.absorb(Some(st), 125 * S, 126 * S, 90).unwrap();
+        assert_eq!((st.prev, st.cur), (30, 90));
+        assert!(!sw.evaluate(Some(st), 126 * S, 1).decision.allowed);
+        // Older usage no longer counts.
+        assert_eq!(sw.absorb(Some(st), 59 * S, 126 * S, 5), None);
     }
 
     #[test]

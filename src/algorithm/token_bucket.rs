@@ -96,6 +96,19 @@ impl TokenBucket {
         Verdict::denied(decision, base)
     }
 
+    /// Charges `units` used at `at <= now` somewhere else (another region)
+    /// without a decision: `tat' = max(tat, at) + units * T`, an absent
+    /// state counting as `tat = at`. The result may run past the tolerance:
+    /// the key is then denied until it has drained what was overspent. It
+    /// is kept within `MAX_TOLERANCE` of `now`, so later arithmetic cannot
+    /// overflow. Returns the new `tat` (also its expiry; `<= now`: nothing
+    /// left to keep).
+    pub fn absorb(&self, tat: Option<Nanos>, at: Nanos, now: Nanos, units: u64) -> Nanos {
+        let base = tat.map_or(at, |t| t.max(at));
+        base.saturating_add(units.saturating_mul(self.emission))
+            .min(now.saturating_add(MAX_TOLERANCE))
+    }
+
     /// Gives `amount` tokens back: `tat` moves back by `amount * T`, but not
     /// before `now` (a full bucket). No state: nothing to give back.
     pub fn refund(&self, tat: Option<Nanos>, now: Nanos, amount: u64) -> Verdict {
@@ -159,6 +172,29 @@ mod tests {
             .filter(|_| run(&tb, &mut tat, later, 1).allowed)
             .count();
         assert_eq!(ok, 5);
+    }
+
+    #[test]
+    fn absorbed_usage_is_charged_at_its_time_without_a_decision() {
+        let tb = TokenBucket::new(5, S, 10).unwrap();
+        let t = 100 * S;
+        // 3 tokens used elsewhere 400 ms ago: 2 of the 5 refills since
+        // then are already back.
+        let tat = tb.absorb(None, t - 400 * MS, t, 3);
+        assert_eq!(tat, t + 200 * MS);
+        let mut state = Some(tat);
+        assert_eq!(run(&tb, &mut state, t, 1).remaining, 8);
+        // Usage older than the bucket's refill leaves nothing behind.
+        assert!(tb.absorb(None, t - S, t, 2) <= t);
+        // Beyond the burst: the debt is kept and drained before anything
+        // passes again.
+        let tat = tb.absorb(Some(t), t, t, 15);
+        assert_eq!(tat, t + 3 * S);
+        let d = run(&tb, &mut Some(tat), t, 1);
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after, Some(S + 200 * MS));
+        // Never further ahead than the arithmetic allows.
+        assert_eq!(tb.absorb(Some(t), t, t, u64::MAX), t + MAX_TOLERANCE);
     }
 
     #[test]

@@ -17,11 +17,13 @@
 
 mod file;
 mod overload;
+mod regions;
 mod sections;
 mod security;
 
 pub use file::{ConfigFile, FileError};
 pub use overload::*;
+pub use regions::*;
 pub use sections::*;
 pub use security::*;
 
@@ -59,6 +61,9 @@ pub struct ServerConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub replication: ReplicationSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub regions: RegionSettings,
     #[command(flatten)]
     #[serde(flatten)]
     pub cluster: ClusterSettings,
@@ -140,7 +145,17 @@ pub enum ConfigError {
     TlsHalf,
     #[error("--{name} needs --tls-cert and --tls-key")]
     TlsNeedsCert { name: &'static str },
-    #[error("pair mode or cluster mode with TLS needs --tls-ca: the CA that signed the other nodes' certificates, to verify them")]
+    #[error("region name {0:?} must be 1 to 64 characters out of A-Z a-z 0-9 _ - .")]
+    RegionName(String),
+    #[error("--region-peer {value:?}: {reason}")]
+    RegionPeer { value: String, reason: String },
+    #[error("--region-peer needs --region: the peers must know which region this node is")]
+    PeersWithoutRegion,
+    #[error("--region-peer needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same in every region: the usage exchange is a node-to-node exchange. Or pass --insecure to let any client send usage")]
+    RegionsWithoutSecret,
+    #[error("--region-ceiling must be a share in (0, 1], got {0}")]
+    CeilingShare(String),
+    #[error("pair mode, cluster mode or region peers with TLS need --tls-ca: the CA that signed the other nodes' certificates, to verify them")]
     PairTlsWithoutCa,
 }
 
@@ -164,6 +179,7 @@ impl ServerConfig {
         self.store.validate()?;
         self.overload.validate()?;
         self.replication.validate()?;
+        self.regions.validate()?;
         self.cluster.validate(&self.replication)?;
         self.admin.validate()?;
         self.validate_security()

@@ -225,6 +225,9 @@ impl ServerConfig {
         if self.replication.pair_mode() && auth.cluster_secret.is_none() && !auth.insecure {
             return Err(ConfigError::PairWithoutSecret);
         }
+        if !self.regions.region_peer.is_empty() && auth.cluster_secret.is_none() && !auth.insecure {
+            return Err(ConfigError::RegionsWithoutSecret);
+        }
         if self.cluster.enabled() && auth.cluster_secret.is_none() && !auth.insecure {
             return Err(ConfigError::ClusterWithoutSecret);
         }
@@ -251,7 +254,9 @@ impl ServerConfig {
                 }
             }
         }
-        let nodes_connect = self.replication.pair_mode() || self.cluster.enabled();
+        let nodes_connect = self.replication.pair_mode()
+            || self.cluster.enabled()
+            || !self.regions.region_peer.is_empty();
         if tls.enabled() && nodes_connect && tls.tls_ca.is_none() {
             return Err(ConfigError::PairTlsWithoutCa);
         }

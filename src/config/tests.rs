@@ -292,3 +292,53 @@ fn retry_and_shedding_settings_are_bounded() {
     c.overload.dedup_capacity = MAX_DEDUP_CAPACITY + 1;
     assert!(matches!(c.validate(), Err(ConfigError::TooLarge { .. })));
 }
+
+#[test]
+fn region_settings_are_checked() {
+    let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    assert_eq!(base.regions.exchange_interval, Duration::from_millis(500));
+    let mut c = base.clone();
+    c.auth.cluster_secret = Some("cluster-secret".into());
+    c.regions.region = Some("eu".into());
+    c.regions.region_peer = vec!["us=10.0.0.1:7700".into(), "ap=10.0.0.2:7700".into()];
+    assert_eq!(c.validate(), Ok(()));
+    assert_eq!(c.regions.peers().unwrap()[1].addr, "10.0.0.2:7700");
+    // Default ceiling: an equal share of three regions.
+    assert!((c.regions.ceiling_share() - 1.0 / 3.0).abs() < 1e-9);
+    for bad in ["us", "eu=10.0.0.3:7700", "us=", "x y=h:1"] {
+        let mut d = c.clone();
+        d.regions.region_peer.push(bad.into());
+        assert!(
+            matches!(d.validate(), Err(ConfigError::RegionPeer { .. })),
+            "{bad}"
+        );
+    }
+    let mut d = c.clone();
+    d.regions.region_peer.push("us=10.0.0.9:7700".into());
+    assert!(
+        matches!(d.validate(), Err(ConfigError::RegionPeer { reason, .. }) if reason.contains("twice"))
+    );
+    let mut d = c.clone();
+    d.regions.region = None;
+    assert_eq!(d.validate(), Err(ConfigError::PeersWithoutRegion));
+    let mut d = c.clone();
+    d.auth.cluster_secret = None;
+    assert_eq!(d.validate(), Err(ConfigError::RegionsWithoutSecret));
+    for share in [0.0, 1.5, f64::NAN] {
+        let mut d = c.clone();
+        d.regions.region_ceiling = Some(share);
+        assert!(
+            matches!(d.validate(), Err(ConfigError::CeilingShare(_))),
+            "{share}"
+        );
+    }
+    let mut d = c.clone();
+    d.regions.exchange_interval = Duration::ZERO;
+    assert!(matches!(
+        d.validate(),
+        Err(ConfigError::ZeroDuration { .. })
+    ));
+    let mut d = c;
+    d.regions.region = Some("".into());
+    assert!(matches!(d.validate(), Err(ConfigError::RegionName(_))));
+}

@@ -39,6 +39,7 @@ mod gate;
 mod link;
 mod metrics;
 mod pair;
+pub(crate) mod regions;
 mod replication;
 mod role;
 mod shared;
@@ -60,6 +61,7 @@ use crate::tls::Tls;
 use metrics::ReplMetrics;
 use pair::PairMode;
 use prometheus::Registry;
+use regions::{RegionConfig, Regions};
 use replication::records::key_write;
 use role::RoleState;
 use shared::Core;
@@ -84,6 +86,8 @@ pub(crate) struct Node {
     source: Arc<dyn RoleSource>,
     handovers: mpsc::Sender<Handover>,
     metrics: ReplMetrics,
+    /// The usage exchange of global limits (None: in no region).
+    regions: Option<Arc<Regions>>,
 }
 
 /// What a node is built from.
@@ -99,6 +103,8 @@ pub(crate) struct NodeParts {
     pub advertise: String,
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
+    /// This node's region and its peers (None: in no region).
+    pub regions: Option<RegionConfig>,
     /// Cluster mode: the membership `serve` joined (None: pair mode).
     #[cfg(feature = "cluster")]
     pub cluster: Option<Membership>,
@@ -110,6 +116,11 @@ impl Node {
     pub fn new(parts: NodeParts, registry: &Registry) -> prometheus::Result<(Self, Supervisor)> {
         let metrics = ReplMetrics::register(registry)?;
         let settings = parts.settings;
+        let regions = parts
+            .regions
+            .map(|c| Regions::new(c, parts.store.clone(), parts.clock.now(), registry))
+            .transpose()?
+            .map(Arc::new);
         #[cfg(feature = "cluster")]
         let (role, primary) = match &parts.cluster {
             // A cluster node follows nobody until its duties read etcd.
@@ -147,6 +158,7 @@ impl Node {
             source,
             handovers,
             metrics,
+            regions,
         };
         Ok((node, supervisor))
     }
@@ -260,6 +272,21 @@ impl Node {
         if self.core.settings.advertise.is_none() {
             self.core.role.set_advertise(addr);
         }
+    }
+
+    /// The regions layer, when this node is in a region.
+    pub fn regions(&self) -> Option<&Regions> {
+        self.regions.as_deref()
+    }
+
+    /// The usage exchange with the other regions, to run beside the
+    /// listener until `shutdown` (None: in no region).
+    pub fn exchange(
+        &self,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        let regions = self.regions.clone()?;
+        Some(regions::run(self.core.clone(), regions, shutdown))
     }
 
     /// Copies the replication numbers into the metrics (before a scrape).

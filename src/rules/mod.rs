@@ -88,6 +88,11 @@ impl Rule {
     pub fn default_cost(&self) -> u32 {
         self.spec.default_cost
     }
+
+    /// The regions sharing this rule (empty: not global).
+    pub fn global(&self) -> &[String] {
+        &self.spec.global
+    }
 }
 
 /// An immutable set of rules, looked up by the name bytes a pair carries.

@@ -70,6 +70,7 @@ pub(super) fn router(state: Arc<AdminState>) -> Router {
         .route("/v1/replication", get(replication))
         .route("/v1/cluster", get(cluster))
         .route("/v1/promote", post(promote))
+        .route("/v1/regions", get(regions))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {
             error(
@@ -141,6 +142,19 @@ async fn cluster(AxumState(state): AppState) -> Response {
         None => error(
             StatusCode::NOT_FOUND,
             "this node is not in a cluster (no --etcd)",
+        ),
+    }
+}
+
+/// This node's region, the exchange with each peer region, and whether the
+/// ceiling is in force (404 on a node in no region).
+async fn regions(AxumState(state): AppState) -> Response {
+    let shared = &state.shared;
+    match shared.node.regions() {
+        Some(regions) => Json(regions.status(shared.clock.now())).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            "this node is in no region (--region): it has no global limits",
         ),
     }
 }

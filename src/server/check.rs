@@ -28,6 +28,10 @@
 //! PEEK frame. Refunds are not checks: they count only their errors.
 
 use super::dedup::Answered;
+mod global;
+
+pub(super) use global::{receive_usage, UsageError};
+
 use super::Shared;
 use crate::clock::Nanos;
 use crate::node::Gate;
@@ -245,9 +249,18 @@ impl Evaluation<'_> {
             self.shared.metrics.errors.count(ErrorCode::TryAgain);
             return CheckResult::Error(ErrorCode::TryAgain);
         }
-        let decided = match self.verb {
-            Verb::Check(mode) => self.evaluate(pairs, mode),
-            Verb::Refund => self.refund(pairs),
+        // Global rules matter only on a node in a region, and only to pairs
+        // naming a rule.
+        let regions = self
+            .shared
+            .node
+            .regions()
+            .filter(|_| pairs.iter().any(|p| matches!(p.limit, LimitRef::Rule(_))));
+        let decided = match (self.verb, regions) {
+            (Verb::Check(Mode::Charge), Some(regions)) => self.charge_regional(regions, pairs),
+            (Verb::Refund, Some(regions)) => self.refund_regional(regions, pairs),
+            (Verb::Check(mode), _) => self.evaluate(pairs, mode),
+            (Verb::Refund, None) => self.refund(pairs),
         };
         match decided {
             Decided::Decision {

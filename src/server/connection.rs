@@ -421,6 +421,17 @@ impl Connection {
                 check::answer(shared, id, &batch, Verb::Refund, &gate, &mut self.wbuf)
             }
             Request::Release(leases) => check::release(shared, id, &leases, &mut self.wbuf),
+            Request::Usage(report) => match check::receive_usage(shared, self.privilege, &report) {
+                Ok(ack) => encode_response(id, &Response::UsageOk(ack), &mut self.wbuf),
+                Err(check::UsageError::Node(refusal)) => {
+                    self.refuse(id, &refusal);
+                    Ok(())
+                }
+                Err(check::UsageError::Error(code, message)) => {
+                    self.error(id, code, &message);
+                    Ok(())
+                }
+            },
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
         if let Err(e) = encoded {

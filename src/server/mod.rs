@@ -225,6 +225,10 @@ impl Server {
                 advertise,
                 store: store.clone(),
                 clock: clock.clone(),
+                regions: crate::node::regions::RegionConfig::from_settings(
+                    &config.regions,
+                    config.limits.max_frame,
+                ),
                 #[cfg(feature = "cluster")]
                 cluster,
             },
@@ -338,6 +342,9 @@ impl Server {
         let tracker = TaskTracker::new();
         tracker.spawn(sweeper.run(shutdown.clone()));
         tracker.spawn(supervisor.run(shutdown.clone()));
+        if let Some(exchange) = shared.node.exchange(shutdown.clone()) {
+            tracker.spawn(exchange);
+        }
         if !config.rules.poll.is_zero() {
             tracker.spawn(crate::rules::watch::watch(
                 shared.rules.clone(),

@@ -275,7 +275,7 @@ impl Store {
 }
 
 /// The table holding the state this policy works on.
-fn table_for(policy: &Policy) -> Table {
+pub(super) fn table_for(policy: &Policy) -> Table {
     match policy {
         Policy::TokenBucket(_) => Table::Buckets,
         _ => Table::Others,

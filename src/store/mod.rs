@@ -13,12 +13,16 @@
 //!   as absent; it is dropped when met on access and by [`Store::sweep`],
 //!   which bounds its work to a number of stripes per call.
 //!
+//! Usage made in another region (a global limit) is charged into the same
+//! state by [`Store::absorb`], without a decision (`remote.rs`).
+//!
 //! The store never reads a clock: callers pass `now`, so tests control time.
 
 mod changes;
 mod group;
 mod key;
 mod merge;
+mod remote;
 mod tables;
 
 use crate::algorithm::State;
@@ -30,6 +34,7 @@ use changes::ChangeLog;
 pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
 pub use group::Mode;
 pub use key::StoredKey;
+pub use remote::{AbsorbError, RemoteUsage};
 pub use tables::Full;
 use tables::{Table, Tables};
 

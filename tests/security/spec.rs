@@ -13,6 +13,8 @@ const SECRET: &str = "spec-cluster-secret";
 fn examples() -> Vec<Vec<u8>> {
     let doc = include_str!("../../protocol/PROTOCOL.md");
     let section = &doc[doc.find("## 15. ").expect("§15")..];
+    // §15 only: the sections after it have examples of their own.
+    let section = &section[..section.find("\n## 16. ").unwrap_or(section.len())];
     let examples = &section[section.find("### Examples").expect("its examples")..];
     let hex = |text: &str| -> Vec<u8> {
         text.split_whitespace()

@@ -107,6 +107,7 @@ pub(crate) fn request_name(request: &Request) -> &'static str {
         Request::Release(_) => "RELEASE",
         Request::Repl(_) => "REPL",
         Request::Topology => "TOPOLOGY",
+        Request::Usage(_) => "USAGE",
     }
 }
 

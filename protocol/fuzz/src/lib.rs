@@ -12,8 +12,8 @@
 //! - a decoded message re-encodes to the exact bytes of its frame (the
 //!   encoding is canonical) and decodes back to an equal value;
 //! - a decoded request respects the limits it was decoded under (and rule
-//!   names their 1..=64-byte UTF-8 form); a decoded cluster answer holds
-//!   only real slots and ranges that are not reversed.
+//!   names their 1..=64-byte UTF-8 form, region names too); a decoded
+//!   cluster answer holds only real slots and ranges that are not reversed.
 //!
 //! The protocol crate's tests include this file by path and replay the seed
 //! corpus (and proptest inputs) through it, so CI runs these checks on
@@ -23,7 +23,7 @@ use bytes::BytesMut;
 use tollgate_protocol::{
     decode_request, decode_response, encode_request, encode_response, DecodeError, ErrorCode,
     LimitRef, Request, RequestId, Response, ServerLimits, SlotSpan, FRAME_HEADER_LEN,
-    MAX_ERROR_MESSAGE_LEN, MAX_RULE_NAME_LEN, PROTOCOL_VERSION, SLOT_COUNT,
+    MAX_ERROR_MESSAGE_LEN, MAX_REGION_NAME_LEN, MAX_RULE_NAME_LEN, PROTOCOL_VERSION, SLOT_COUNT,
 };
 
 /// Small limits, so short fuzz inputs reach every limit check. The seed
@@ -178,7 +178,8 @@ fn check_stream<M>(
     }
 }
 
-/// Slots in decoded cluster answers are real slots, ranges not reversed.
+/// Slots in decoded cluster answers are real slots, ranges not reversed;
+/// region names are within their bounds.
 fn check_response_shape(response: &Response) {
     let check_span = |s: &SlotSpan| {
         assert!(
@@ -192,6 +193,10 @@ fn check_response_shape(response: &Response) {
             t.moving.iter().for_each(|m| check_span(&m.slots));
         }
         Response::Moved(m) => assert!(m.slot < SLOT_COUNT, "bad slot decoded: {}", m.slot),
+        Response::UsageOk(ack) => assert!(
+            (1..=MAX_REGION_NAME_LEN).contains(&ack.region.len()),
+            "region name length out of range decoded"
+        ),
         _ => {}
     }
 }
@@ -254,6 +259,12 @@ fn check_request_limits(request: &Request, limits: &ServerLimits) {
             }
         }
         // No batch limits apply: sizes are bounded by the frame alone.
+        Request::Usage(report) => {
+            for entry in &report.entries {
+                check_key(&entry.key);
+            }
+            assert!((1..=MAX_REGION_NAME_LEN).contains(&report.region.len()));
+        }
         Request::Repl(_) | Request::Topology => {}
     }
 }

@@ -29,6 +29,7 @@ mod cluster;
 mod error;
 mod frame;
 mod framed;
+mod regions;
 mod replication;
 mod request;
 mod response;
@@ -78,6 +79,8 @@ pub mod opcode {
     /// A CHECK whose checks carry an idempotency key and a priority
     /// (PROTOCOL.md §5); answered by CHECKED.
     pub const CHECK2: u8 = 0x30;
+    /// Regions (PROTOCOL.md §16): one region's usage of global keys.
+    pub const USAGE: u8 = 0x20;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
@@ -100,5 +103,7 @@ pub mod opcode {
     pub const TOPOLOGY_OK: u8 = 0x90;
     /// Answers any request whose slot another node serves.
     pub const MOVED: u8 = 0x91;
+    /// Answers USAGE.
+    pub const USAGE_OK: u8 = 0xA0;
     pub const ERROR: u8 = 0xFF;
 }

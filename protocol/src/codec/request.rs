@@ -1,6 +1,7 @@
 //! Request payloads (client -> server): HELLO, PING, CHECK, PEEK, RESET,
 //! REFUND (CHECK's layout), RELEASE, CHECK2 (CHECK's checks, each after an
-//! idempotency key and a priority byte).
+//! idempotency key and a priority byte); the others' payloads are in
+//! `replication.rs`, `cluster.rs` and `regions.rs`.
 //!
 //! The decoder enforces the server's [`ServerLimits`] while it reads: every
 //! count is checked against its limit before it sizes an allocation, and
@@ -59,6 +60,7 @@ pub fn decode_request(
         opcode::RELEASE => Request::Release(decode_release(&mut r, limits)?),
         opcode::TOPOLOGY => Request::Topology,
         opcode::CHECK2 => Request::Check2(decode_tagged_batch(&mut r, limits)?),
+        opcode::USAGE => Request::Usage(super::regions::decode_usage(&mut r, limits)?),
         other => match super::replication::decode_repl_request(&mut r) {
             Some(decoded) => Request::Repl(decoded?),
             None => {
@@ -217,7 +219,7 @@ fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, Dec
 }
 
 /// A name_len-prefixed rule name, its length checked before it is sliced.
-fn decode_rule_name(r: &mut PayloadReader) -> Result<RuleName, DecodeError> {
+pub(super) fn decode_rule_name(r: &mut PayloadReader) -> Result<RuleName, DecodeError> {
     let len = r.u8()?;
     if len == 0 || usize::from(len) > MAX_RULE_NAME_LEN {
         return Err(DecodeError::RuleNameLength {
@@ -233,7 +235,10 @@ fn decode_rule_name(r: &mut PayloadReader) -> Result<RuleName, DecodeError> {
 }
 
 /// A key_len-prefixed key, its length checked before it is sliced.
-fn decode_key(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Bytes, DecodeError> {
+pub(super) fn decode_key(
+    r: &mut PayloadReader,
+    limits: &ServerLimits,
+) -> Result<Bytes, DecodeError> {
     let len = r.u16()?;
     if len == 0 {
         return Err(DecodeError::EmptyKey {
@@ -323,6 +328,7 @@ pub fn encode_request(
         Request::Repl(repl) => super::replication::encode_repl_request(request_id, repl, dst),
         Request::Topology => encode_frame(dst, opcode::TOPOLOGY, request_id, 0, |_| Ok(())),
         Request::Check2(batch) => encode_tagged_batch(request_id, batch, dst),
+        Request::Usage(report) => super::regions::encode_usage(request_id, report, dst),
         Request::Reset(keys) => {
             let hint = 2 + keys.len() * MIN_KEY_LEN;
             encode_frame(dst, opcode::RESET, request_id, hint, |dst| {

@@ -65,6 +65,7 @@ pub fn decode_response(
         }
         opcode::TOPOLOGY_OK => Response::Topology(super::cluster::decode_topology(&mut r)?),
         opcode::MOVED => Response::Moved(super::cluster::decode_moved(&mut r)?),
+        opcode::USAGE_OK => Response::UsageOk(super::regions::decode_usage_ok(&mut r)?),
         other => match super::replication::decode_repl_response(&mut r) {
             Some(decoded) => Response::Repl(decoded?),
             None => {
@@ -177,6 +178,7 @@ pub fn encode_response(
         Response::Repl(repl) => super::replication::encode_repl_response(request_id, repl, dst),
         Response::Topology(topology) => super::cluster::encode_topology(request_id, topology, dst),
         Response::Moved(moved) => super::cluster::encode_moved(request_id, moved, dst),
+        Response::UsageOk(ack) => super::regions::encode_usage_ok(request_id, ack, dst),
         Response::Checked(results) => encode_checked(request_id, results.iter().copied(), dst),
         Response::ResetDone(removed) => {
             encode_frame(dst, opcode::RESET_DONE, request_id, 4, |dst| {

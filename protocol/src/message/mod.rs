@@ -68,6 +68,9 @@ pub enum Request {
     Repl(crate::replication::ReplRequest),
     /// The cluster's slot map (answered by TOPOLOGY_OK).
     Topology,
+    /// One region's usage of global keys (answered by USAGE_OK); node
+    /// connections only.
+    Usage(crate::regions::UsageReport),
 }
 
 /// Default largest frame body a server accepts: 1 MiB.
@@ -181,4 +184,6 @@ pub enum Response {
     /// MOVED: the request's slot is served elsewhere; nothing was
     /// evaluated or charged.
     Moved(crate::cluster::Moved),
+    /// USAGE_OK: a USAGE was taken in.
+    UsageOk(crate::regions::UsageAck),
 }

@@ -313,6 +313,16 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
                 0,
             ),
         ),
+        (
+            "regions.bin",
+            crate::regions::request_stream(),
+            outcome(crate::regions::requests().len(), &[], None, 0),
+        ),
+        (
+            "broken_usage_region.bin",
+            raw_frame(opcode::USAGE, 9, &[0]),
+            outcome(0, &[Malformed], None, 0),
+        ),
     ]
 }
 
@@ -383,6 +393,11 @@ fn response_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
             "cluster.bin",
             crate::cluster::response_stream(),
             outcome(crate::cluster::responses().len(), &[], None, 0),
+        ),
+        (
+            "regions.bin",
+            crate::regions::response_stream(),
+            outcome(crate::regions::responses().len(), &[], None, 0),
         ),
         (
             "broken_moved_slot.bin",

@@ -10,6 +10,7 @@ mod corpus;
 mod framed;
 mod invalid;
 mod props;
+mod regions;
 mod replication;
 mod roundtrip;
 mod samples;

@@ -194,6 +194,7 @@ pub fn requests() -> Vec<(RequestId, Request)> {
     .chain(crate::replication::requests())
     .chain(crate::cluster::requests())
     .chain(crate::check2::requests())
+    .chain(crate::regions::requests())
     .collect()
 }
 
@@ -332,6 +333,7 @@ pub fn responses() -> Vec<(RequestId, Response)> {
     }
     out.extend(crate::replication::responses());
     out.extend(crate::cluster::responses());
+    out.extend(crate::regions::responses());
     out
 }
 

@@ -11,13 +11,13 @@
 //! runs the same [`RuleSpec::validate`], so a rule is accepted by one exactly
 //! when it is accepted by the other.
 
-use crate::algorithm::Policy;
+use crate::algorithm::{why_not_global, Policy};
 use crate::units::{parse_millis, Rate};
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::HashSet;
 use std::fmt;
-use tollgate_protocol::{Algorithm, Limit, RuleFieldError, MAX_RULE_NAME_LEN};
+use tollgate_protocol::{valid_region_name, Algorithm, Limit, RuleFieldError, MAX_RULE_NAME_LEN};
 
 /// Most rules one server holds. Rule names become metric labels, so their
 /// number is bounded whatever the file says.
@@ -123,6 +123,12 @@ pub struct RuleSpec {
     /// allowed with the shadow flag.
     #[serde(default)]
     pub shadow: bool,
+    /// The regions that share this limit (README "Global limits"): each
+    /// enforces it on its own counters and reports its usage to the others
+    /// listed. Empty (the default): the limit is this region's alone.
+    /// `token-bucket`, `sliding-window` and `fixed-window` only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub global: Vec<String>,
 }
 
 fn default_cost() -> u32 {
@@ -157,6 +163,10 @@ pub enum RuleError {
     },
     #[error("rule {name:?}: {reason}")]
     Impossible { name: String, reason: String },
+    #[error("rule {name:?}: global region name {region:?} must be 1 to 64 characters out of A-Z a-z 0-9 _ - .")]
+    BadRegion { name: String, region: String },
+    #[error("rule {name:?}: {reason}")]
+    NotGlobal { name: String, reason: String },
     #[error("duplicate rule name {0:?}")]
     Duplicate(String),
     #[error("more than {MAX_RULES} rules")]
@@ -209,6 +219,20 @@ impl RuleSpec {
             name: name(),
             reason: e.to_string(),
         })?;
+        if !self.global.is_empty() {
+            if let Some(region) = self.global.iter().find(|r| !valid_region_name(r)) {
+                return Err(RuleError::BadRegion {
+                    name: name(),
+                    region: region.clone(),
+                });
+            }
+            if let Some(why) = why_not_global(algorithm) {
+                return Err(RuleError::NotGlobal {
+                    name: name(),
+                    reason: format!("{} cannot be global: {why}", algorithm.name()),
+                });
+            }
+        }
         Ok(limit)
     }
 }

@@ -223,3 +223,27 @@ fn json_bodies_are_validated_like_the_file() {
     assert!(e.reason.contains("does not apply to sliding-window"), "{e}");
     assert!(parse_json(b"{", "x").is_err());
 }
+
+#[test]
+fn global_rules_list_valid_regions_and_a_shareable_algorithm() {
+    let rules =
+        parse("rules:\n  - name: g\n    algorithm: fixed-window\n    rate: 10/min\n    global: [us, eu-west.1]\n")
+            .unwrap();
+    assert_eq!(
+        rules[0].global,
+        vec!["us".to_owned(), "eu-west.1".to_owned()]
+    );
+    // Not global: nothing is written back for it.
+    let plain = parse("rules:\n  - name: p\n    rate: 1/s\n").unwrap();
+    assert!(plain[0].global.is_empty());
+    assert!(!serde_json::to_string(&plain[0]).unwrap().contains("global"));
+    let e = error("rules:\n  - name: g\n    rate: 1/s\n    global: [us, \"e u\"]\n");
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(e.reason.contains("\"e u\""), "{e}");
+    for algorithm in ["sliding-log", "leaky-bucket", "concurrency"] {
+        let e = error(&format!(
+            "rules:\n  - name: g\n    algorithm: {algorithm}\n    rate: 5/s\n    global: [us]\n"
+        ));
+        assert!(e.reason.contains("cannot be global"), "{algorithm}: {e}");
+    }
+}

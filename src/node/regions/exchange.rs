@@ -1,0 +1,175 @@
+//! The exchange tasks: one per peer region sending this region's usage,
+//! and a monitor deciding whether the region is cut off.
+//!
+//! Each sender, every interval while this node is primary: moves its
+//! journal into its pending usage, seals one USAGE of at most
+//! `exchange-max-bytes` (or takes the unanswered one again), sends it over
+//! a node link (HELLO with the cluster secret) and waits for USAGE_OK. A
+//! message is numbered once (session, seq) and resent unchanged until
+//! answered, so the receiver applies it at most once; a Malformed refusal
+//! (the peer does not know this region, say) drops it with a warning
+//! rather than retrying it forever. One message is in flight per peer.
+
+use super::journal::Journal;
+use super::Regions;
+use crate::node::link::{unexpected, Link, LinkError};
+use crate::node::shared::Core;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+use tollgate_protocol::{ErrorCode, Request, Response, Role, UsageReport};
+
+/// Runs the monitor and one sender per peer until `shutdown`.
+pub(crate) async fn run(core: Arc<Core>, regions: Arc<Regions>, shutdown: CancellationToken) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for index in 0..regions.peers.len() {
+        tasks.spawn(send_loop(
+            core.clone(),
+            regions.clone(),
+            index,
+            shutdown.clone(),
+        ));
+    }
+    let mut tick = tokio::time::interval(regions.config.interval);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tick.tick() => { regions.assess(core.clock.now()); }
+        }
+    }
+    tasks.shutdown().await;
+}
+
+/// What one sender keeps between intervals.
+struct Sender {
+    session: u64,
+    seq: u64,
+    pending: Journal,
+    unanswered: Option<UsageReport>,
+    link: Option<Link>,
+}
+
+async fn send_loop(
+    core: Arc<Core>,
+    regions: Arc<Regions>,
+    index: usize,
+    shutdown: CancellationToken,
+) {
+    let interval = regions.config.interval;
+    // A call may take a few intervals over a slow path; past that the peer
+    // counts as silent and the link is opened afresh.
+    let timeout = (interval * 4).max(Duration::from_secs(1));
+    let mut s = Sender {
+        session: fastrand::u64(1..),
+        seq: 0,
+        pending: Journal::default(),
+        unanswered: None,
+        link: None,
+    };
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if core.role.role() != Role::Primary {
+            // A standby's counters are the primary's copy: it reports nothing
+            // and keeps no link.
+            s.link = None;
+            continue;
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = exchange_once(&core, &regions, index, &mut s, timeout) => {}
+        }
+    }
+}
+
+async fn exchange_once(
+    core: &Core,
+    regions: &Regions,
+    index: usize,
+    s: &mut Sender,
+    timeout: Duration,
+) {
+    let peer = &regions.peers[index];
+    let metrics = regions.metrics.peer(&peer.config.name);
+    let fresh = std::mem::take(&mut *peer.journal.lock());
+    s.pending.absorb(fresh);
+    let report = match s.unanswered.take() {
+        Some(report) => report,
+        None => {
+            let (entries, capped) = s
+                .pending
+                .seal(regions.config.max_message_bytes, regions.name().len());
+            if capped {
+                regions.metrics.capped.inc();
+            }
+            s.seq += 1;
+            UsageReport {
+                region: regions.name().to_owned(),
+                session: s.session,
+                seq: s.seq,
+                sent_at: core.clock.now(),
+                entries,
+            }
+        }
+    };
+    match send(core, &peer.config.addr, &mut s.link, &report, timeout).await {
+        Ok(ack) if ack.region != peer.config.name => {
+            tracing::warn!(
+                peer = %peer.config.name, answered = %ack.region,
+                "the address of a peer region leads to another region; usage dropped"
+            );
+            metrics.send_failures.inc();
+        }
+        Ok(_) => {
+            metrics.keys_sent.inc_by(report.entries.len() as u64);
+            peer.last_acked
+                .fetch_max(core.clock.now(), crate::sync::Ordering::Relaxed);
+            peer.acked.fetch_add(1, crate::sync::Ordering::Relaxed);
+        }
+        // Malformed: the peer will never take this message (it does not
+        // know this region, say); drop it rather than retry it forever.
+        Err(LinkError::Refused { code, message }) if code == ErrorCode::Malformed => {
+            tracing::warn!(
+                peer = %peer.config.name, %code, %message,
+                "peer region refused our usage; message dropped"
+            );
+            metrics.send_failures.inc();
+            s.link = None;
+        }
+        // Anything else (a standby answering NotPrimary during a failover
+        // there, a broken connection): the same message again next time.
+        Err(e) => {
+            tracing::debug!(peer = %peer.config.name, error = %e, "usage exchange failed; will resend");
+            metrics.send_failures.inc();
+            s.link = None;
+            s.unanswered = Some(report);
+        }
+    }
+}
+
+/// Sends `report` on `link` (opened if need be) and returns the answer.
+async fn send(
+    core: &Core,
+    addr: &str,
+    link: &mut Option<Link>,
+    report: &UsageReport,
+    timeout: Duration,
+) -> Result<tollgate_protocol::UsageAck, LinkError> {
+    if link.is_none() {
+        let (opened, _) = Link::open(core, addr, "region exchange", timeout).await?;
+        *link = Some(opened);
+    }
+    let Some(l) = link.as_mut() else {
+        return Err(LinkError::Closed);
+    };
+    match l.call(&Request::Usage(report.clone())).await? {
+        Response::UsageOk(ack) => Ok(ack),
+        other => Err(unexpected("USAGE", &other)),
+    }
+}

@@ -1,0 +1,115 @@
+//! Metrics of the usage exchange (`tollgate_region_*`), bumped where the
+//! exchange happens; per-peer series carry the peer region as `peer`.
+
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+pub(super) struct RegionMetrics {
+    lag: GaugeVec,
+    keys_sent: IntCounterVec,
+    keys_received: IntCounterVec,
+    units_imported: IntCounterVec,
+    skipped: IntCounterVec,
+    send_failures: IntCounterVec,
+    pub capped: IntCounter,
+    pub ceiling_activations: IntCounter,
+    pub ceiling_denied: IntCounter,
+    pub cut_off: IntGauge,
+}
+
+/// One peer's handles.
+pub(super) struct PeerMetrics {
+    pub lag: prometheus::Gauge,
+    pub keys_sent: IntCounter,
+    pub keys_received: IntCounter,
+    pub units_imported: IntCounter,
+    pub skipped: IntCounter,
+    pub send_failures: IntCounter,
+}
+
+impl RegionMetrics {
+    pub fn register(r: &Registry) -> prometheus::Result<Self> {
+        fn per_peer(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounterVec> {
+            let c = IntCounterVec::new(Opts::new(name, help), &["peer"])?;
+            r.register(Box::new(c.clone()))?;
+            Ok(c)
+        }
+        fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+            let c = IntCounter::new(name, help)?;
+            r.register(Box::new(c.clone()))?;
+            Ok(c)
+        }
+        let lag = GaugeVec::new(
+            Opts::new(
+                "tollgate_region_sync_lag_seconds",
+                "Time since the usage exchange with a peer region last worked both ways \
+                 (its answer to our USAGE, its USAGE to us), by peer.",
+            ),
+            &["peer"],
+        )?;
+        r.register(Box::new(lag.clone()))?;
+        let cut_off = IntGauge::new(
+            "tollgate_region_cut_off",
+            "1 while the exchange is stalled with most peer regions and global rules are \
+             capped at this region's ceiling.",
+        )?;
+        r.register(Box::new(cut_off.clone()))?;
+        Ok(Self {
+            lag,
+            keys_sent: per_peer(
+                r,
+                "tollgate_region_keys_sent_total",
+                "Key entries sent to a peer region in answered USAGE messages.",
+            )?,
+            keys_received: per_peer(
+                r,
+                "tollgate_region_keys_received_total",
+                "Key entries received from a peer region and applied.",
+            )?,
+            units_imported: per_peer(
+                r,
+                "tollgate_region_usage_imported_total",
+                "Units charged here for usage made in a peer region.",
+            )?,
+            skipped: per_peer(
+                r,
+                "tollgate_region_entries_skipped_total",
+                "Entries from a peer region not applied (no such global rule listing it, \
+                 an algorithm that cannot be global, a full store).",
+            )?,
+            send_failures: per_peer(
+                r,
+                "tollgate_region_send_failures_total",
+                "USAGE messages to a peer region that failed (connection, timeout, refusal).",
+            )?,
+            capped: counter(
+                r,
+                "tollgate_region_messages_capped_total",
+                "USAGE messages that hit exchange-max-bytes: the keys left over went in a \
+                 later message.",
+            )?,
+            ceiling_activations: counter(
+                r,
+                "tollgate_region_ceiling_activations_total",
+                "Times the exchange stalled with most peer regions and the ceiling came \
+                 into force.",
+            )?,
+            ceiling_denied: counter(
+                r,
+                "tollgate_region_ceiling_denied_total",
+                "Checks denied by this region's ceiling while cut off.",
+            )?,
+            cut_off,
+        })
+    }
+
+    pub fn peer(&self, name: &str) -> PeerMetrics {
+        PeerMetrics {
+            lag: self.lag.with_label_values(&[name]),
+            keys_sent: self.keys_sent.with_label_values(&[name]),
+            keys_received: self.keys_received.with_label_values(&[name]),
+            units_imported: self.units_imported.with_label_values(&[name]),
+            skipped: self.skipped.with_label_values(&[name]),
+            send_failures: self.send_failures.with_label_values(&[name]),
+        }
+    }
+}

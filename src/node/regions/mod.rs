@@ -1,0 +1,352 @@
+//! Global limits: this node's region and the usage it exchanges with the
+//! other regions (README "Global limits", PROTOCOL.md §16).
+//!
+//! ```text
+//!  check path (server) --record--> journal, one per peer region (journal.rs)
+//!  exchange task per peer (exchange.rs): every interval, journal -> pending
+//!      -> one USAGE (at most `exchange-max-bytes`) -> USAGE_OK
+//!  USAGE from a peer (server) --receive--> at-most-once -> Store::absorb
+//!  monitor: who is stalled -> the cut-off flag the check path reads
+//! ```
+//!
+//! Invariants:
+//! - a region reports only its own clients' usage (what the check path
+//!   records), never what it absorbed from others, so nothing counts twice;
+//! - a USAGE is applied at most once per (sender, session, seq); a retry is
+//!   answered `duplicate`;
+//! - `record` and `cut_off` are on the request path: one short lock per
+//!   peer region of the rule, one atomic load;
+//! - the node never sees rules: the server resolves a rule name to its
+//!   limit (and whether it is global for the sender) through a closure.
+
+mod exchange;
+mod journal;
+mod metrics;
+
+pub(crate) use exchange::run;
+
+use crate::clock::Nanos;
+use crate::config::{RegionPeer, RegionSettings};
+use crate::store::{RemoteUsage, Store};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
+use bytes::Bytes;
+use journal::Journal;
+use metrics::RegionMetrics;
+use prometheus::Registry;
+use serde::Serialize;
+use std::time::Duration;
+use tollgate_protocol::{Limit, RuleName, UsageAck, UsageReport};
+
+/// What the regions layer is built from (the server's `RegionSettings`,
+/// parsed).
+#[derive(Debug, Clone)]
+pub(crate) struct RegionConfig {
+    pub region: String,
+    pub peers: Vec<RegionPeer>,
+    pub interval: Duration,
+    pub stall_intervals: u32,
+    pub max_message_bytes: usize,
+    pub ceiling_share: f64,
+}
+
+impl RegionConfig {
+    /// None when the node is in no region.
+    pub fn from_settings(s: &RegionSettings, max_frame: u32) -> Option<Self> {
+        let region = s.region.clone()?;
+        Some(Self {
+            region,
+            // Validated at start.
+            peers: s.peers().unwrap_or_default(),
+            interval: s.exchange_interval,
+            stall_intervals: s.region_stall_intervals,
+            max_message_bytes: s.exchange_max_bytes.min(max_frame as usize),
+            ceiling_share: s.ceiling_share(),
+        })
+    }
+}
+
+/// One peer region as this node sees it.
+pub(crate) struct Peer {
+    pub config: RegionPeer,
+    /// Usage recorded for it since its exchange task last looked.
+    journal: Mutex<Journal>,
+    /// Clock (ns) of the last USAGE it answered, and of the last USAGE from
+    /// it; the start time until then.
+    last_acked: AtomicU64,
+    last_received: AtomicU64,
+    /// The session and highest seq applied from it (at most once).
+    applied: Mutex<Option<(u64, u64)>>,
+    /// Whether the exchange with it is stalled (the monitor's view).
+    stalled: AtomicBool,
+    /// USAGE messages it answered (applied or duplicate).
+    acked: AtomicU64,
+}
+
+/// Why a USAGE is refused: nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UsageRefusal {
+    #[error("region {0:?} is not one this node exchanges usage with (--region-peer)")]
+    UnknownRegion(String),
+    #[error("session 0 is not a session")]
+    ZeroSession,
+}
+
+/// How a rule name resolves on the receiver: the limit, when the rule
+/// exists, is global and lists the sender's region.
+pub(crate) type Resolve<'a> = &'a dyn Fn(&RuleName, &str) -> Option<Limit>;
+
+/// The regions layer of a node.
+pub(crate) struct Regions {
+    pub config: RegionConfig,
+    peers: Vec<Peer>,
+    store: std::sync::Arc<Store>,
+    /// Set while the exchange is stalled with a majority of the peers.
+    cut_off: AtomicBool,
+    metrics: RegionMetrics,
+}
+
+impl Regions {
+    pub fn new(
+        config: RegionConfig,
+        store: std::sync::Arc<Store>,
+        now: Nanos,
+        registry: &Registry,
+    ) -> prometheus::Result<Self> {
+        let metrics = RegionMetrics::register(registry)?;
+        let peers = config
+            .peers
+            .iter()
+            .map(|p| Peer {
+                config: p.clone(),
+                journal: Mutex::new(Journal::default()),
+                last_acked: AtomicU64::new(now),
+                last_received: AtomicU64::new(now),
+                applied: Mutex::new(None),
+                stalled: AtomicBool::new(false),
+                acked: AtomicU64::new(0),
+            })
+            .collect();
+        Ok(Self {
+            config,
+            peers,
+            store,
+            cut_off: AtomicBool::new(false),
+            metrics,
+        })
+    }
+
+    /// This node's region.
+    pub fn name(&self) -> &str {
+        &self.config.region
+    }
+
+    /// Records usage of `key` under the global `rule` by this region's own
+    /// clients, for each peer region the rule lists (`regions`).
+    pub fn record(
+        &self,
+        key: &Bytes,
+        rule: &RuleName,
+        regions: &[String],
+        charged: u64,
+        refunded: u64,
+        now: Nanos,
+    ) {
+        for peer in &self.peers {
+            if regions.contains(&peer.config.name) {
+                peer.journal.lock().add(key, rule, charged, refunded, now);
+            }
+        }
+    }
+
+    /// Whether the exchange is stalled with a majority of the peers: global
+    /// rules are then capped at this region's ceiling. One atomic load.
+    pub fn cut_off(&self) -> bool {
+        // Relaxed: a flag of its own; a check racing the change may go
+        // either way.
+        self.cut_off.load(Ordering::Relaxed)
+    }
+
+    /// The limit a global rule's ceiling key is checked against: the
+    /// region's share of the count (and of a bucket's burst), at least 1.
+    pub fn ceiling(&self, limit: &Limit) -> Limit {
+        let share = |n: u64| ((n as f64 * self.config.ceiling_share).floor() as u64).max(1);
+        Limit {
+            count: share(limit.count),
+            burst: if limit.burst == 0 {
+                0
+            } else {
+                share(limit.burst)
+            },
+            ..*limit
+        }
+    }
+
+    /// Counts a check denied by the ceiling.
+    pub fn ceiling_denied(&self) {
+        self.metrics.ceiling_denied.inc();
+    }
+
+    /// Applies a USAGE from another region (at most once) and answers it.
+    pub fn receive(
+        &self,
+        report: &UsageReport,
+        resolve: Resolve<'_>,
+        now: Nanos,
+    ) -> Result<UsageAck, UsageRefusal> {
+        if report.session == 0 {
+            return Err(UsageRefusal::ZeroSession);
+        }
+        let peer = self
+            .peers
+            .iter()
+            .find(|p| p.config.name == report.region)
+            .ok_or_else(|| UsageRefusal::UnknownRegion(report.region.clone()))?;
+        let ack = |duplicate| UsageAck {
+            region: self.config.region.clone(),
+            seq: report.seq,
+            duplicate,
+        };
+        // Held while applying, so a retry racing its original on another
+        // connection waits and is then seen as a duplicate.
+        let mut applied = peer.applied.lock();
+        if let Some((session, seq)) = *applied {
+            if session == report.session && report.seq <= seq {
+                return Ok(ack(true));
+            }
+        }
+        let name = peer.config.name.as_str();
+        let labels = self.metrics.peer(name);
+        for entry in &report.entries {
+            let Some(limit) = resolve(&entry.rule, name) else {
+                labels.skipped.inc();
+                continue;
+            };
+            let usage = RemoteUsage {
+                charged: entry.charged,
+                refunded: entry.refunded,
+                at: entry.at,
+            };
+            match self.store.absorb(&entry.key, &limit, usage, now) {
+                Ok(_) => {
+                    labels.keys_received.inc();
+                    labels.units_imported.inc_by(entry.charged);
+                }
+                Err(e) => {
+                    tracing::debug!(region = name, error = %e, "remote usage not absorbed");
+                    labels.skipped.inc();
+                }
+            }
+        }
+        *applied = Some((report.session, report.seq));
+        peer.last_received.fetch_max(now, Ordering::Relaxed);
+        Ok(ack(false))
+    }
+
+    /// Re-reads who is stalled; called every interval by the monitor.
+    /// Returns whether the region is cut off now.
+    fn assess(&self, now: Nanos) -> bool {
+        let limit = self.stall_after().as_nanos() as u64;
+        let mut stalled = 0;
+        for peer in &self.peers {
+            let lag = peer.lag(now);
+            self.metrics
+                .peer(&peer.config.name)
+                .lag
+                .set(lag as f64 / 1e9);
+            let s = lag > limit;
+            peer.stalled.store(s, Ordering::Relaxed);
+            stalled += usize::from(s);
+        }
+        let cut_off = !self.peers.is_empty() && stalled * 2 > self.peers.len();
+        let was = self.cut_off.swap(cut_off, Ordering::Relaxed);
+        if cut_off && !was {
+            tracing::warn!(
+                region = %self.config.region,
+                stalled,
+                "usage exchange stalled with most peer regions: global rules capped at this region's ceiling"
+            );
+            self.metrics.ceiling_activations.inc();
+        } else if was && !cut_off {
+            tracing::info!(region = %self.config.region, "usage exchange back in step");
+        }
+        self.metrics.cut_off.set(i64::from(cut_off));
+        cut_off
+    }
+
+    fn stall_after(&self) -> Duration {
+        self.config.interval * self.config.stall_intervals
+    }
+
+    /// What `GET /v1/regions` shows.
+    pub fn status(&self, now: Nanos) -> RegionsStatus {
+        RegionsStatus {
+            region: self.config.region.clone(),
+            exchange_interval_ms: self.config.interval.as_millis() as u64,
+            stall_after_ms: self.stall_after().as_millis() as u64,
+            ceiling_share: self.config.ceiling_share,
+            cut_off: self.cut_off(),
+            peers: self
+                .peers
+                .iter()
+                .map(|p| {
+                    let m = self.metrics.peer(&p.config.name);
+                    PeerStatus {
+                        region: p.config.name.clone(),
+                        addr: p.config.addr.clone(),
+                        lag_ms: p.lag(now) / 1_000_000,
+                        last_acked_ms_ago: now.saturating_sub(p.last_acked.load(Ordering::Relaxed))
+                            / 1_000_000,
+                        last_received_ms_ago: now
+                            .saturating_sub(p.last_received.load(Ordering::Relaxed))
+                            / 1_000_000,
+                        stalled: p.stalled.load(Ordering::Relaxed),
+                        messages_acked: p.acked.load(Ordering::Relaxed),
+                        keys_sent: m.keys_sent.get(),
+                        keys_received: m.keys_received.get(),
+                        units_imported: m.units_imported.get(),
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Peer {
+    /// How long since the exchange with this peer last worked both ways
+    /// (ns): the older of its last answer and its last USAGE.
+    fn lag(&self, now: Nanos) -> u64 {
+        let acked = self.last_acked.load(Ordering::Relaxed);
+        let received = self.last_received.load(Ordering::Relaxed);
+        now.saturating_sub(acked.min(received))
+    }
+}
+
+/// `GET /v1/regions`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RegionsStatus {
+    pub region: String,
+    pub exchange_interval_ms: u64,
+    pub stall_after_ms: u64,
+    pub ceiling_share: f64,
+    /// Stalled with a majority of the peers: the ceiling is in force.
+    pub cut_off: bool,
+    pub peers: Vec<PeerStatus>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PeerStatus {
+    pub region: String,
+    pub addr: String,
+    pub lag_ms: u64,
+    pub last_acked_ms_ago: u64,
+    pub last_received_ms_ago: u64,
+    pub stalled: bool,
+    /// USAGE messages this node sent that the peer answered.
+    pub messages_acked: u64,
+    pub keys_sent: u64,
+    pub keys_received: u64,
+    pub units_imported: u64,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,178 @@
+//! The regions layer without a network: at-most-once receipt, what is
+//! skipped, the ceiling limit, and when a region counts as cut off.
+
+use super::*;
+use crate::store::{Mode, StoreConfig};
+use std::sync::Arc;
+use tollgate_protocol::{Algorithm, CheckResult, Pair, UsageEntry};
+
+const MS: u64 = 1_000_000;
+const T0: Nanos = 1_000_000 * MS;
+
+fn regions(peers: &[&str]) -> Regions {
+    let config = RegionConfig {
+        region: "us".into(),
+        peers: peers
+            .iter()
+            .map(|p| RegionPeer {
+                name: (*p).into(),
+                addr: format!("{p}:7700"),
+            })
+            .collect(),
+        interval: Duration::from_millis(500),
+        stall_intervals: 4,
+        max_message_bytes: 1 << 20,
+        ceiling_share: 1.0 / 3.0,
+    };
+    let store = Arc::new(Store::new(StoreConfig::default()));
+    Regions::new(config, store, T0, &Registry::new()).unwrap()
+}
+
+fn bucket() -> Limit {
+    Limit {
+        algorithm: Algorithm::TokenBucket,
+        count: 600,
+        period_ms: 3_600_000,
+        burst: 600,
+    }
+}
+
+fn report(region: &str, session: u64, seq: u64, charged: u64, rule: &str) -> UsageReport {
+    UsageReport {
+        region: region.into(),
+        session,
+        seq,
+        sent_at: T0,
+        entries: vec![UsageEntry {
+            key: Bytes::from_static(b"k"),
+            rule: RuleName::try_from(rule).unwrap(),
+            charged,
+            refunded: 0,
+            at: T0,
+        }],
+    }
+}
+
+fn remaining(r: &Regions) -> u64 {
+    let pair = Pair::inline(Bytes::from_static(b"k"), bucket(), 1);
+    match r.store.check(&[pair], T0, Mode::Peek) {
+        CheckResult::Decision(d) => d.remaining,
+        CheckResult::Error(e) => panic!("{e}"),
+    }
+}
+
+/// The receiver's rules: `api` is global for eu, anything else is not.
+fn resolve(name: &RuleName, sender: &str) -> Option<Limit> {
+    (name.as_bytes() == b"api" && sender == "eu").then(bucket)
+}
+
+#[test]
+fn a_message_is_applied_once_per_session_and_seq() {
+    let r = regions(&["eu", "ap"]);
+    let ack = r
+        .receive(&report("eu", 9, 1, 100, "api"), &resolve, T0)
+        .unwrap();
+    assert_eq!(
+        (ack.region.as_str(), ack.seq, ack.duplicate),
+        ("us", 1, false)
+    );
+    assert_eq!(remaining(&r), 600 - 100 - 1);
+    // The same message again (a lost answer): nothing more is charged.
+    let ack = r
+        .receive(&report("eu", 9, 1, 100, "api"), &resolve, T0)
+        .unwrap();
+    assert!(ack.duplicate);
+    assert_eq!(remaining(&r), 499);
+    // The next one is applied; so is a new session's first.
+    assert!(
+        !r.receive(&report("eu", 9, 2, 50, "api"), &resolve, T0)
+            .unwrap()
+            .duplicate
+    );
+    assert!(
+        !r.receive(&report("eu", 10, 1, 50, "api"), &resolve, T0)
+            .unwrap()
+            .duplicate
+    );
+    assert_eq!(remaining(&r), 399);
+    let s = r.status(T0);
+    let eu = s.peers.iter().find(|p| p.region == "eu").unwrap();
+    assert_eq!((eu.units_imported, eu.keys_received), (200, 3));
+}
+
+#[test]
+fn unknown_regions_and_rules_change_nothing() {
+    let r = regions(&["eu"]);
+    assert_eq!(
+        r.receive(&report("mars", 1, 1, 100, "api"), &resolve, T0),
+        Err(UsageRefusal::UnknownRegion("mars".into()))
+    );
+    assert_eq!(
+        r.receive(&report("eu", 0, 1, 100, "api"), &resolve, T0),
+        Err(UsageRefusal::ZeroSession)
+    );
+    // A rule that is not global for eu here: answered, skipped.
+    let ack = r
+        .receive(&report("eu", 1, 1, 100, "other"), &resolve, T0)
+        .unwrap();
+    assert!(!ack.duplicate);
+    assert!(r.store.is_empty());
+    assert_eq!(r.status(T0).peers[0].units_imported, 0);
+}
+
+#[test]
+fn the_ceiling_is_the_share_of_count_and_burst() {
+    let r = regions(&["eu", "ap"]);
+    let c = r.ceiling(&bucket());
+    assert_eq!((c.count, c.burst, c.period_ms), (200, 200, 3_600_000));
+    let window = Limit {
+        algorithm: Algorithm::FixedWindow,
+        count: 2,
+        period_ms: 1000,
+        burst: 0,
+    };
+    // Never below one unit, never a burst where there was none.
+    let c = r.ceiling(&window);
+    assert_eq!((c.count, c.burst), (1, 0));
+}
+
+#[test]
+fn a_region_is_cut_off_when_most_peers_are_stalled() {
+    let r = regions(&["eu", "ap"]);
+    let later = T0 + 2_001 * MS;
+    assert!(!r.assess(T0 + 1_999 * MS));
+    // eu still talks both ways: one of two stalled is not a majority.
+    r.peers[0].last_acked.store(later, Ordering::Relaxed);
+    r.peers[0].last_received.store(later, Ordering::Relaxed);
+    assert!(!r.assess(later));
+    assert!(r.status(later).peers[1].stalled);
+    // Answers from eu but nothing received from it: stalled too.
+    r.peers[0].last_received.store(T0, Ordering::Relaxed);
+    assert!(r.assess(later));
+    assert!(r.cut_off());
+    assert_eq!(r.metrics.ceiling_activations.get(), 1);
+    // Once again in step: the ceiling is lifted.
+    r.peers[0].last_received.store(later, Ordering::Relaxed);
+    r.peers[1].last_acked.store(later, Ordering::Relaxed);
+    r.peers[1].last_received.store(later, Ordering::Relaxed);
+    assert!(!r.assess(later));
+}
+
+#[test]
+fn usage_is_journalled_for_the_peers_the_rule_lists() {
+    let r = regions(&["eu", "ap"]);
+    let rule = RuleName::try_from("api").unwrap();
+    r.record(
+        &Bytes::from_static(b"k"),
+        &rule,
+        &["us".into(), "eu".into()],
+        3,
+        0,
+        T0,
+    );
+    let (eu, _) = r.peers[0].journal.lock().seal(1 << 20, 2);
+    let (ap, _) = r.peers[1].journal.lock().seal(1 << 20, 2);
+    assert_eq!(eu.len(), 1);
+    assert_eq!(eu[0].charged, 3);
+    assert!(ap.is_empty());
+}

@@ -1,0 +1,182 @@
+//! Checks under global rules (README "Global limits"), on a node in a
+//! region: what this region's clients use is recorded for the exchange,
+//! and a cut-off region admits at most its ceiling.
+//!
+//! ```text
+//!  CHECK (charge), pairs naming global rules:
+//!    cut off? -> PEEK each global pair's ceiling key -> one denies: denied
+//!    the check as usual -> allowed: record the units charged of each
+//!      global pair for the peers its rule lists; charge its ceiling key
+//!  REFUND: as usual, then record the refund and refund the ceiling key
+//! ```
+//!
+//! The ceiling key (the key and a suffix no protocol key is likely to end
+//! with) counts this region's own admissions under the ceiling limit (the
+//! region's share of the rule), always, so that when the exchange stalls
+//! the region knows how much of its share it has used already. It holds
+//! only local usage: remote usage is absorbed into the key itself.
+//! Inline limits and PEEK never touch any of it.
+
+use super::{Decided, Evaluation};
+use crate::node::regions::Regions;
+use crate::rules::Rule;
+use crate::store::Mode;
+use bytes::{BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
+use tollgate_protocol::{CheckResult, Decision, LimitRef, Pair, RuleName};
+
+/// Appended to a key to name its ceiling key.
+const CEILING_SUFFIX: &[u8] = b"\x00region-ceiling";
+
+/// The pairs of a check naming a global rule: index, rule name, rule.
+type GlobalPairs<'p, 'r> = SmallVec<[(usize, &'p RuleName, &'r Rule); 2]>;
+
+fn ceiling_key(key: &Bytes) -> Bytes {
+    let mut k = BytesMut::with_capacity(key.len() + CEILING_SUFFIX.len());
+    k.put_slice(key);
+    k.put_slice(CEILING_SUFFIX);
+    k.freeze()
+}
+
+impl<'a> Evaluation<'a> {
+    fn global_pairs<'p>(&self, pairs: &'p [Pair]) -> GlobalPairs<'p, 'a> {
+        pairs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match &p.limit {
+                LimitRef::Rule(name) => self
+                    .rules
+                    .get(name.as_bytes())
+                    .filter(|r| !r.global().is_empty())
+                    .map(|r| (i, name, r)),
+                LimitRef::Inline(_) => None,
+            })
+            .collect()
+    }
+
+    /// The units a pair takes (cost 0: the rule's default).
+    fn units(pair: &Pair, rule: &Rule) -> u32 {
+        if pair.cost == 0 {
+            rule.default_cost()
+        } else {
+            pair.cost
+        }
+    }
+
+    /// The check of the pair's ceiling key in `mode` (None: the store
+    /// refused it, e.g. full; the ceiling then does not deny).
+    fn ceiling(&self, regions: &Regions, pair: &Pair, rule: &Rule, mode: Mode) -> Option<Decision> {
+        let ceiling = Pair::inline(
+            ceiling_key(&pair.key),
+            regions.ceiling(&rule.limit),
+            Self::units(pair, rule),
+        );
+        match self.shared.store.check(&[ceiling], self.now, mode) {
+            CheckResult::Decision(d) => Some(d),
+            CheckResult::Error(_) => None,
+        }
+    }
+
+    /// A charging CHECK on a node in a region.
+    pub(super) fn charge_regional(&self, regions: &Regions, pairs: &[Pair]) -> Decided<'_> {
+        let globals = self.global_pairs(pairs);
+        if globals.is_empty() {
+            return self.evaluate(pairs, Mode::Charge);
+        }
+        if regions.cut_off() {
+            for &(i, _, rule) in &globals {
+                let denied = self
+                    .ceiling(regions, &pairs[i], rule, Mode::Peek)
+                    .filter(|d| !d.allowed);
+                if let Some(mut d) = denied {
+                    regions.ceiling_denied();
+                    d.pair = i as u8;
+                    return Decided::decision(d, Some(rule));
+                }
+            }
+        }
+        let decided = self.evaluate(pairs, Mode::Charge);
+        if let Decided::Decision {
+            decision,
+            shadow_denied,
+            ..
+        } = &decided
+        {
+            if decision.allowed {
+                for &(i, name, rule) in &globals {
+                    // A shadow pair that would have denied was not charged.
+                    if *shadow_denied && rule.shadow() {
+                        continue;
+                    }
+                    let pair = &pairs[i];
+                    let units = u64::from(Self::units(pair, rule));
+                    regions.record(&pair.key, name, rule.global(), units, 0, self.now);
+                    self.ceiling(regions, pair, rule, Mode::Charge);
+                }
+            }
+        }
+        decided
+    }
+
+    /// A REFUND on a node in a region: the units given back are reported
+    /// too, and given back to the ceiling key.
+    pub(super) fn refund_regional(&self, regions: &Regions, pairs: &[Pair]) -> Decided<'_> {
+        let decided = self.refund(pairs);
+        if let Decided::Refunded(_) = decided {
+            for (i, name, rule) in self.global_pairs(pairs) {
+                let pair = &pairs[i];
+                let units = Self::units(pair, rule);
+                regions.record(&pair.key, name, rule.global(), 0, units.into(), self.now);
+                let ceiling =
+                    Pair::inline(ceiling_key(&pair.key), regions.ceiling(&rule.limit), units);
+                self.shared.store.refund(&[ceiling], self.now);
+            }
+        }
+        decided
+    }
+}
+
+/// Why a USAGE is not applied: a refusal of the node (a standby) or an
+/// error with its code.
+pub(in crate::server) enum UsageError {
+    Node(crate::node::Refusal),
+    Error(tollgate_protocol::ErrorCode, String),
+}
+
+/// USAGE from another region (PROTOCOL.md §16): only on a node connection
+/// of a primary in a region. Each entry is charged under this node's own
+/// rule of that name when the rule is global and lists the sender.
+pub(in crate::server) fn receive_usage(
+    shared: &super::Shared,
+    privilege: crate::server::auth::Privilege,
+    report: &tollgate_protocol::UsageReport,
+) -> Result<tollgate_protocol::UsageAck, UsageError> {
+    use tollgate_protocol::ErrorCode;
+    if privilege == crate::server::auth::Privilege::Client {
+        return Err(UsageError::Error(
+            ErrorCode::AuthFailed,
+            "USAGE needs a node connection (HELLO with the cluster secret)".into(),
+        ));
+    }
+    shared
+        .node
+        .admit(crate::node::Access::Write)
+        .map_err(UsageError::Node)?;
+    let Some(regions) = shared.node.regions() else {
+        return Err(UsageError::Error(
+            ErrorCode::Malformed,
+            "this node is in no region: it takes no USAGE".into(),
+        ));
+    };
+    let rules = shared.rules.current();
+    let own = regions.name().to_owned();
+    let resolve = |name: &RuleName, sender: &str| {
+        rules
+            .get(name.as_bytes())
+            .filter(|r| r.global().iter().any(|g| g == sender) && r.global().contains(&own))
+            .map(|r| r.limit)
+    };
+    regions
+        .receive(report, &resolve, shared.clock.now())
+        .map_err(|e| UsageError::Error(ErrorCode::Malformed, e.to_string()))
+}

@@ -1,0 +1,269 @@
+//! Usage made elsewhere: charging what another region's clients used into
+//! a key's state, without a decision of this store's own.
+//!
+//! A global limit is enforced by each region on its own counters; the
+//! usage each region reports is charged here under the same stripe lock as
+//! a check, into the same state (the algorithm's `absorb`), so the state a
+//! check sees is local and remote usage together. Nothing is decided: the
+//! state may pass the limit, and the key is then denied until it has
+//! drained the excess. The write is recorded for the standby like any
+//! other, and a new key respects the memory cap like a check's.
+//!
+//! Only the caller knows whether a report was applied before: the store
+//! charges what it is given (the regions layer applies each report once).
+
+use super::group::table_for;
+use super::tables::Table;
+use super::{Entry, Locked, Store, StoredKey};
+use crate::algorithm::{InvalidLimit, Policy};
+use crate::clock::Nanos;
+use crate::slot::Slot;
+use crate::sync::Ordering;
+use tollgate_protocol::Limit;
+
+/// One key's usage under one limit, made in another region since its
+/// previous report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteUsage {
+    /// Units admitted there.
+    pub charged: u64,
+    /// Units refunded there.
+    pub refunded: u64,
+    /// That region's clock at the latest admission (ns since the UNIX
+    /// epoch); usage of an expired window no longer counts.
+    pub at: Nanos,
+}
+
+/// Why remote usage was not charged. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AbsorbError {
+    #[error(transparent)]
+    Limit(#[from] InvalidLimit),
+    /// The key is new, the store is at its memory cap and refuses new keys.
+    #[error("the store is full and refuses new keys")]
+    StoreFull,
+}
+
+/// Refunds are given back in steps of a REFUND's `u32` cost.
+const REFUND_STEP: u64 = u32::MAX as u64;
+
+impl Store {
+    /// Charges `usage` of `key`, made in another region under `limit`, into
+    /// the key's state: `charged` at the usage's time, then `refunded` as a
+    /// REFUND at `now` would. Returns whether the state changed.
+    pub fn absorb(
+        &self,
+        key: &[u8],
+        limit: &Limit,
+        usage: RemoteUsage,
+        now: Nanos,
+    ) -> Result<bool, AbsorbError> {
+        let policy = Policy::from_limit_with(limit, self.max_log_entries)?;
+        let table = table_for(&policy);
+        let hash = self.hash(key);
+        let stripe = self.stripe(Slot::of(key));
+        let mut locked = stripe.tables.lock();
+        let Locked { tables, changes } = &mut *locked;
+        let current = tables.live(table, hash, key, now, &self.expired_on_access);
+        let mut entry = current.clone();
+        if let Some((state, expires_at)) = policy.absorb(
+            entry.as_ref().map(|e| &e.state),
+            usage.at,
+            now,
+            usage.charged,
+        )? {
+            entry = Some(Entry { state, expires_at });
+        }
+        let mut refund = usage.refunded;
+        while refund > 0 && entry.is_some() {
+            let step = refund.min(REFUND_STEP);
+            refund -= step;
+            let state = entry.as_ref().map(|e| &e.state);
+            let verdict = policy.refund(state, now, step as u32)?;
+            entry = verdict.state.map(|state| Entry {
+                state,
+                expires_at: verdict.expires_at,
+            });
+        }
+        // Charged so long ago, or refunded so much, that nothing is left.
+        let entry = entry.filter(|e| e.expires_at > now);
+        if entry == current {
+            return Ok(false);
+        }
+        match entry {
+            Some(entry) => {
+                if current.is_none() {
+                    self.room_for(tables, changes, stripe, table, key, &entry, now)?;
+                }
+                tables.put(&self.hasher, hash, key, entry);
+            }
+            None => {
+                tables.remove(table, hash, key);
+            }
+        }
+        self.record_change(stripe, changes, key);
+        Ok(true)
+    }
+
+    /// Makes room for a new key's `entry` within the stripe's memory share,
+    /// as a check adding a key would (evicting or refusing by policy).
+    #[allow(clippy::too_many_arguments)]
+    fn room_for(
+        &self,
+        tables: &mut super::Tables,
+        changes: &mut super::ChangeLog,
+        stripe: &super::Stripe,
+        table: Table,
+        key: &[u8],
+        entry: &Entry,
+        now: Nanos,
+    ) -> Result<(), AbsorbError> {
+        if self.stripe_budget == usize::MAX {
+            return Ok(());
+        }
+        let heap = StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
+        let room = tables.make_room(
+            &self.hasher,
+            table,
+            (1, heap),
+            (self.stripe_budget, self.on_full),
+            now,
+        );
+        // Relaxed: statistics.
+        self.evicted
+            .fetch_add(room.evicted as u64, Ordering::Relaxed);
+        if room.evicted > 0 {
+            self.record_eviction(stripe, changes);
+        }
+        if !room.granted {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(AbsorbError::StoreFull);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Drained, Mode, StoreConfig};
+    use bytes::Bytes;
+    use tollgate_protocol::{Algorithm, CheckResult, Pair};
+
+    const MS: u64 = 1_000_000;
+    const S: u64 = 1_000 * MS;
+
+    fn limit(algorithm: Algorithm, count: u64, period_ms: u64, burst: u64) -> Limit {
+        Limit {
+            algorithm,
+            count,
+            period_ms,
+            burst,
+        }
+    }
+
+    fn remaining(store: &Store, key: &str, limit: Limit, now: Nanos) -> u64 {
+        let pair = Pair::inline(Bytes::copy_from_slice(key.as_bytes()), limit, 1);
+        match store.check(&[pair], now, Mode::Peek) {
+            CheckResult::Decision(d) => d.remaining,
+            CheckResult::Error(e) => panic!("{e}"),
+        }
+    }
+
+    fn usage(charged: u64, refunded: u64, at: Nanos) -> RemoteUsage {
+        RemoteUsage {
+            charged,
+            refunded,
+            at,
+        }
+    }
+
+    #[test]
+    fn remote_usage_and_local_checks_share_one_state() {
+        let s = Store::new(StoreConfig::default());
+        let now = 100 * S;
+        for l in [
+            limit(Algorithm::TokenBucket, 1, 60_000, 10),
+            limit(Algorithm::SlidingWindow, 10, 60_000, 0),
+            limit(Algorithm::FixedWindow, 10, 60_000, 0),
+        ] {
+            let key = format!("rl:{{k}}:{}", l.algorithm.name());
+            // A PEEK answers after one more unit: 10 - 1 with nothing used.
+            assert_eq!(remaining(&s, &key, l, now), 9);
+            assert!(s
+                .absorb(key.as_bytes(), &l, usage(4, 0, now - S), now)
+                .unwrap());
+            assert_eq!(remaining(&s, &key, l, now), 5, "{l:?}");
+            // Local checks add to it.
+            let pair = Pair::inline(Bytes::from(key.clone().into_bytes()), l, 2);
+            assert!(
+                matches!(s.check(&[pair], now, Mode::Charge), CheckResult::Decision(d) if d.allowed)
+            );
+            assert_eq!(remaining(&s, &key, l, now), 3);
+            // A refund made there gives units back here.
+            assert!(s.absorb(key.as_bytes(), &l, usage(0, 3, now), now).unwrap());
+            assert_eq!(remaining(&s, &key, l, now), 6);
+        }
+    }
+
+    #[test]
+    fn usage_that_no_longer_counts_changes_nothing() {
+        let s = Store::new(StoreConfig::default());
+        let now = 100 * S;
+        let window = limit(Algorithm::FixedWindow, 10, 1000, 0);
+        assert!(!s
+            .absorb(b"w", &window, usage(3, 0, now - 2 * S), now)
+            .unwrap());
+        let bucket = limit(Algorithm::TokenBucket, 10, 1000, 10);
+        // Two tokens used 1 s ago have refilled already.
+        assert!(!s.absorb(b"b", &bucket, usage(2, 0, now - S), now).unwrap());
+        assert!(s.is_empty());
+        let log = limit(Algorithm::SlidingLog, 10, 1000, 0);
+        assert!(matches!(
+            s.absorb(b"l", &log, usage(1, 0, now), now),
+            Err(AbsorbError::Limit(InvalidLimit::NotGlobal { .. }))
+        ));
+    }
+
+    #[test]
+    fn absorbed_usage_is_recorded_for_the_standby() {
+        let s = Store::new(StoreConfig {
+            stripes: 1,
+            ..StoreConfig::default()
+        });
+        s.start_capture();
+        assert!(matches!(s.drain_stripe(0, S), Drained::Whole(_)));
+        let l = limit(Algorithm::SlidingWindow, 10, 60_000, 0);
+        s.absorb(b"rl:{a}:x", &l, usage(1, 0, 100 * S), 100 * S)
+            .unwrap();
+        match s.drain_stripe(0, 100 * S) {
+            Drained::Changes(keys) => {
+                assert_eq!(keys.len(), 1);
+                assert_eq!(keys[0].key.as_bytes(), b"rl:{a}:x");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_full_store_refuses_new_remote_keys_with_refuse() {
+        let s = Store::new(StoreConfig {
+            stripes: 1,
+            max_memory: Some(16 << 10),
+            on_full: crate::store::Full::Refuse,
+            ..StoreConfig::default()
+        });
+        let l = limit(Algorithm::TokenBucket, 1, 60_000, 10);
+        let now = 100 * S;
+        let mut refused = None;
+        for i in 0..10_000 {
+            let key = format!("rl:{{k{i}}}:x");
+            if let Err(e) = s.absorb(key.as_bytes(), &l, usage(1, 0, now), now) {
+                refused = Some(e);
+                break;
+            }
+        }
+        assert_eq!(refused, Some(AbsorbError::StoreFull));
+        assert!(s.refused() >= 1);
+    }
+}
