@@ -79,6 +79,7 @@
 mod backoff;
 mod breaker;
 mod client;
+mod cluster;
 pub mod config;
 mod connection;
 pub mod decision;
@@ -95,6 +96,7 @@ mod shard;
 
 pub use breaker::BreakerState;
 pub use client::Client;
+pub use cluster::ClusterStats;
 pub use config::{
     BreakerConfig, ClientConfig, ConfigError, FailMode, FallbackConfig, LeaseConfig,
     UnknownFailMode,

@@ -3,6 +3,7 @@
 //! Byte layout: `PROTOCOL.md` beside this crate (the normative spec).
 //! - [`message`]: requests, responses and their parts as Rust values
 //!   ([`replication`] and [`cluster`] hold those of §13 and §14);
+//! - [`slot`]: the slot of a key (CRC16 and hash tags, as Redis Cluster);
 //! - [`units`]: the `5/s` rate and `250ms` duration parsers everyone shares;
 //! - `limits`: [`Limit`] constructors and the reading of a rule's fields;
 //! - [`codec`]: pure encode/decode functions over `BytesMut`, bounded by
@@ -22,6 +23,7 @@ pub mod codec;
 mod limits;
 pub mod message;
 pub mod replication;
+pub mod slot;
 pub mod units;
 
 pub use cluster::*;
