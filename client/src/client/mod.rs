@@ -253,7 +253,11 @@ impl Client {
         &self.inner.config
     }
 
-    /// The first address of the shard (see [`connected_addr`](Self::connected_addr)).
+    /// The first address of the shard (see [`connected_addr`](Self::connected_addr));
+    /// in cluster mode, the first seed (as for [`addrs`](Self::addrs),
+    /// [`connected_addr`](Self::connected_addr), [`server_info`](Self::server_info)
+    /// and [`in_flight`](Self::in_flight); [`cluster_shards`](Self::cluster_shards)
+    /// lists the shards checks go to).
     pub fn addr(&self) -> &str {
         self.inner.shard.addrs().next().unwrap_or("")
     }

@@ -81,6 +81,9 @@ pub(crate) struct Cluster {
     retries: AtomicU64,
 }
 
+/// A check of a batch still to answer: its index in the batch, its slot.
+type Todo = (usize, u16);
+
 /// Why an attempt is worth making again.
 enum Retry {
     Moved(Moved),
@@ -300,8 +303,7 @@ impl Cluster {
     ) -> Result<Vec<CheckResult>, Error> {
         let checks: Vec<&[Pair]> = batch.iter().collect();
         let mut results: Vec<Option<CheckResult>> = vec![None; checks.len()];
-        // (index in the batch, slot) of the checks still to answer.
-        let mut todo: Vec<(usize, u16)> = Vec::with_capacity(checks.len());
+        let mut todo: Vec<Todo> = Vec::with_capacity(checks.len());
         for (index, check) in checks.iter().enumerate() {
             match group_slot(check) {
                 Some(slot) => todo.push((index, slot)),
@@ -312,7 +314,7 @@ impl Cluster {
         while !todo.is_empty() {
             let generation = self.generation.load(Ordering::Acquire);
             let map = self.map.load_full();
-            let mut parts: Vec<(Arc<Shard>, Vec<(usize, u16)>)> = Vec::new();
+            let mut parts: Vec<(Arc<Shard>, Vec<Todo>)> = Vec::new();
             let mut moved = None;
             let mut failure = None;
             let mut try_again = false;
