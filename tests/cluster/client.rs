@@ -1,11 +1,13 @@
 //! The client crate's cluster mode against 3 shards x 2 real nodes and a
 //! real etcd: one seed is enough to check every shard's keys, a batch
 //! across shards is split and answered in order, a slot move costs one
-//! MOVED and then checks go straight to the new owner, and a killed
-//! primary's keys are decided by its successor within the call's deadline.
+//! MOVED and then checks go straight to the new owner, a check of a moving
+//! slot waits out TryAgain within its deadline, and a killed primary's keys
+//! are decided by its successor within the call's deadline.
 
 use std::time::Duration;
 
+use tollgate::cluster::{begin_move, load_topology, ShardId, SlotRange};
 use tollgate::slot::Slot;
 use tollgate_client::{Client, ClientConfig, Outcome, Rejection};
 use tollgate_protocol::{CheckBatch, CheckResult, ErrorCode, LimitRef, Pair};
@@ -264,4 +266,60 @@ async fn a_killed_primarys_keys_are_decided_by_its_successor_within_the_deadline
     // Other shards were never disturbed.
     let other = keys[owners.iter().position(|&s| s == 1).unwrap()].clone();
     assert!(client.check(other, LIMIT, 1).await.is_allowed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_of_a_moving_slot_waits_out_try_again_within_its_deadline() {
+    let d = Deployment::start(EtcdCluster::single().await, "clientta", 3, 2).await;
+    let source = d.primary(0).await.addr.clone();
+    let client = cluster_client(&d.primary(2).await.addr).await;
+    let key = keys_named("ct", 4000)
+        .into_iter()
+        .find(|k| Slot::of(k.as_bytes()).get() < 1024)
+        .expect("a key of slots 0-1023");
+    assert_eq!(
+        remaining(&client.check(key.clone(), LIMIT, 1).await),
+        LIMIT.burst - 1
+    );
+    // The target's primary answers nothing: the move stays pending, and
+    // every node answers TryAgain for the slots.
+    let target = d.primary(1).await;
+    target.pause();
+    let k = keys("clientta");
+    let (_, version) = load_topology(&d.client, &k).await.unwrap();
+    begin_move(
+        &d.client,
+        &k,
+        SlotRange::new(0, 1023).unwrap(),
+        ShardId(1),
+        version,
+    )
+    .await
+    .unwrap();
+    eventually("the source's map shows the move", || async {
+        let mut r = Router::new(vec![source.clone()]);
+        r.refresh().await;
+        r.map().filter(|m| !m.moving.is_empty()).map(|_| ())
+    })
+    .await;
+    // With the default 5 ms budget the check is undecided at once.
+    let quick = client
+        .with_deadline(Duration::from_millis(5))
+        .check(key.clone(), LIMIT, 1)
+        .await;
+    assert!(matches!(quick, Outcome::Undecided { .. }), "{quick:?}");
+    // With a long one it waits (resending after TryAgain) until the move
+    // is done, then the new owner decides, with the state that moved.
+    let waiting = tokio::spawn({
+        let (client, key) = (client.clone(), key.clone());
+        async move { client.check(key, LIMIT, 1).await }
+    });
+    eventually(
+        "the check has been answered TryAgain and resent",
+        || async { (client.cluster_stats().unwrap().retries > 0).then_some(()) },
+    )
+    .await;
+    target.resume();
+    let outcome = within("the waiting check", waiting).await.unwrap();
+    assert_eq!(remaining(&outcome), LIMIT.burst - 2, "{outcome:?}");
 }
