@@ -264,6 +264,24 @@ impl Cluster {
         }
     }
 
+    /// The map to route by and its generation; fetched first when there is
+    /// none yet (a client made with `Client::cluster` routes its first
+    /// call by a map fetched within that call's deadline).
+    async fn current_map(&self, deadline: Deadline) -> (u64, Arc<SlotMap>) {
+        let generation = self.generation.load(Ordering::Acquire);
+        let map = self.map.load_full();
+        if !map.is_empty() {
+            return (generation, map);
+        }
+        if let Err(error) = Box::pin(self.refresh_after(generation, None, deadline)).await {
+            tracing::debug!(%error, "no slot map yet");
+        }
+        (
+            self.generation.load(Ordering::Acquire),
+            self.map.load_full(),
+        )
+    }
+
     /// One check (a pair or an atomic group) of `slot`.
     async fn single(
         &self,
@@ -274,8 +292,7 @@ impl Cluster {
     ) -> Result<Answer, Error> {
         let mut attempts = Attempts::default();
         loop {
-            let generation = self.generation.load(Ordering::Acquire);
-            let map = self.map.load_full();
+            let (generation, map) = self.current_map(deadline).await;
             let result = match map.shard_of(slot) {
                 Ok((_, shard)) => calls::checks(shard, kind, checks.clone(), deadline).await,
                 Err(e) => Err(e),
@@ -312,8 +329,7 @@ impl Cluster {
         }
         let mut attempts = Attempts::default();
         while !todo.is_empty() {
-            let generation = self.generation.load(Ordering::Acquire);
-            let map = self.map.load_full();
+            let (generation, map) = self.current_map(deadline).await;
             let mut parts: Vec<(Arc<Shard>, Vec<Todo>)> = Vec::new();
             let mut moved = None;
             let mut failure = None;
