@@ -25,6 +25,7 @@
 //!   answers costs one TOPOLOGY; a background task also refreshes every
 //!   `topology_refresh`.
 
+mod batch;
 mod map;
 mod topology;
 
@@ -36,7 +37,7 @@ use arc_swap::ArcSwap;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_protocol::slot::Slot;
-use tollgate_protocol::{CheckBatch, CheckResult, ErrorCode, Moved, Pair, Response};
+use tollgate_protocol::{CheckResult, ErrorCode, Moved, Pair, Response};
 
 use crate::backoff;
 use crate::client::calls;
@@ -82,10 +83,10 @@ pub(crate) struct Cluster {
 }
 
 /// A check of a batch still to answer: its index in the batch, its slot.
-type Todo = (usize, u16);
+pub(super) type Todo = (usize, u16);
 
 /// Why an attempt is worth making again.
-enum Retry {
+pub(super) enum Retry {
     Moved(Moved),
     /// TryAgain, NotPrimary, or a failure before the request left.
     Later(Result<Answer, Error>),
@@ -93,7 +94,7 @@ enum Retry {
 
 /// A call's retry budget besides its deadline.
 #[derive(Default)]
-struct Attempts {
+pub(super) struct Attempts {
     followed_moved: bool,
     waits: u32,
 }
@@ -267,7 +268,7 @@ impl Cluster {
     /// The map to route by and its generation; fetched first when there is
     /// none yet (a client made with `Client::cluster` routes its first
     /// call by a map fetched within that call's deadline).
-    async fn current_map(&self, deadline: Deadline) -> (u64, Arc<SlotMap>) {
+    pub(super) async fn current_map(&self, deadline: Deadline) -> (u64, Arc<SlotMap>) {
         let generation = self.generation.load(Ordering::Acquire);
         let map = self.map.load_full();
         if !map.is_empty() {
@@ -310,111 +311,9 @@ impl Cluster {
         }
     }
 
-    /// A batch: split per shard, sent at once, merged in order; the checks
-    /// that may be resent are, by the map refreshed for them.
-    async fn batch(
-        &self,
-        kind: BatchKind,
-        batch: CheckBatch,
-        deadline: Deadline,
-    ) -> Result<Vec<CheckResult>, Error> {
-        let checks: Vec<&[Pair]> = batch.iter().collect();
-        let mut results: Vec<Option<CheckResult>> = vec![None; checks.len()];
-        let mut todo: Vec<Todo> = Vec::with_capacity(checks.len());
-        for (index, check) in checks.iter().enumerate() {
-            match group_slot(check) {
-                Some(slot) => todo.push((index, slot)),
-                None => results[index] = Some(CheckResult::Error(ErrorCode::CrossSlot)),
-            }
-        }
-        let mut attempts = Attempts::default();
-        while !todo.is_empty() {
-            let (generation, map) = self.current_map(deadline).await;
-            let mut parts: Vec<(Arc<Shard>, Vec<Todo>)> = Vec::new();
-            let mut moved = None;
-            let mut failure = None;
-            let mut try_again = false;
-            let mut again = Vec::new();
-            for &(index, slot) in &todo {
-                match map.shard_of(slot) {
-                    Ok((_, shard)) => match parts.iter_mut().find(|(s, _)| Arc::ptr_eq(s, shard)) {
-                        Some((_, members)) => members.push((index, slot)),
-                        None => parts.push((Arc::clone(shard), vec![(index, slot)])),
-                    },
-                    Err(e) => {
-                        again.push((index, slot));
-                        failure.get_or_insert(Err(e));
-                    }
-                }
-            }
-            let sent = parts.iter().map(|(shard, members)| {
-                let mut part = CheckBatch::default();
-                for &(index, _) in members {
-                    part.push_check(checks[index].iter().cloned());
-                }
-                calls::checks(shard, kind, Checks::Batch(part), deadline)
-            });
-            let answers = join_all(sent).await;
-            for ((_, members), answer) in parts.iter().zip(answers) {
-                match classify(answer) {
-                    Ok(Ok(Answer::Results(got))) if got.len() == members.len() => {
-                        for (&(index, slot), result) in members.iter().zip(got) {
-                            if result == CheckResult::Error(ErrorCode::TryAgain) {
-                                again.push((index, slot));
-                                try_again = true;
-                            }
-                            results[index] = Some(result);
-                        }
-                    }
-                    Ok(Ok(other)) => return calls::results(other, kind.name()),
-                    Ok(Err(error)) => return Err(error),
-                    Err(why) => {
-                        again.extend(members.iter().copied());
-                        match why {
-                            Retry::Moved(m) => {
-                                moved.get_or_insert(m);
-                            }
-                            Retry::Later(answer) => {
-                                failure.get_or_insert(answer);
-                            }
-                        }
-                    }
-                }
-            }
-            // A MOVED first (the map is stale), then a whole-request failure,
-            // then checks answered TryAgain (which keep that answer if the
-            // call ends).
-            let why = match (moved, failure) {
-                (Some(m), _) => Retry::Moved(m),
-                (None, Some(answer)) => Retry::Later(answer),
-                (None, None) if try_again => {
-                    Retry::Later(Ok(Answer::One(CheckResult::Error(ErrorCode::TryAgain))))
-                }
-                (None, None) => break,
-            };
-            if let Err(done) = self
-                .prepare_retry(why, generation, &mut attempts, deadline)
-                .await
-            {
-                // Checks answered TryAgain keep that answer; a whole-request
-                // failure fails the call.
-                if results.iter().all(Option::is_some) {
-                    break;
-                }
-                return done.and_then(|a| calls::results(a, kind.name()));
-            }
-            again.sort_unstable();
-            todo = again;
-        }
-        Ok(results
-            .into_iter()
-            .map(|r| r.unwrap_or(CheckResult::Error(ErrorCode::TryAgain)))
-            .collect())
-    }
-
     /// Waits and refreshes before a resend; `Err` with the answer to give
     /// when the call must end (second MOVED, or no time left).
-    async fn prepare_retry(
+    pub(super) async fn prepare_retry(
         &self,
         why: Retry,
         generation: u64,
@@ -475,7 +374,7 @@ impl Cluster {
 }
 
 /// What to do with an attempt's result: `Ok` to return it, `Err` to resend.
-fn classify(result: Result<Answer, Error>) -> Result<Result<Answer, Error>, Retry> {
+pub(super) fn classify(result: Result<Answer, Error>) -> Result<Result<Answer, Error>, Retry> {
     match result {
         Ok(Answer::Response(Response::Moved(moved))) => Err(Retry::Moved(moved)),
         Ok(Answer::One(CheckResult::Error(ErrorCode::TryAgain))) => Err(Retry::Later(result)),
@@ -506,7 +405,7 @@ fn resendable(code: ErrorCode) -> bool {
 
 /// The slot of an atomic group; `None` when its keys span slots. An empty
 /// group goes to slot 0, whose node refuses it as the server would.
-fn group_slot(pairs: &[Pair]) -> Option<u16> {
+pub(super) fn group_slot(pairs: &[Pair]) -> Option<u16> {
     let Some(first) = pairs.first() else {
         return Some(0);
     };
@@ -515,33 +414,6 @@ fn group_slot(pairs: &[Pair]) -> Option<u16> {
         .iter()
         .all(|p| Slot::of(&p.key) == slot)
         .then_some(slot.get())
-}
-
-/// Runs the futures at once on this task; their outputs in order.
-async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.map(|f| Some(Box::pin(f))).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (slot, output) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if let Some(f) = slot {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(o) => {
-                        *output = Some(o);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 #[cfg(test)]
@@ -601,16 +473,5 @@ mod tests {
             classify(Ok(Answer::One(CheckResult::Error(ErrorCode::CrossSlot)))),
             Ok(Ok(_))
         ));
-    }
-
-    #[tokio::test]
-    async fn join_all_keeps_the_order() {
-        let delays = [30u64, 0, 10];
-        let out = join_all(delays.iter().map(|&ms| async move {
-            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-            ms
-        }))
-        .await;
-        assert_eq!(out, vec![30, 0, 10]);
     }
 }
