@@ -116,6 +116,8 @@ fn cluster_mode_needs_its_three_settings_and_no_pair_settings() {
     c.replication.peer = None;
     #[cfg(feature = "cluster")]
     {
+        assert_eq!(c.validate(), Err(ConfigError::ClusterWithoutSecret));
+        c.auth.cluster_secret = Some("cluster-secret".into());
         assert_eq!(c.validate(), Ok(()));
         let etcd = c.cluster.etcd_settings().unwrap();
         assert_eq!(etcd.lease_ttl, crate::cluster::DEFAULT_LEASE_TTL);

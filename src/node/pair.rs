@@ -25,7 +25,14 @@
 //! - **a primary that steps down** hands every state it holds to the
 //!   primary it is about to follow (HANDOFF, merged there key by key with
 //!   the copy with less quota left winning) before it asks for a full
-//!   sync, so nothing it admitted is handed back.
+//!   sync, so nothing it admitted is handed back;
+//! - **a primary that was stalled** (its probe did not run for longer than
+//!   `--failover-after`: the process was paused, or starved) refuses
+//!   writes with NotPrimary until its peer has answered a probe: its
+//!   standby may have taken over meanwhile, and a charge admitted in that
+//!   moment could only be merged into the new primary's count, not added
+//!   to it. A peer that stays unreachable for another `--failover-after`
+//!   is taken to be gone, and the primary serves again.
 //!
 //! Every conversation with the peer goes over a [`Link`] (TLS when the
 //! node runs it, HELLO with the cluster secret), and every epoch the peer
@@ -37,18 +44,96 @@ use super::link::{unexpected, Link, LinkError};
 use super::shared::Core;
 use super::source::{Access, Duty, Refusal, RoleSource};
 use crate::config::ReplicationSettings;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tollgate_protocol::{Announce, NodeStatus, ReplRequest, ReplResponse, Request, Response, Role};
 
 /// The role source of a pair of nodes.
 pub(crate) struct PairMode {
     core: Arc<Core>,
+    stall: StallFence,
+}
+
+/// Whether this primary may have been stalled past its standby's patience
+/// (see the module's rules). Only armed while a probe runs, with a peer
+/// and `--failover-after`.
+struct StallFence {
+    /// When the fence's clock started.
+    base: Instant,
+    /// Milliseconds since `base` (+1) of the probe's last tick; 0 while no
+    /// probe runs.
+    alive: AtomicU64,
+    /// Stalled, and the peer has not answered since.
+    suspect: AtomicBool,
+    /// `--failover-after`: the standby's patience.
+    after: Option<Duration>,
+}
+
+impl StallFence {
+    fn now(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// Whether writes must wait: the probe is stale or has seen a stall.
+    fn holds(&self) -> bool {
+        let Some(after) = self.after else {
+            return false;
+        };
+        let alive = self.alive.load(Ordering::Acquire);
+        alive != 0
+            && (self.suspect.load(Ordering::Acquire)
+                || Duration::from_millis(self.now().saturating_sub(alive)) > after)
+    }
+
+    /// A probe tick: a gap longer than the patience makes the node suspect.
+    fn tick(&self) -> Option<Duration> {
+        let now = self.now();
+        let last = self.alive.load(Ordering::Acquire);
+        let gap = Duration::from_millis(now.saturating_sub(last));
+        let stalled = last != 0 && self.after.is_some_and(|after| gap > after);
+        if stalled {
+            self.suspect.store(true, Ordering::Release);
+        }
+        self.alive.store(now, Ordering::Release);
+        stalled.then_some(gap)
+    }
+
+    fn clear(&self) {
+        self.suspect.store(false, Ordering::Release);
+    }
+}
+
+/// Disarms the fence when the probe ends (step-down, or its task dropped).
+struct Armed<'a>(&'a StallFence);
+
+impl<'a> Armed<'a> {
+    fn new(fence: &'a StallFence) -> Self {
+        fence.clear();
+        fence.alive.store(fence.now(), Ordering::Release);
+        Self(fence)
+    }
+}
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        self.0.alive.store(0, Ordering::Release);
+        self.0.clear();
+    }
 }
 
 impl PairMode {
     pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+        let after = core.settings.failover_after;
+        Self {
+            core,
+            stall: StallFence {
+                base: Instant::now(),
+                alive: AtomicU64::new(0),
+                suspect: AtomicBool::new(false),
+                after,
+            },
+        }
     }
 
     /// The role a node holds until [`start`] has settled it, and the
@@ -67,7 +152,7 @@ impl RoleSource for PairMode {
     fn admit(&self, access: Access) -> Result<Gate<'_>, Refusal> {
         let role = &self.core.role;
         let serves = match access {
-            Access::Write => role.is_primary(),
+            Access::Write => role.is_primary() && !self.stall.holds(),
             Access::Read => role.is_primary() || self.core.settings.serve_stale_reads,
         };
         if serves {
@@ -87,7 +172,7 @@ impl RoleSource for PairMode {
 
     fn duties(&self, role: Role) -> Duty<'_> {
         match (role, &self.core.settings.peer) {
-            (Role::Primary, Some(peer)) => Box::pin(probe(&self.core, peer.clone())),
+            (Role::Primary, Some(peer)) => Box::pin(probe(&self.core, &self.stall, peer.clone())),
             (Role::Primary, None) => Box::pin(std::future::pending()),
             (Role::Standby, _) => Box::pin(watch_primary(&self.core)),
         }
@@ -256,8 +341,11 @@ fn holds_the_data(core: &Core, s: &NodeStatus, me: &str) -> bool {
 
 /// A primary's probe of its peer, every heartbeat, until it steps down (or
 /// the task is dropped).
-async fn probe(core: &Core, peer: String) {
+async fn probe(core: &Core, stall: &StallFence, peer: String) {
     let node = &core.role;
+    let _armed = Armed::new(stall);
+    // Since when a stalled primary has failed to reach its peer.
+    let mut unanswered_since: Option<Instant> = None;
     let mut link = PeerLink::new(core, peer.clone());
     let mut tick = tokio::time::interval(core.settings.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -269,6 +357,15 @@ async fn probe(core: &Core, peer: String) {
     let mut skip = 0u32;
     loop {
         tick.tick().await;
+        if let Some(gap) = stall.tick() {
+            tracing::warn!(
+                ?gap,
+                "this primary was stalled longer than --failover-after; refusing writes until the peer answers"
+            );
+            // The peer is asked at once, whatever the backoff said.
+            skip = 0;
+            unanswered_since = None;
+        }
         if skip > 0 {
             skip -= 1;
             continue;
@@ -282,6 +379,7 @@ async fn probe(core: &Core, peer: String) {
         match link.status(Some(announce)).await {
             Ok(s) => {
                 failures = 0;
+                unanswered_since = None;
                 if !reachable {
                     tracing::info!(%peer, role = ?s.role, epoch = s.epoch, "peer reachable again");
                     reachable = true;
@@ -298,8 +396,15 @@ async fn probe(core: &Core, peer: String) {
                     ));
                     return;
                 }
+                stall.clear();
             }
             Err(e) => {
+                let since = *unanswered_since.get_or_insert_with(Instant::now);
+                if stall.after.is_some_and(|after| since.elapsed() > after) {
+                    // Nobody answered for the standby's whole patience: it
+                    // is gone, not serving.
+                    stall.clear();
+                }
                 if reachable {
                     tracing::info!(%peer, error = %e, "peer unreachable");
                     reachable = false;

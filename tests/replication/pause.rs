@@ -50,14 +50,22 @@ impl Ledger {
     }
 
     /// Per key: charges admitted in all, and those answered within
-    /// `window` before `instant` (a failover may lose these).
+    /// `window` of `instant` (a failover may lose these). After it too: an
+    /// answer the paused node wrote before the signal landed reaches the
+    /// client after `instant` was taken; the new primary answers only a
+    /// failover time later, far outside the window.
     fn counts(&self, around: Option<(Instant, Duration)>) -> HashMap<String, (u64, u64)> {
         let mut counts: HashMap<String, (u64, u64)> = HashMap::new();
         for (key, at) in self.0.lock().unwrap().iter() {
             let c = counts.entry(key.clone()).or_default();
             c.0 += 1;
             if let Some((instant, window)) = around {
-                if *at <= instant && instant.duration_since(*at) <= window {
+                let apart = if *at <= instant {
+                    instant.duration_since(*at)
+                } else {
+                    at.duration_since(instant)
+                };
+                if apart <= window {
                     c.1 += 1;
                 }
             }
@@ -82,7 +90,11 @@ impl Load {
             while !s.load(Ordering::Relaxed) {
                 let key = format!("rl:{{load{}}}:x", i % 40);
                 i += 1;
-                if client.check(key.clone(), HOURLY, 1).await.is_allowed() {
+                // Only the server's own admissions count: an undecided
+                // check (a deadline passed during the pause) is let through
+                // by the fail-open default without charging anything.
+                let outcome = client.check(key.clone(), HOURLY, 1).await;
+                if matches!(&outcome, Outcome::Decided(d) if d.allowed) {
                     ledger.admitted(&key);
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
