@@ -117,6 +117,7 @@ pub use rules::{RuleInfo, RuleTable};
 /// alone. The wire decision is `WireDecision`; [`Decision`] is the client's.
 pub use tollgate_protocol::{
     units::{Rate, UnitError},
-    Algorithm, Announce, CheckBatch, CheckResult, Decision as WireDecision, ErrorCode, LeaseRef,
-    Limit, LimitRef, NodeStatus, Pair, Role, RuleName, ServerLimits,
+    Algorithm, Announce, CheckBatch, CheckResult, CheckTag, Decision as WireDecision, ErrorCode,
+    IdempotencyKey, LeaseRef, Limit, LimitRef, NodeStatus, Pair, Priority, Role, RuleName,
+    ServerLimits,
 };

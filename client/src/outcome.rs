@@ -56,7 +56,8 @@ pub enum Undecided {
     /// Too many requests already wait for the connection; nothing was sent.
     Overloaded,
     /// The server could not serve the request (shutting down, not primary,
-    /// at its memory cap, internal error, refused handshake).
+    /// at its memory cap, shed under overload, internal error, refused
+    /// handshake).
     ServerError(ErrorCode),
     /// The server's answer could not be understood (version skew or a bug).
     Protocol,
@@ -212,6 +213,7 @@ impl Undecided {
             | ErrorCode::Internal
             | ErrorCode::StoreFull
             | ErrorCode::TryAgain
+            | ErrorCode::Shed
             | ErrorCode::Unknown(_) => Some(Self::ServerError(code)),
         }
     }

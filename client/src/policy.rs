@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tollgate_protocol::{LimitRef, Pair, DEFAULT_MAX_GROUP};
+use tollgate_protocol::{LimitRef, Pair, Priority, DEFAULT_MAX_GROUP};
 
 use crate::key::{check_part, KeyBuilder, KeyError};
 
@@ -24,6 +24,9 @@ pub struct Policy {
     name: Arc<str>,
     keys: KeyBuilder,
     limits: Vec<PolicyLimit>,
+    /// Sent with every check of the policy (as CHECK2), unless the client
+    /// handle sets its own; None: plain CHECK.
+    priority: Option<Priority>,
 }
 
 /// One limit of a policy.
@@ -60,7 +63,23 @@ impl Policy {
             name: Arc::from(name),
             keys,
             limits: Vec::new(),
+            priority: None,
         })
+    }
+
+    /// Checks of this policy go with `priority` (as CHECK2, each under a
+    /// fresh idempotency key, so a check resent after a lost connection is
+    /// charged once): under overload the server sheds low priority first
+    /// and never high. A handle's [`Client::with_priority`](crate::Client::with_priority)
+    /// wins over it.
+    pub fn with_priority(mut self, priority: Priority) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
+    /// The priority the policy's checks are sent with (None: plain CHECK).
+    pub fn priority(&self) -> Option<Priority> {
+        self.priority
     }
 
     /// Adds a limit named `name`: an inline [`Limit`](crate::Limit) or a

@@ -117,6 +117,16 @@ fn answer(request: &Request) -> Response {
                 })
                 .collect(),
         ),
+        // CHECK2: a key `shed` is shed, as an overloaded server would.
+        Request::Check2(tagged) => Response::Checked(
+            tagged
+                .iter()
+                .map(|(_, check)| match &check[0].key[..] {
+                    b"shed" => CheckResult::Error(ErrorCode::Shed),
+                    key => decision_for(key),
+                })
+                .collect(),
+        ),
         Request::Refund(batch) => Response::Checked(
             batch
                 .iter()
@@ -856,6 +866,7 @@ async fn server_limits_errors_and_admin_calls() {
         let kinds: Vec<&str> = std::iter::from_fn(|| seen_rx.try_recv().ok())
             .map(|request| match request {
                 Request::Check(_) => "check",
+                Request::Check2(_) => "check2",
                 Request::Peek(_) => "peek",
                 Request::Reset(_) => "reset",
                 Request::Refund(_) => "refund",
@@ -916,6 +927,68 @@ async fn invalid_config_is_refused_with_its_numbers() {
                 .await
                 .is_err(),
             "connected despite an invalid config"
+        );
+    })
+    .await;
+}
+
+/// A priority (on the handle or the policy) sends CHECK2 with a fresh
+/// idempotency key per check; a shed check is undecided (server error
+/// Shed) and takes the fail mode; without a priority, plain CHECK.
+#[tokio::test]
+async fn priority_checks_go_as_check2_with_fresh_keys_and_shed_is_undecided() {
+    within(async {
+        let (listener, addr) = listen().await;
+        let (seen, mut seen_rx) = mpsc::unbounded_channel::<Request>();
+        tokio::spawn(async move {
+            let mut peer = Peer::accept(&listener).await;
+            peer.handshake(ServerLimits::default()).await;
+            while let Some((id, request)) = peer.next_request().await {
+                let response = answer(&request);
+                seen.send(request).expect("test listens");
+                peer.send(&[(id, response)]).await;
+            }
+        });
+        let client = Client::connect(addr.to_string(), config(PATIENT))
+            .await
+            .expect("connects");
+        let low = client.with_priority(tollgate_client::Priority::Low);
+        assert_eq!(remaining(&low.check("k3", limit(), 1).await), Some(3));
+        assert_eq!(remaining(&low.check("k4", limit(), 1).await), Some(4));
+        match low.check("shed", limit(), 1).await {
+            Outcome::Undecided { why, .. } => {
+                assert_eq!(why, Undecided::ServerError(ErrorCode::Shed));
+            }
+            other => panic!("expected undecided, got {other:?}"),
+        }
+        let policy = tollgate_client::Policy::new("search")
+            .unwrap()
+            .limit("per-second", limit())
+            .unwrap()
+            .with_priority(tollgate_client::Priority::High);
+        assert!(client.check_policy(&policy, b"u1", 1).await.is_allowed());
+        assert_eq!(remaining(&client.check("k5", limit(), 1).await), Some(5));
+
+        let seen: Vec<Request> = std::iter::from_fn(|| seen_rx.try_recv().ok()).collect();
+        let tags: Vec<_> = seen
+            .iter()
+            .filter_map(|r| match r {
+                Request::Check2(t) => Some(t.tags()[0]),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tags.len(), 4, "{seen:?}");
+        use tollgate_client::Priority::{High, Low};
+        assert_eq!(
+            tags.iter().map(|t| t.priority).collect::<Vec<_>>(),
+            [Low, Low, Low, High]
+        );
+        assert!(tags.iter().all(|t| !t.idempotency.is_none()));
+        let keys: std::collections::HashSet<_> = tags.iter().map(|t| t.idempotency).collect();
+        assert_eq!(keys.len(), 4, "a fresh key per check");
+        assert!(
+            matches!(seen.last(), Some(Request::Check(_))),
+            "no priority: CHECK"
         );
     })
     .await;

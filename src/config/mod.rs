@@ -4,7 +4,7 @@
 //! `tollgate serve` runs on these defaults with no config file. Each
 //! section ([`NetworkSettings`], [`AuthSettings`], [`TlsSettings`],
 //! [`LimitSettings`], [`StoreSettings`], [`RuleSettings`],
-//! [`ReplicationSettings`], [`ClusterSettings`], [`AdminSettings`],
+//! [`OverloadSettings`], [`ReplicationSettings`], [`ClusterSettings`], [`AdminSettings`],
 //! [`LogSettings`]) is flattened into the command line (`--kebab-case`
 //! flags, one `--help` heading each) and into one flat namespace of names
 //! shared by the flags, the config file and `--print-config`.
@@ -16,10 +16,12 @@
 //! (the store does not know this module).
 
 mod file;
+mod overload;
 mod sections;
 mod security;
 
 pub use file::{ConfigFile, FileError};
+pub use overload::*;
 pub use sections::*;
 pub use security::*;
 
@@ -51,6 +53,9 @@ pub struct ServerConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub rules: RuleSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub overload: OverloadSettings,
     #[command(flatten)]
     #[serde(flatten)]
     pub replication: ReplicationSettings,
@@ -157,6 +162,7 @@ impl ServerConfig {
         self.network.validate()?;
         self.limits.validate()?;
         self.store.validate()?;
+        self.overload.validate()?;
         self.replication.validate()?;
         self.cluster.validate(&self.replication)?;
         self.admin.validate()?;

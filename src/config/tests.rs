@@ -261,3 +261,34 @@ fn tls_settings_come_whole() {
     c.tls.tls_ca = Some("ca.pem".into());
     c.validate().unwrap();
 }
+
+#[test]
+fn retry_and_shedding_settings_are_bounded() {
+    let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    assert_eq!(base.overload.dedup_window, Duration::from_secs(2));
+    assert_eq!(base.overload.dedup_capacity, DEFAULT_DEDUP_CAPACITY);
+    assert_eq!(base.overload.shed_low_backlog, 8 << 10);
+    assert_eq!(base.overload.shed_normal_backlog, 24 << 10);
+    let mut c = base.clone();
+    c.overload.shed_normal_backlog = c.overload.shed_low_backlog - 1;
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::TooSmall {
+            name: "shed-normal-backlog",
+            ..
+        })
+    ));
+    let mut c = base.clone();
+    c.overload.dedup_window = Duration::ZERO;
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::ZeroDuration {
+            name: "dedup-window"
+        })
+    ));
+    let mut c = base.clone();
+    c.overload.dedup_capacity = 0;
+    assert!(matches!(c.validate(), Err(ConfigError::TooSmall { .. })));
+    c.overload.dedup_capacity = MAX_DEDUP_CAPACITY + 1;
+    assert!(matches!(c.validate(), Err(ConfigError::TooLarge { .. })));
+}

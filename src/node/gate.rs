@@ -44,6 +44,7 @@ impl Gate<'_> {
                 Request::Check(batch) | Request::Peek(batch) | Request::Refund(batch) => {
                     gate.screen(batch_keys(batch.iter()), false)
                 }
+                Request::Check2(tagged) => gate.screen(batch_keys(tagged.checks().iter()), false),
                 Request::Reset(keys) => gate.screen(keys.iter().map(|k| &k[..]), true),
                 Request::Release(leases) => gate.screen(leases.iter().map(|l| &l.key[..]), true),
                 _ => Ok(()),

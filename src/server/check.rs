@@ -11,6 +11,11 @@
 //!         unless the enforced pairs hold a lease: then their decision stands)
 //!  -> count the decision under the deciding pair's rule; record denied keys
 //!
+//!  CHECK2: per check, by idempotency key (none: straight on):
+//!     remembered within the window -> the remembered answer, nothing charged
+//!     else shed by priority and connection backlog -> Shed, nothing charged
+//!     else evaluated as a CHECK's check (and remembered if a decision)
+//!
 //!  REFUND: resolve (UnknownRule, cost 0 = default) -> store.refund(resolved)
 //!  RELEASE: store.release per lease
 //! ```
@@ -22,6 +27,7 @@
 //! is one atomic add; latency and batch size are observed once per CHECK or
 //! PEEK frame. Refunds are not checks: they count only their errors.
 
+use super::dedup::Answered;
 use super::Shared;
 use crate::clock::Nanos;
 use crate::node::Gate;
@@ -35,7 +41,7 @@ use smallvec::SmallVec;
 use std::time::Instant;
 use tollgate_protocol::{
     encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, Decision, EncodeError,
-    ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response,
+    ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response, TaggedBatch,
 };
 
 /// What the check path counts.
@@ -63,14 +69,14 @@ impl CheckMetrics {
         let latency = Histogram::with_opts(
             HistogramOpts::new(
                 "tollgate_check_frame_duration_seconds",
-                "Time to evaluate one CHECK or PEEK frame, all its checks.",
+                "Time to evaluate one CHECK, CHECK2 or PEEK frame, all its checks.",
             )
             .buckets(exponential_buckets(1e-6, 4.0, 10)?),
         )?;
         let batch_size = Histogram::with_opts(
             HistogramOpts::new(
                 "tollgate_check_batch_size",
-                "Checks in one CHECK or PEEK frame.",
+                "Checks in one CHECK, CHECK2 or PEEK frame.",
             )
             .buckets(exponential_buckets(1.0, 2.0, 11)?),
         )?;
@@ -119,6 +125,54 @@ pub(super) fn answer(
         metrics.batch_size.observe(batch.len() as f64);
         metrics.latency.observe(started.elapsed().as_secs_f64());
     }
+    encoded
+}
+
+/// Evaluates a CHECK2 and appends the CHECKED answer to `dst`. A check
+/// with an idempotency key the server remembers gets its remembered answer
+/// (before any shedding: answering it costs a lookup); otherwise it is shed
+/// when `backlog` (the connection's unanswered request bytes behind this
+/// frame) is over its priority's bound, or else evaluated as CHECK would.
+pub(super) fn answer_tagged(
+    shared: &Shared,
+    id: RequestId,
+    batch: &TaggedBatch,
+    backlog: usize,
+    gate: &Gate<'_>,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let started = Instant::now();
+    let rules = shared.rules.current();
+    let evaluation = Evaluation {
+        shared,
+        rules: &rules,
+        now: shared.clock.now(),
+        verb: Verb::Check(Mode::Charge),
+        gate,
+    };
+    let results = batch.iter().map(|(tag, pairs)| {
+        let fresh = || {
+            if shared.shedder.sheds(tag.priority, backlog) {
+                shared.metrics.errors.count(ErrorCode::Shed);
+                CheckResult::Error(ErrorCode::Shed)
+            } else {
+                evaluation.check(pairs)
+            }
+        };
+        if tag.idempotency.is_none() {
+            return fresh();
+        }
+        match shared
+            .retries
+            .once(tag.idempotency, || shared.clock.now(), fresh)
+        {
+            Answered::Fresh(result) | Answered::Replayed(result) => result,
+        }
+    });
+    let encoded = encode_checked(id, results, dst);
+    let metrics = &shared.metrics.checks;
+    metrics.batch_size.observe(batch.len() as f64);
+    metrics.latency.observe(started.elapsed().as_secs_f64());
     encoded
 }
 

@@ -54,7 +54,8 @@ const DRAIN_QUIET: Duration = Duration::from_millis(50);
 
 /// Errors answered, by code: every ERROR frame and every per-check error
 /// (`tollgate_protocol_errors_total{code}`). One pre-resolved handle per
-/// known code, indexed by wire value, so counting is one atomic add.
+/// known code, in `ErrorCode::KNOWN` order: counting an error scans that
+/// short list, then one atomic add.
 #[derive(Debug, Clone)]
 pub(crate) struct ErrorCounters {
     by_wire: Vec<IntCounter>,
@@ -80,8 +81,10 @@ impl ErrorCounters {
     }
 
     pub fn count(&self, code: ErrorCode) {
-        let i = usize::from(code.to_wire()).wrapping_sub(1);
-        self.by_wire.get(i).unwrap_or(&self.unknown).inc();
+        // KNOWN's order, not wire value - 1: the wire values have gaps.
+        let i = ErrorCode::KNOWN.iter().position(|&c| c == code);
+        let counter = i.and_then(|i| self.by_wire.get(i));
+        counter.unwrap_or(&self.unknown).inc();
     }
 }
 
@@ -350,9 +353,11 @@ impl Connection {
         }
         let shared = &*self.shared;
         let access = match &request {
-            Request::Check(_) | Request::Refund(_) | Request::Release(_) | Request::Reset(_) => {
-                Some(Access::Write)
-            }
+            Request::Check(_)
+            | Request::Check2(_)
+            | Request::Refund(_)
+            | Request::Release(_)
+            | Request::Reset(_) => Some(Access::Write),
             Request::Peek(_) => Some(Access::Read),
             _ => None,
         };
@@ -403,6 +408,10 @@ impl Connection {
                 &gate,
                 &mut self.wbuf,
             ),
+            // Backlog for shedding: bytes received behind it, not answered.
+            Request::Check2(batch) => {
+                check::answer_tagged(shared, id, &batch, self.rbuf.len(), &gate, &mut self.wbuf)
+            }
             Request::Reset(keys) => {
                 let now = shared.clock.now();
                 let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();

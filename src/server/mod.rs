@@ -30,6 +30,8 @@ mod admin_listener;
 mod auth;
 mod check;
 mod connection;
+mod dedup;
+mod shed;
 mod sweeper;
 mod tls;
 
@@ -45,7 +47,9 @@ use admin::AdminState;
 use auth::{AdminAuth, Authenticator};
 use check::CheckMetrics;
 use connection::{ConnMetrics, ErrorCounters};
+use dedup::{DedupMetrics, RetryMemory};
 use prometheus::Registry;
+use shed::Shedder;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -78,6 +82,10 @@ pub(crate) struct Shared {
     pub throttled: TopThrottled,
     /// Who is primary; refusals, status, handovers.
     pub node: Node,
+    /// CHECK2 answers by idempotency key (safe retries).
+    pub retries: RetryMemory,
+    /// CHECK2 shedding by priority under a connection's backlog.
+    pub shedder: Shedder,
     pub lifecycle: Lifecycle,
 }
 
@@ -222,6 +230,17 @@ impl Server {
             },
             &registry,
         )?;
+        let overload = &config.overload;
+        let retries = RetryMemory::new(
+            overload.dedup_window,
+            overload.dedup_capacity,
+            DedupMetrics::register(&registry)?,
+        );
+        let shedder = Shedder::new(
+            overload.shed_low_backlog,
+            overload.shed_normal_backlog,
+            &registry,
+        )?;
         let throttled = TopThrottled::new(
             config.admin.throttled_keys,
             config.admin.throttled_window.as_nanos() as u64,
@@ -237,6 +256,8 @@ impl Server {
             metrics,
             throttled,
             node,
+            retries,
+            shedder,
             lifecycle: Lifecycle {
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),

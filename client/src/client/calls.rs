@@ -1,8 +1,10 @@
 //! Sending requests through a shard (or, in cluster mode, the shard of each
 //! check's slot: `Route`): local checks against the server's
-//! announced limits, the call, and the retry after NotPrimary. Free
-//! functions over the shard so background tasks (lease refunds) share them
-//! with the client handle.
+//! announced limits, the call, and the retries: after NotPrimary (nothing
+//! was charged), and for CHECK2 after a lost connection (the server may
+//! have charged it, and answers the same idempotency key from memory
+//! instead of charging again). Free functions over the shard so background
+//! tasks (lease refunds) share them with the client handle.
 
 use std::sync::Arc;
 
@@ -51,19 +53,31 @@ pub(crate) async fn checks(
         None => Box::pin(shard.connection(Wait::Until(deadline))).await?,
     };
     check_limits(&checks, &conn.info().limits)?;
-    // A shard of several nodes may need to resend after NotPrimary; the
-    // copy is cheap (`Bytes` and rule names are reference counted). One
-    // await of the exchange, so a call's future holds one exchange's state.
-    let retry = (shard.node_count() > 1).then(|| checks.clone());
+    // A shard of several nodes may need to resend after NotPrimary, and a
+    // CHECK2 after a lost connection; the copy is cheap (`Bytes` and rule
+    // names are reference counted). One await of the exchange, so a call's
+    // future holds one exchange's state.
+    let retry = (shard.node_count() > 1 || kind == BatchKind::Check2).then(|| checks.clone());
     let answer = conn
         .exchange(Outgoing::Checks { kind, checks }, deadline)
-        .await?;
+        .await;
     match (answer, retry) {
+        // The same idempotency key on a new connection: charged at most once.
+        (Err(Error::ConnectionLost | Error::Io(_)), Some(checks)) if kind == BatchKind::Check2 => {
+            tracing::info!("connection lost under a CHECK2; sending it again, same key");
+            shard.invalidate(&conn);
+            Box::pin(async move {
+                let conn = shard.connection(Wait::Until(deadline)).await?;
+                conn.exchange(Outgoing::Checks { kind, checks }, deadline)
+                    .await
+            })
+            .await
+        }
         (
-            Answer::Response(Response::Error {
+            Ok(Answer::Response(Response::Error {
                 code: ErrorCode::NotPrimary,
                 message,
-            }),
+            })),
             Some(checks),
         ) => {
             tracing::info!(%message, "node is not primary; looking for the primary again");
@@ -76,7 +90,7 @@ pub(crate) async fn checks(
             })
             .await
         }
-        (other, _) => Ok(other),
+        (other, _) => other,
     }
 }
 
@@ -140,7 +154,7 @@ pub(crate) fn check_limits(checks: &Checks, limits: &ServerLimits) -> Result<(),
     };
     match checks {
         Checks::One(p) => check_key(&p.key, limits),
-        Checks::Group(g) => check_group(0, g),
+        Checks::Group(g) | Checks::Tagged(_, g) => check_group(0, g),
         Checks::Batch(batch) => {
             if batch.len() > usize::from(limits.max_batch) {
                 return Err(Error::BatchTooLarge {

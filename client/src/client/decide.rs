@@ -17,7 +17,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use smallvec::SmallVec;
 use tokio::time::Instant;
-use tollgate_protocol::{CheckResult, Decision as WireDecision, Limit, LimitRef, Pair, RuleName};
+use tollgate_protocol::{
+    CheckResult, CheckTag, Decision as WireDecision, IdempotencyKey, Limit, LimitRef, Pair,
+    RuleName,
+};
 
 use super::{calls, Client};
 use crate::config::FailMode;
@@ -83,7 +86,13 @@ impl Client {
         match policy.pairs(identifier, cost) {
             Ok(pairs) => {
                 let names = policy.names();
-                self.decide(kind, pairs.into(), Some(&names)).await
+                match (self.priority, policy.priority()) {
+                    (None, Some(priority)) => {
+                        let handle = self.with_priority(priority);
+                        handle.decide(kind, pairs.into(), Some(&names)).await
+                    }
+                    _ => self.decide(kind, pairs.into(), Some(&names)).await,
+                }
             }
             Err(e) => {
                 let code = match e {
@@ -173,6 +182,15 @@ impl Client {
             at: started + self.deadline,
             budget: self.deadline,
         };
+        // A priority makes a CHECK a CHECK2, under a key of its own that a
+        // resend after a lost connection reuses (calls.rs).
+        let (kind, tag) = match (kind, self.priority) {
+            (BatchKind::Check, Some(priority)) => {
+                let key = IdempotencyKey::from_u128(fastrand::u128(1..));
+                (BatchKind::Check2, Some(CheckTag::new(key, priority)))
+            }
+            _ => (kind, None),
+        };
         let leasing = self.inner.leases.is_some() && kind == BatchKind::Check && pairs.len() == 1;
         let outcome = if leasing {
             // Boxed: leasing is opt-in, its state need not weigh on every
@@ -184,9 +202,10 @@ impl Client {
         let outcome = match outcome {
             Some(o) => o,
             None => {
-                let checks = match &pairs[..] {
-                    [pair] => Checks::One(pair.clone()),
-                    _ => Checks::Group(pairs.to_vec()),
+                let checks = match (&pairs[..], tag) {
+                    (_, Some(tag)) => Checks::Tagged(tag, pairs.to_vec()),
+                    ([pair], None) => Checks::One(pair.clone()),
+                    (_, None) => Checks::Group(pairs.to_vec()),
                 };
                 let result = self.one(kind, checks, deadline).await;
                 self.conclude(kind, result, &pairs, names)

@@ -15,7 +15,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_protocol::{
-    Announce, CheckBatch, CheckResult, NodeStatus, ReplRequest, ReplResponse, Request, Response,
+    Announce, CheckBatch, CheckResult, NodeStatus, Priority, ReplRequest, ReplResponse, Request,
+    Response,
 };
 
 use crate::breaker::BreakerState;
@@ -53,6 +54,9 @@ pub struct Client {
     /// Fail mode of undecided checks made through this handle, over the
     /// rule's and the config's.
     fail_mode: Option<FailMode>,
+    /// Priority of checks made through this handle, over the policy's;
+    /// Some: they go as CHECK2 with a fresh idempotency key each.
+    priority: Option<Priority>,
 }
 
 /// What all clones share.
@@ -202,6 +206,7 @@ impl Client {
             }),
             deadline,
             fail_mode: None,
+            priority: None,
         })
     }
 
@@ -240,6 +245,20 @@ impl Client {
     pub fn with_fail_mode(&self, mode: FailMode) -> Self {
         Self {
             fail_mode: Some(mode),
+            ..self.clone()
+        }
+    }
+
+    /// A handle to the same client whose checks go with `priority`, as
+    /// CHECK2: under overload the server sheds low priority first, then
+    /// normal, never high (a shed check is undecided, with the server
+    /// error Shed). Each check gets a fresh idempotency key, and is sent
+    /// again under that key if its connection is lost before the answer:
+    /// the server charges it at most once. Needs a server that knows
+    /// CHECK2; token leasing does not apply to these checks.
+    pub fn with_priority(&self, priority: Priority) -> Self {
+        Self {
+            priority: Some(priority),
             ..self.clone()
         }
     }

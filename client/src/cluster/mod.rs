@@ -262,6 +262,15 @@ impl Cluster {
                 }
                 None => Ok(Answer::One(CheckResult::Error(ErrorCode::CrossSlot))),
             },
+            // CHECK2: one check (or group) with its idempotency key, kept
+            // across the resend a MOVED causes (nothing was charged then).
+            Checks::Tagged(tag, pairs) => match group_slot(&pairs) {
+                Some(slot) => {
+                    self.single(kind, slot, Checks::Tagged(tag, pairs), deadline)
+                        .await
+                }
+                None => Ok(Answer::One(CheckResult::Error(ErrorCode::CrossSlot))),
+            },
         }
     }
 

@@ -100,6 +100,7 @@ pub(crate) fn request_name(request: &Request) -> &'static str {
         Request::Hello { .. } => "HELLO",
         Request::Ping => "PING",
         Request::Check(_) => "CHECK",
+        Request::Check2(_) => "CHECK2",
         Request::Peek(_) => "PEEK",
         Request::Reset(_) => "RESET",
         Request::Refund(_) => "REFUND",

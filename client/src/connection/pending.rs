@@ -24,7 +24,10 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 use tokio::time::Instant;
-use tollgate_protocol::{CheckBatch, CheckResult, Pair, Request, RequestId, Response};
+use tollgate_protocol::{
+    CheckBatch, CheckResult, CheckTag, Pair, Request, RequestId, Response, TaggedBatch,
+    IDEMPOTENCY_KEY_LEN,
+};
 
 use crate::error::Error;
 
@@ -33,18 +36,33 @@ const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 /// Most slots (waiting calls, merged frames and probes) per connection.
 pub(crate) const MAX_SLOTS: usize = INDEX_MASK as usize - 1;
 
-/// CHECK, PEEK or REFUND: requests of this shape can share one frame.
+/// CHECK, CHECK2, PEEK or REFUND: requests of one kind can share a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BatchKind {
     Check,
+    /// A CHECK whose checks carry an idempotency key and a priority
+    /// ([`Checks::Tagged`]); safe to send again after a lost connection.
+    Check2,
     Peek,
     Refund,
 }
 
 impl BatchKind {
-    pub(crate) fn request(self, batch: CheckBatch) -> Request {
+    /// The frame carrying `calls`' checks (`n` in all), in order.
+    pub(crate) fn request(self, n: usize, calls: impl IntoIterator<Item = Checks>) -> Request {
+        if self == Self::Check2 {
+            let mut batch = TaggedBatch::with_capacity(n);
+            for checks in calls {
+                checks.append_tagged(&mut batch);
+            }
+            return Request::Check2(batch);
+        }
+        let mut batch = CheckBatch::with_capacity(n);
+        for checks in calls {
+            checks.append_to(&mut batch);
+        }
         match self {
-            Self::Check => Request::Check(batch),
+            Self::Check | Self::Check2 => Request::Check(batch),
             Self::Peek => Request::Peek(batch),
             Self::Refund => Request::Refund(batch),
         }
@@ -53,6 +71,7 @@ impl BatchKind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Self::Check => "CHECK",
+            Self::Check2 => "CHECK2",
             Self::Peek => "PEEK",
             Self::Refund => "REFUND",
         }
@@ -68,18 +87,22 @@ pub(crate) enum Checks {
     Group(Vec<Pair>),
     /// Many independent checks: [`Answer::Results`].
     Batch(CheckBatch),
+    /// One check (a group when several pairs) with its idempotency key and
+    /// priority, for CHECK2: [`Answer::One`].
+    Tagged(CheckTag, Vec<Pair>),
 }
 
 impl Checks {
     /// Number of checks.
     pub(crate) fn len(&self) -> usize {
         match self {
-            Self::One(_) | Self::Group(_) => 1,
+            Self::One(_) | Self::Group(_) | Self::Tagged(..) => 1,
             Self::Batch(b) => b.len(),
         }
     }
 
-    /// Encoded size of the checks in a CHECK payload (PROTOCOL.md §5).
+    /// Encoded size of the checks in a CHECK (or CHECK2) payload
+    /// (PROTOCOL.md §5).
     pub(crate) fn wire_len(&self) -> usize {
         fn check(pairs: &[Pair]) -> usize {
             1 + pairs.iter().map(pair_len).sum::<usize>()
@@ -88,6 +111,7 @@ impl Checks {
             Self::One(p) => 1 + pair_len(p),
             Self::Group(g) => check(g),
             Self::Batch(b) => b.iter().map(check).sum(),
+            Self::Tagged(_, g) => IDEMPOTENCY_KEY_LEN + 1 + check(g),
         }
     }
 
@@ -96,7 +120,7 @@ impl Checks {
     pub(crate) fn append_to(self, into: &mut CheckBatch) {
         match self {
             Self::One(p) => into.push(p),
-            Self::Group(g) => into.push_check(g),
+            Self::Group(g) | Self::Tagged(_, g) => into.push_check(g),
             Self::Batch(b) => {
                 for check in b.iter() {
                     into.push_check(check.iter().cloned());
@@ -105,9 +129,24 @@ impl Checks {
         }
     }
 
+    /// Like [`append_to`](Self::append_to), for a CHECK2: untagged checks
+    /// go without a key, at normal priority.
+    pub(crate) fn append_tagged(self, into: &mut TaggedBatch) {
+        match self {
+            Self::Tagged(tag, g) => into.push_check(tag, g),
+            Self::One(p) => into.push(CheckTag::default(), p),
+            Self::Group(g) => into.push_check(CheckTag::default(), g),
+            Self::Batch(b) => {
+                for check in b.iter() {
+                    into.push_check(CheckTag::default(), check.iter().cloned());
+                }
+            }
+        }
+    }
+
     pub(crate) fn shape(&self) -> Shape {
         match self {
-            Self::One(_) | Self::Group(_) => Shape::One,
+            Self::One(_) | Self::Group(_) | Self::Tagged(..) => Shape::One,
             Self::Batch(b) => Shape::Results(b.len()),
         }
     }

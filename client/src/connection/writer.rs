@@ -15,7 +15,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 use smallvec::SmallVec;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tollgate_protocol::{encode_request, CheckBatch, Request, RequestId, ServerLimits};
+use tollgate_protocol::{encode_request, Request, RequestId, ServerLimits};
 
 use super::call::Shared;
 use super::pending::{BatchKind, Checks, Member, Outgoing, Pending, Wakers};
@@ -112,15 +112,13 @@ fn flush(
         let Some((id, checks)) = merge.calls.into_iter().next() else {
             return;
         };
-        let batch = match checks {
-            Checks::Batch(b) => b,
-            other => {
-                let mut b = CheckBatch::with_capacity(1);
-                other.append_to(&mut b);
-                b
-            }
+        let request = match (kind, checks) {
+            (BatchKind::Check, Checks::Batch(b)) => Request::Check(b),
+            (BatchKind::Peek, Checks::Batch(b)) => Request::Peek(b),
+            (BatchKind::Refund, Checks::Batch(b)) => Request::Refund(b),
+            (kind, checks) => kind.request(checks.len(), std::iter::once(checks)),
         };
-        frames.push((id, kind.request(batch)));
+        frames.push((id, request));
         return;
     }
     let members: SmallVec<[Member; 8]> = merge
@@ -137,11 +135,8 @@ fn flush(
         }
         return;
     };
-    let mut batch = CheckBatch::with_capacity(merge.checks);
-    for (_, checks) in merge.calls {
-        checks.append_to(&mut batch);
-    }
-    frames.push((frame_id, kind.request(batch)));
+    let request = kind.request(merge.checks, merge.calls.into_iter().map(|(_, c)| c));
+    frames.push((frame_id, request));
 }
 
 /// The writer task. Generic over the sink so a test can count its writes.

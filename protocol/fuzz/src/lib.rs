@@ -211,28 +211,35 @@ fn check_request_limits(request: &Request, limits: &ServerLimits) {
             "batch over max_batch decoded"
         );
     };
+    let check_batch = |batch: &tollgate_protocol::CheckBatch| {
+        check_count(batch.len());
+        for check in batch.iter() {
+            assert!(!check.is_empty(), "empty group decoded");
+            assert!(
+                check.len() <= usize::from(limits.max_group),
+                "group over max_group decoded"
+            );
+            for pair in check {
+                check_key(&pair.key);
+                if let LimitRef::Rule(name) = &pair.limit {
+                    assert!(
+                        (1..=MAX_RULE_NAME_LEN).contains(&name.len()),
+                        "rule name length out of range decoded"
+                    );
+                    assert!(std::str::from_utf8(name.as_bytes()).is_ok());
+                }
+            }
+        }
+    };
     match request {
         Request::Hello { version, .. } => assert_eq!(*version, PROTOCOL_VERSION),
         Request::Ping => {}
         Request::Check(batch) | Request::Peek(batch) | Request::Refund(batch) => {
-            check_count(batch.len());
-            for check in batch.iter() {
-                assert!(!check.is_empty(), "empty group decoded");
-                assert!(
-                    check.len() <= usize::from(limits.max_group),
-                    "group over max_group decoded"
-                );
-                for pair in check {
-                    check_key(&pair.key);
-                    if let LimitRef::Rule(name) = &pair.limit {
-                        assert!(
-                            (1..=MAX_RULE_NAME_LEN).contains(&name.len()),
-                            "rule name length out of range decoded"
-                        );
-                        assert!(std::str::from_utf8(name.as_bytes()).is_ok());
-                    }
-                }
-            }
+            check_batch(batch);
+        }
+        Request::Check2(tagged) => {
+            assert_eq!(tagged.len(), tagged.checks().len(), "one tag per check");
+            check_batch(tagged.checks());
         }
         Request::Reset(keys) => {
             check_count(keys.len());

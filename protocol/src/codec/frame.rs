@@ -135,6 +135,15 @@ impl PayloadReader {
         Ok(self.rest.split_to(len))
     }
 
+    /// The next `N` bytes, copied (fixed-size fields such as an
+    /// idempotency key).
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        self.need(N)?;
+        let mut out = [0; N];
+        self.rest.copy_to_slice(&mut out);
+        Ok(out)
+    }
+
     /// The next `len` bytes as UTF-8 text; `field` names it in the error.
     pub fn string(&mut self, len: usize, field: &'static str) -> Result<String, DecodeError> {
         let raw = self.bytes(len)?;

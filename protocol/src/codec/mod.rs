@@ -75,10 +75,13 @@ pub mod opcode {
     pub const HANDOFF: u8 = 0x0C;
     /// Cluster (PROTOCOL.md §14): the slot map.
     pub const TOPOLOGY: u8 = 0x10;
+    /// A CHECK whose checks carry an idempotency key and a priority
+    /// (PROTOCOL.md §5); answered by CHECKED.
+    pub const CHECK2: u8 = 0x30;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
-    /// Answers CHECK, PEEK and REFUND.
+    /// Answers CHECK, CHECK2, PEEK and REFUND.
     pub const CHECKED: u8 = 0x83;
     pub const RESET_DONE: u8 = 0x85;
     pub const RELEASED: u8 = 0x87;

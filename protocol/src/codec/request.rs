@@ -1,5 +1,6 @@
 //! Request payloads (client -> server): HELLO, PING, CHECK, PEEK, RESET,
-//! REFUND (CHECK's layout), RELEASE.
+//! REFUND (CHECK's layout), RELEASE, CHECK2 (CHECK's checks, each after an
+//! idempotency key and a priority byte).
 //!
 //! The decoder enforces the server's [`ServerLimits`] while it reads: every
 //! count is checked against its limit before it sizes an allocation, and
@@ -17,12 +18,15 @@ use bytes::{BufMut, Bytes, BytesMut};
 use super::frame::{encode_frame, take_frame, wire_len, PayloadReader};
 use super::{opcode, DecodeError, EncodeError};
 use crate::message::{
-    Algorithm, CheckBatch, LeaseRef, Limit, LimitRef, Pair, Request, RequestId, RuleName,
-    ServerLimits, LIMIT_KIND_RULE, MAX_RULE_NAME_LEN, PROTOCOL_VERSION,
+    Algorithm, CheckBatch, CheckTag, IdempotencyKey, LeaseRef, Limit, LimitRef, Pair, Priority,
+    Request, RequestId, RuleName, ServerLimits, TaggedBatch, IDEMPOTENCY_KEY_LEN, LIMIT_KIND_RULE,
+    MAX_RULE_NAME_LEN, PROTOCOL_VERSION,
 };
 
 /// Smallest encoded check: n_pairs, then one pair with a 1-byte key.
 const MIN_CHECK_LEN: usize = 1 + MIN_PAIR_LEN;
+/// Smallest encoded CHECK2 check: idempotency key, priority, then a check.
+const MIN_TAGGED_CHECK_LEN: usize = IDEMPOTENCY_KEY_LEN + 1 + MIN_CHECK_LEN;
 /// Smallest encoded pair: key_len, 1-byte key, limit_kind, then the smaller
 /// of the two limit forms (a rule: name_len and a 1-byte name; inline:
 /// count, period, burst), then cost.
@@ -54,6 +58,7 @@ pub fn decode_request(
         opcode::REFUND => Request::Refund(decode_batch(&mut r, limits)?),
         opcode::RELEASE => Request::Release(decode_release(&mut r, limits)?),
         opcode::TOPOLOGY => Request::Topology,
+        opcode::CHECK2 => Request::Check2(decode_tagged_batch(&mut r, limits)?),
         other => match super::replication::decode_repl_request(&mut r) {
             Some(decoded) => Request::Repl(decoded?),
             None => {
@@ -119,37 +124,68 @@ fn decode_batch(r: &mut PayloadReader, limits: &ServerLimits) -> Result<CheckBat
     let n_checks = batch_count(r, limits)?;
     let mut batch = CheckBatch::with_capacity(capacity_for(r, n_checks, MIN_CHECK_LEN));
     for check in 0..n_checks {
-        let n_pairs = r.u8()?;
-        if n_pairs == 0 {
-            return Err(DecodeError::EmptyGroup {
-                request_id: r.request_id,
-                check,
-            });
-        }
-        if n_pairs > limits.max_group {
-            return Err(DecodeError::GroupTooLarge {
-                request_id: r.request_id,
-                check,
-                count: n_pairs,
-                max: limits.max_group,
-            });
-        }
-        // `push_check` takes an iterator of pairs; stop it at the first
-        // decode error and report that error. The half-pushed check does not
-        // matter: the whole batch is dropped with the error.
-        let mut failed = None;
-        batch.push_check((0..n_pairs).map_while(|_| match decode_pair(r, limits) {
+        decode_group(r, limits, check, |pairs| batch.push_check(pairs))?;
+    }
+    Ok(batch)
+}
+
+fn decode_tagged_batch(
+    r: &mut PayloadReader,
+    limits: &ServerLimits,
+) -> Result<TaggedBatch, DecodeError> {
+    let n_checks = batch_count(r, limits)?;
+    let mut batch = TaggedBatch::with_capacity(capacity_for(r, n_checks, MIN_TAGGED_CHECK_LEN));
+    for check in 0..n_checks {
+        let key = r.array::<IDEMPOTENCY_KEY_LEN>()?;
+        let raw = r.u8()?;
+        let priority = Priority::from_wire(raw).ok_or(DecodeError::InvalidValue {
+            request_id: r.request_id,
+            opcode: r.opcode,
+            field: "priority",
+            value: raw.into(),
+        })?;
+        let tag = CheckTag::new(IdempotencyKey::new(key), priority);
+        decode_group(r, limits, check, |pairs| batch.push_check(tag, pairs))?;
+    }
+    Ok(batch)
+}
+
+/// One check: `n_pairs` (1..=max_group), then its pairs, handed to `push`
+/// as they decode (no vector per check).
+fn decode_group(
+    r: &mut PayloadReader,
+    limits: &ServerLimits,
+    check: u16,
+    push: impl FnOnce(&mut dyn Iterator<Item = Pair>),
+) -> Result<(), DecodeError> {
+    let n_pairs = r.u8()?;
+    if n_pairs == 0 {
+        return Err(DecodeError::EmptyGroup {
+            request_id: r.request_id,
+            check,
+        });
+    }
+    if n_pairs > limits.max_group {
+        return Err(DecodeError::GroupTooLarge {
+            request_id: r.request_id,
+            check,
+            count: n_pairs,
+            max: limits.max_group,
+        });
+    }
+    // Stop at the first decode error and report it. The half-pushed check
+    // does not matter: the whole batch is dropped with the error.
+    let mut failed = None;
+    push(
+        &mut (0..n_pairs).map_while(|_| match decode_pair(r, limits) {
             Ok(pair) => Some(pair),
             Err(e) => {
                 failed = Some(e);
                 None
             }
-        }));
-        if let Some(e) = failed {
-            return Err(e);
-        }
-    }
-    Ok(batch)
+        }),
+    );
+    failed.map_or(Ok(()), Err)
 }
 
 fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, DecodeError> {
@@ -286,6 +322,7 @@ pub fn encode_request(
         }
         Request::Repl(repl) => super::replication::encode_repl_request(request_id, repl, dst),
         Request::Topology => encode_frame(dst, opcode::TOPOLOGY, request_id, 0, |_| Ok(())),
+        Request::Check2(batch) => encode_tagged_batch(request_id, batch, dst),
         Request::Reset(keys) => {
             let hint = 2 + keys.len() * MIN_KEY_LEN;
             encode_frame(dst, opcode::RESET, request_id, hint, |dst| {
@@ -309,29 +346,49 @@ fn encode_batch(
     let hint = 2 + batch.len() + batch.pair_count() * MIN_PAIR_LEN;
     encode_frame(dst, opcode, request_id, hint, |dst| {
         dst.put_u16(wire_len(batch.len(), "checks in a batch", u16::MAX)?);
-        for check in batch.iter() {
-            dst.put_u8(wire_len(check.len(), "pairs in a check", u8::MAX)?);
-            for pair in check {
-                encode_key(&pair.key, dst)?;
-                match &pair.limit {
-                    LimitRef::Inline(limit) => {
-                        dst.put_u8(limit.algorithm as u8);
-                        dst.put_u64(limit.count);
-                        dst.put_u64(limit.period_ms);
-                        dst.put_u64(limit.burst);
-                    }
-                    LimitRef::Rule(name) => {
-                        dst.put_u8(LIMIT_KIND_RULE);
-                        // 1..=64 by RuleName's invariant.
-                        dst.put_u8(wire_len(name.len(), "rule name", u8::MAX)?);
-                        dst.put_slice(name.as_bytes());
-                    }
-                }
-                dst.put_u32(pair.cost);
+        batch.iter().try_for_each(|check| encode_group(check, dst))
+    })
+}
+
+fn encode_tagged_batch(
+    request_id: RequestId,
+    batch: &TaggedBatch,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let checks = batch.checks();
+    let hint = 2 + checks.len() * (IDEMPOTENCY_KEY_LEN + 2) + checks.pair_count() * MIN_PAIR_LEN;
+    encode_frame(dst, opcode::CHECK2, request_id, hint, |dst| {
+        dst.put_u16(wire_len(batch.len(), "checks in a batch", u16::MAX)?);
+        batch.iter().try_for_each(|(tag, check)| {
+            dst.put_slice(tag.idempotency.as_bytes());
+            dst.put_u8(tag.priority as u8);
+            encode_group(check, dst)
+        })
+    })
+}
+
+/// One check: `n_pairs`, then its pairs.
+fn encode_group(check: &[Pair], dst: &mut BytesMut) -> Result<(), EncodeError> {
+    dst.put_u8(wire_len(check.len(), "pairs in a check", u8::MAX)?);
+    for pair in check {
+        encode_key(&pair.key, dst)?;
+        match &pair.limit {
+            LimitRef::Inline(limit) => {
+                dst.put_u8(limit.algorithm as u8);
+                dst.put_u64(limit.count);
+                dst.put_u64(limit.period_ms);
+                dst.put_u64(limit.burst);
+            }
+            LimitRef::Rule(name) => {
+                dst.put_u8(LIMIT_KIND_RULE);
+                // 1..=64 by RuleName's invariant.
+                dst.put_u8(wire_len(name.len(), "rule name", u8::MAX)?);
+                dst.put_slice(name.as_bytes());
             }
         }
-        Ok(())
-    })
+        dst.put_u32(pair.cost);
+    }
+    Ok(())
 }
 
 fn encode_key(key: &[u8], dst: &mut BytesMut) -> Result<(), EncodeError> {

@@ -39,12 +39,15 @@ pub enum ErrorCode {
     /// deadline passed). Nothing was charged; retry shortly, after
     /// fetching TOPOLOGY again.
     TryAgain,
+    /// Per check of a CHECK2: the server is overloaded and shed this check
+    /// by its priority (low first). Nothing was charged; retry later.
+    Shed,
     Unknown(u16),
 }
 
 impl ErrorCode {
-    /// Every code this crate knows, in wire order (1..=17).
-    pub const KNOWN: [ErrorCode; 17] = [
+    /// Every code this crate knows, in wire order (1..=17, then 20).
+    pub const KNOWN: [ErrorCode; 18] = [
         Self::Malformed,
         Self::UnknownOpcode,
         Self::FrameTooLarge,
@@ -62,6 +65,7 @@ impl ErrorCode {
         Self::StoreFull,
         Self::StaleEpoch,
         Self::TryAgain,
+        Self::Shed,
     ];
 
     /// The code's name as in the spec's error table (`"CrossSlot"`);
@@ -85,6 +89,7 @@ impl ErrorCode {
             Self::StoreFull => "StoreFull",
             Self::StaleEpoch => "StaleEpoch",
             Self::TryAgain => "TryAgain",
+            Self::Shed => "Shed",
             Self::Unknown(_) => "Unknown",
         }
     }
@@ -108,6 +113,7 @@ impl ErrorCode {
             Self::StoreFull => 15,
             Self::StaleEpoch => 16,
             Self::TryAgain => 17,
+            Self::Shed => 20,
             Self::Unknown(v) => v,
         }
     }
@@ -131,6 +137,7 @@ impl ErrorCode {
             15 => Self::StoreFull,
             16 => Self::StaleEpoch,
             17 => Self::TryAgain,
+            20 => Self::Shed,
             other => Self::Unknown(other),
         }
     }
@@ -156,6 +163,7 @@ impl std::fmt::Display for ErrorCode {
             Self::StoreFull => "store full: new keys refused at the memory cap",
             Self::StaleEpoch => "stale epoch",
             Self::TryAgain => "try again: the slot is moving or its shard has no primary",
+            Self::Shed => "shed: the server is overloaded and sheds lower priorities first",
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };
         f.write_str(s)

@@ -11,15 +11,18 @@
 //!
 //! Here: [`Request`], [`Response`], the [`Decision`] of a check and the
 //! handshake's [`ServerLimits`]; in `limit`: what a check names (limits,
-//! rules, pairs, batches, leases); in `error_code`: [`ErrorCode`]. The
+//! rules, pairs, batches, leases); in `tagged`: the idempotency key and
+//! priority CHECK2 adds to each check; in `error_code`: [`ErrorCode`]. The
 //! replication messages (and the node [`Role`]) are in
 //! [`replication`](crate::replication).
 
 mod error_code;
 mod limit;
+mod tagged;
 
 pub use error_code::ErrorCode;
 pub use limit::*;
+pub use tagged::*;
 
 use crate::replication::Role;
 use bytes::Bytes;
@@ -48,6 +51,10 @@ pub enum Request {
     Ping,
     /// Charge each check that passes.
     Check(CheckBatch),
+    /// CHECK2: a CHECK whose checks each carry an idempotency key (a retry
+    /// is answered from the server's memory, not charged again) and a
+    /// priority (what the server sheds first when overloaded).
+    Check2(TaggedBatch),
     /// Answer as `Check` would, without charging anything.
     Peek(CheckBatch),
     /// Forget the state of these keys.

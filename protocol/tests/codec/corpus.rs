@@ -295,6 +295,24 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
             crate::cluster::request_stream(),
             outcome(crate::cluster::requests().len(), &[], None, 0),
         ),
+        (
+            "check2.bin",
+            crate::check2::request_stream(),
+            outcome(crate::check2::requests().len(), &[], None, 0),
+        ),
+        (
+            "broken_check2.bin",
+            crate::check2::broken_stream(),
+            outcome(
+                1,
+                &crate::check2::broken()
+                    .into_iter()
+                    .map(|(_, _, code)| code)
+                    .collect::<Vec<_>>(),
+                None,
+                0,
+            ),
+        ),
     ]
 }
 

@@ -4,6 +4,7 @@
 //!
 //! One test binary (modules below) to keep link time down.
 
+mod check2;
 mod cluster;
 mod corpus;
 mod framed;

@@ -61,6 +61,26 @@ fn check_batch() -> impl Strategy<Value = CheckBatch> {
     })
 }
 
+fn check_tag() -> impl Strategy<Value = CheckTag> {
+    (
+        prop_oneof![Just(0u128), any::<u128>()],
+        prop::sample::select(Priority::ALL.to_vec()),
+    )
+        .prop_map(|(key, priority)| CheckTag::new(IdempotencyKey::from_u128(key), priority))
+}
+
+fn tagged_batch() -> impl Strategy<Value = TaggedBatch> {
+    prop::collection::vec((check_tag(), prop::collection::vec(pair(), 1..=16)), 1..=8).prop_map(
+        |checks| {
+            let mut batch = TaggedBatch::with_capacity(checks.len());
+            for (tag, check) in checks {
+                batch.push_check(tag, check);
+            }
+            batch
+        },
+    )
+}
+
 fn request() -> impl Strategy<Value = Request> {
     prop_oneof![
         (
@@ -76,6 +96,7 @@ fn request() -> impl Strategy<Value = Request> {
         check_batch().prop_map(Request::Check),
         check_batch().prop_map(Request::Peek),
         check_batch().prop_map(Request::Refund),
+        tagged_batch().prop_map(Request::Check2),
         prop::collection::vec(key(), 1..=32).prop_map(Request::Reset),
         prop::collection::vec(
             (key(), any::<u64>()).prop_map(|(key, lease)| LeaseRef { key, lease }),

@@ -193,6 +193,7 @@ pub fn requests() -> Vec<(RequestId, Request)> {
     .into_iter()
     .chain(crate::replication::requests())
     .chain(crate::cluster::requests())
+    .chain(crate::check2::requests())
     .collect()
 }
 

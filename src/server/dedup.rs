@@ -1,0 +1,252 @@
+//! The server's memory of CHECK2 answers by idempotency key, so that a
+//! retried check is answered the same and never charged twice
+//! (PROTOCOL.md §5, "Safe retries").
+//!
+//! Invariants:
+//! - a key is looked up and, when unknown, evaluated and remembered under
+//!   one lock (its shard's), so two copies of a check arriving at once on
+//!   two connections are evaluated once; lock order is always this shard,
+//!   then the store's stripes (the store never calls back here);
+//! - only decisions are remembered: an error (status 2) charged nothing,
+//!   so a retry is evaluated afresh;
+//! - an entry answers retries for `window` after it was remembered, then
+//!   it is forgotten when its shard is next touched;
+//! - memory is bounded: each shard holds at most its share of `capacity`
+//!   keys, and forgets its oldest first when full (counted);
+//! - entries are remembered in time order per shard (one clock reading per
+//!   lock hold), so the oldest is always at the front of `order`.
+
+use crate::clock::Nanos;
+use ahash::RandomState;
+use hashbrown::HashMap;
+use parking_lot::Mutex;
+use prometheus::{IntCounter, Registry};
+use std::collections::VecDeque;
+use std::time::Duration;
+use tollgate_protocol::{CheckResult, IdempotencyKey};
+
+/// Shards of the memory: enough that connections on different cores rarely
+/// wait for one another (a lock is held for one check's evaluation).
+const SHARDS: usize = 64;
+
+/// What the memory counts.
+#[derive(Debug, Clone)]
+pub(crate) struct DedupMetrics {
+    /// `tollgate_dedup_replayed_total`: retries answered from memory.
+    replayed: IntCounter,
+    /// `tollgate_dedup_evicted_total`: keys forgotten inside their window
+    /// because the memory was full.
+    evicted: IntCounter,
+}
+
+impl DedupMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let replayed = IntCounter::new(
+            "tollgate_dedup_replayed_total",
+            "CHECK2 checks answered from memory because their idempotency key \
+             was seen within the window (retries not charged again).",
+        )?;
+        let evicted = IntCounter::new(
+            "tollgate_dedup_evicted_total",
+            "Idempotency keys forgotten before their window ended because \
+             the memory was full (--dedup-capacity).",
+        )?;
+        registry.register(Box::new(replayed.clone()))?;
+        registry.register(Box::new(evicted.clone()))?;
+        Ok(Self { replayed, evicted })
+    }
+}
+
+/// One remembered answer.
+struct Entry {
+    result: CheckResult,
+    at: Nanos,
+}
+
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<IdempotencyKey, Entry, RandomState>,
+    /// Keys in the order they were remembered, with when.
+    order: VecDeque<(IdempotencyKey, Nanos)>,
+}
+
+impl Shard {
+    /// Forgets the oldest key (its entry only if it is that same one: a key
+    /// remembered again after it expired has a newer `at`).
+    fn forget_oldest(&mut self) -> bool {
+        let Some((key, at)) = self.order.pop_front() else {
+            return false;
+        };
+        if self.entries.get(&key).is_some_and(|e| e.at == at) {
+            self.entries.remove(&key);
+        }
+        true
+    }
+}
+
+/// CHECK2 answers by idempotency key, for a bounded window and memory.
+pub(crate) struct RetryMemory {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    window: Nanos,
+    per_shard: usize,
+    metrics: DedupMetrics,
+}
+
+/// How a keyed check was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answered {
+    /// Evaluated now (and remembered if it was a decision).
+    Fresh(CheckResult),
+    /// A retry: the answer remembered under its key.
+    Replayed(CheckResult),
+}
+
+impl RetryMemory {
+    pub fn new(window: Duration, capacity: usize, metrics: DedupMetrics) -> Self {
+        let shards = (0..SHARDS).map(|_| Mutex::default()).collect();
+        Self {
+            shards,
+            hasher: RandomState::new(),
+            window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
+            per_shard: capacity.div_ceil(SHARDS).max(1),
+            metrics,
+        }
+    }
+
+    /// The answer remembered under `key` within the window, or else what
+    /// `evaluate` says now (remembered when it is a decision). `clock` is
+    /// read under the shard's lock, so each shard remembers in time order.
+    pub fn once(
+        &self,
+        key: IdempotencyKey,
+        clock: impl FnOnce() -> Nanos,
+        evaluate: impl FnOnce() -> CheckResult,
+    ) -> Answered {
+        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        let mut shard = self.shards[index].lock();
+        let now = clock();
+        // Forget what has aged out of the window, oldest first.
+        while shard
+            .order
+            .front()
+            .is_some_and(|&(_, at)| now.saturating_sub(at) >= self.window)
+        {
+            shard.forget_oldest();
+        }
+        if let Some(entry) = shard.entries.get(&key) {
+            self.metrics.replayed.inc();
+            return Answered::Replayed(entry.result);
+        }
+        let result = evaluate();
+        if let CheckResult::Decision(_) = result {
+            while shard.entries.len() >= self.per_shard && shard.forget_oldest() {
+                self.metrics.evicted.inc();
+            }
+            shard.entries.insert(key, Entry { result, at: now });
+            shard.order.push_back((key, now));
+        }
+        Answered::Fresh(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_protocol::{Decision, ErrorCode};
+
+    fn memory(window_ns: u64, capacity: usize) -> RetryMemory {
+        let metrics = DedupMetrics::register(&Registry::new()).expect("metrics");
+        RetryMemory::new(Duration::from_nanos(window_ns), capacity, metrics)
+    }
+
+    fn allowed(remaining: u64) -> CheckResult {
+        CheckResult::Decision(Decision {
+            allowed: true,
+            shadow_denied: false,
+            pair: 0,
+            limit: 10,
+            remaining,
+            reset_after_ms: 1,
+            retry_after_ms: 0,
+            lease: None,
+        })
+    }
+
+    fn key(n: u128) -> IdempotencyKey {
+        IdempotencyKey::from_u128(n)
+    }
+
+    #[test]
+    fn a_retry_within_the_window_is_replayed_not_evaluated() {
+        let m = memory(100, 1024);
+        assert_eq!(
+            m.once(key(1), || 0, || allowed(9)),
+            Answered::Fresh(allowed(9))
+        );
+        let replay = m.once(key(1), || 99, || panic!("evaluated twice"));
+        assert_eq!(replay, Answered::Replayed(allowed(9)));
+        // Another key is its own check.
+        assert_eq!(
+            m.once(key(2), || 99, || allowed(8)),
+            Answered::Fresh(allowed(8))
+        );
+        // The window is over: evaluated again.
+        assert_eq!(
+            m.once(key(1), || 100, || allowed(7)),
+            Answered::Fresh(allowed(7))
+        );
+        assert_eq!(m.metrics.replayed.get(), 1);
+    }
+
+    #[test]
+    fn errors_are_not_remembered() {
+        let m = memory(100, 1024);
+        let shed = CheckResult::Error(ErrorCode::Shed);
+        assert_eq!(m.once(key(1), || 0, || shed), Answered::Fresh(shed));
+        assert_eq!(
+            m.once(key(1), || 1, || allowed(5)),
+            Answered::Fresh(allowed(5))
+        );
+        assert_eq!(
+            m.once(key(1), || 2, || allowed(4)),
+            Answered::Replayed(allowed(5))
+        );
+    }
+
+    #[test]
+    fn a_full_memory_forgets_its_oldest_keys_first() {
+        // One key per shard: the second key of a shard evicts the first.
+        let m = memory(1_000, 1);
+        let mut evaluated = 0;
+        for n in 0..(SHARDS as u128 * 4) {
+            if let Answered::Fresh(_) = m.once(key(n), || n as u64, || allowed(1)) {
+                evaluated += 1;
+            }
+        }
+        assert_eq!(evaluated, SHARDS * 4);
+        let held: usize = m.shards.iter().map(|s| s.lock().entries.len()).sum();
+        assert!(held <= SHARDS, "{held} keys held, at most one a shard");
+        assert!(m.metrics.evicted.get() >= (SHARDS * 3) as u64);
+        // The newest key is still remembered.
+        let last = key(SHARDS as u128 * 4 - 1);
+        assert!(matches!(
+            m.once(last, || 999, || allowed(0)),
+            Answered::Replayed(_)
+        ));
+    }
+
+    #[test]
+    fn an_expired_key_is_evaluated_afresh_and_remembered_again() {
+        let m = memory(10, 1024);
+        m.once(key(1), || 0, || allowed(3));
+        assert_eq!(
+            m.once(key(1), || 10, || allowed(2)),
+            Answered::Fresh(allowed(2))
+        );
+        assert_eq!(
+            m.once(key(1), || 15, || allowed(0)),
+            Answered::Replayed(allowed(2))
+        );
+    }
+}

@@ -1,0 +1,74 @@
+//! Load shedding for CHECK2 by priority (PROTOCOL.md §5, "Priorities and
+//! shedding").
+//!
+//! Overload is measured per connection as its **backlog**: the request
+//! bytes the server has received on the connection and not answered yet,
+//! behind the frame being answered. When the server falls behind, it
+//! reaches each connection less often and finds more waiting; shedding
+//! the cheap-to-lose checks of the frames in that backlog gets it back to
+//! the rest sooner.
+//!
+//! Invariants: low priority is shed at every backlog at which normal is
+//! (the settings refuse `normal < low`); high priority is never shed; every
+//! shed check is counted under its priority.
+
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
+use tollgate_protocol::Priority;
+
+/// When to shed, and the counters of what was shed.
+#[derive(Debug, Clone)]
+pub(crate) struct Shedder {
+    /// Shed low priority above this backlog (bytes).
+    low: usize,
+    /// Shed normal priority above this backlog (bytes), `>= low`.
+    normal: usize,
+    /// `tollgate_checks_shed_total{priority}`, by wire value.
+    shed: [IntCounter; 3],
+}
+
+impl Shedder {
+    pub fn new(low: usize, normal: usize, registry: &Registry) -> prometheus::Result<Self> {
+        let vec = IntCounterVec::new(
+            Opts::new(
+                "tollgate_checks_shed_total",
+                "CHECK2 checks shed (answered Shed, nothing charged) because \
+                 their connection's backlog was over the bound of their priority.",
+            ),
+            &["priority"],
+        )?;
+        registry.register(Box::new(vec.clone()))?;
+        let shed = Priority::ALL.map(|p| vec.with_label_values(&[p.name()]));
+        Ok(Self { low, normal, shed })
+    }
+
+    /// Whether a check of `priority` is shed at `backlog` bytes; counts it
+    /// when it is.
+    pub fn sheds(&self, priority: Priority, backlog: usize) -> bool {
+        let over = match priority {
+            Priority::Low => backlog > self.low,
+            Priority::Normal => backlog > self.normal,
+            Priority::High => false,
+        };
+        if over {
+            self.shed[priority as usize].inc();
+        }
+        over
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn low_goes_first_and_high_never() {
+        let s = Shedder::new(100, 1000, &Registry::new()).expect("metrics");
+        let shed = |p, backlog| s.sheds(p, backlog);
+        assert!(!shed(Priority::Low, 100));
+        assert!(shed(Priority::Low, 101));
+        assert!(!shed(Priority::Normal, 101));
+        assert!(shed(Priority::Normal, 1001));
+        assert!(!shed(Priority::High, usize::MAX));
+        assert_eq!(s.shed.each_ref().map(IntCounter::get), [1, 1, 0]);
+    }
+}
