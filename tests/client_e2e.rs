@@ -227,3 +227,38 @@ async fn leasing_overshoot_stays_within_gateways_times_lease() {
     }
     server.stop().await;
 }
+
+/// Cluster mode against a server outside a cluster: its TOPOLOGY is one
+/// shard owning every slot, so checks, batches and resets work unchanged;
+/// the map is fetched by the first call (`Client::cluster` does not
+/// connect).
+#[tokio::test]
+async fn cluster_mode_works_against_a_single_server() {
+    let server = TestServer::start().await;
+    let client = Client::cluster(vec![server.addr.to_string()], config()).unwrap();
+    assert_eq!(client.cluster_stats().unwrap().shards, 0);
+    let p = tb("rl:{single}:s", 1, 60_000, 2, 1);
+    let first = client.check(p.key.clone(), p.limit.clone(), 1).await;
+    assert_eq!(first.decision().map(|d| d.remaining), Some(1), "{first:?}");
+    let stats = client.cluster_stats().unwrap();
+    assert_eq!((stats.version, stats.shards, stats.moved), (0, 1, 0));
+    assert_eq!(
+        client.cluster_shards(),
+        vec![(0, vec![server.addr.to_string()])]
+    );
+    let mut batch = tollgate_client::CheckBatch::default();
+    batch.push(p.clone());
+    batch.push(tb("rl:{other}:s", 1, 60_000, 2, 1));
+    batch.push(p.clone());
+    let results = client.check_batch(batch).await.unwrap();
+    let remaining: Vec<Option<u64>> = results
+        .iter()
+        .map(|r| match r {
+            tollgate_client::CheckResult::Decision(d) => Some(d.remaining),
+            tollgate_client::CheckResult::Error(_) => None,
+        })
+        .collect();
+    assert_eq!(remaining, vec![Some(0), Some(1), Some(0)]);
+    assert_eq!(client.reset(vec![p.key.clone()]).await.unwrap(), 1);
+    server.stop().await;
+}

@@ -145,6 +145,24 @@ pub enum Error {
     #[error("cannot fetch the rules from the admin API at {addr}: {reason}")]
     Rules { addr: String, reason: String },
 
+    /// Cluster mode: the slot's node answered MOVED again after the client
+    /// had followed one MOVED and refreshed its slot map (a stale node, or
+    /// a map changing faster than the call's deadline).
+    #[error("slot {slot} redirected again (to {addr}) after one MOVED and a map refresh")]
+    Moved { slot: u16, addr: String },
+
+    /// Cluster mode: no shard of the client's slot map (version `version`)
+    /// has a node for the slot (no map yet, or the shard has no node).
+    #[error("no node serves slot {slot} in the slot map (version {version})")]
+    NoOwner { slot: u16, version: u64 },
+
+    /// Cluster mode: no seed or known node answered TOPOLOGY.
+    #[error("no node answered TOPOLOGY (tried {tried}){}", last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NoTopology {
+        tried: usize,
+        last_error: Option<Arc<Error>>,
+    },
+
     /// [`Client::close`](crate::Client::close) was called.
     #[error("client closed")]
     Closed,

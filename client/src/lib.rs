@@ -2,7 +2,9 @@
 //! on a gateway's request path.
 //!
 //! A [`Client`] holds one multiplexed, pipelined connection per shard (one
-//! server, or a primary and its standby): any number of tasks call it at
+//! server, or a primary and its standby; in cluster mode,
+//! [`Client::cluster`], one per shard of the cluster's slot map, each check
+//! routed by its key's slot): any number of tasks call it at
 //! once, concurrent checks leave as one CHECK frame, answers are matched by
 //! request id. Every call has a deadline (5 ms by default, connecting
 //! included), and a rate-limit question always gets an [`Outcome`] with
@@ -66,6 +68,8 @@
 //!
 //! - [`config`]: [`ClientConfig`] and its named defaults, `validate`;
 //! - `client`: the [`Client`] handle, the decide pipeline, admin calls;
+//! - `cluster`: cluster mode: the slot map from TOPOLOGY, routing by slot,
+//!   batches split per shard, MOVED and TryAgain;
 //! - `shard`: nodes, connection life cycle, primary rounds;
 //! - `connection`: the multiplexed connection (slots, writer, driver);
 //! - `breaker`: the per-node circuit breaker;
@@ -79,6 +83,7 @@
 mod backoff;
 mod breaker;
 mod client;
+mod cluster;
 pub mod config;
 mod connection;
 pub mod decision;
@@ -95,6 +100,7 @@ mod shard;
 
 pub use breaker::BreakerState;
 pub use client::Client;
+pub use cluster::ClusterStats;
 pub use config::{
     BreakerConfig, ClientConfig, ConfigError, FailMode, FallbackConfig, LeaseConfig,
     UnknownFailMode,

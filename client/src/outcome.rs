@@ -164,6 +164,9 @@ impl Failure {
             | Error::Unavailable { .. }
             | Error::NoPrimary { .. }
             | Error::Rules { .. }
+            | Error::Moved { .. }
+            | Error::NoOwner { .. }
+            | Error::NoTopology { .. }
             | Error::Closed => Self::Undecided(Undecided::Unavailable),
             Error::BreakerOpen { .. } => Self::Undecided(Undecided::BreakerOpen),
             Error::Overloaded { .. } => Self::Undecided(Undecided::Overloaded),

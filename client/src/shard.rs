@@ -1,7 +1,7 @@
 //! A shard: the nodes that serve one slot range (a primary and its
 //! standby), its current connection, and the life cycle of that connection
-//! (lazy connect, reconnect, backoff). Per-shard routing (cluster mode)
-//! holds one `Shard` per slot range; everything here is about one.
+//! (lazy connect, reconnect, backoff). Cluster mode (`cluster`) holds one
+//! `Shard` per shard of the slot map; everything here is about one.
 //!
 //! ```text
 //!   Idle ──call──> Connecting ──ok──> Connected ──connection dies──┐
@@ -221,6 +221,16 @@ impl Shard {
                 current.shut_down();
                 self.current.store(None);
             }
+        }
+    }
+
+    /// Drops the current connection whatever it is, so the next call starts
+    /// a new round (cluster mode: a MOVED named another node of the shard).
+    pub(crate) fn drop_connection(&self) {
+        let state = self.state.lock();
+        if let Phase::Connected(current) = &state.phase {
+            current.shut_down();
+            self.current.store(None);
         }
     }
 

@@ -4,6 +4,7 @@
 //! - [`message`]: requests, responses and their parts as Rust values
 //!   ([`replication`], [`cluster`] and [`regions`] hold those of §13, §14
 //!   and §16);
+//! - [`slot`]: the slot of a key (CRC16 and hash tags, as Redis Cluster);
 //! - [`units`]: the `5/s` rate and `250ms` duration parsers everyone shares;
 //! - `limits`: [`Limit`] constructors and the reading of a rule's fields;
 //! - [`codec`]: pure encode/decode functions over `BytesMut`, bounded by
@@ -24,6 +25,7 @@ mod limits;
 pub mod message;
 pub mod regions;
 pub mod replication;
+pub mod slot;
 pub mod units;
 
 pub use cluster::*;

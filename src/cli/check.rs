@@ -1,17 +1,13 @@
 //! `tollgate check`: one key against an inline limit or a named rule, with
 //! the flags of each algorithm; also PEEK (`--peek`) and REFUND (`--refund`).
 
-use super::remote::{connect, ServerArgs};
+use super::remote::{connect_routed, ServerArgs};
 use super::render::render;
-use super::route::owner_of;
 use crate::units::{parse_duration, parse_millis, Rate};
 use clap::{Args, ValueEnum};
 use std::process::ExitCode;
 use std::time::Duration;
-use tokio::time::Instant;
-use tollgate_protocol::{
-    Algorithm, CheckBatch, CheckResult, ErrorCode, Limit, LimitRef, Pair, RuleName,
-};
+use tollgate_protocol::{Algorithm, CheckBatch, CheckResult, Limit, LimitRef, Pair, RuleName};
 
 /// How `check`'s flags map to each algorithm's limit (shown by `--help`).
 pub(super) const ALGORITHM_HELP: &str = "\
@@ -59,13 +55,6 @@ impl AlgorithmArg {
         }
     }
 }
-
-/// Pause before asking for the map again when a key's owner moved or
-/// cannot be reached.
-const ROUTE_RETRY: Duration = Duration::from_millis(100);
-/// Longest one attempt on a key's owner may take before the map is asked
-/// again.
-const ROUTE_ATTEMPT: Duration = Duration::from_secs(1);
 
 /// Lease time to live of `--algorithm concurrency` without `--lease-ttl`.
 pub const DEFAULT_LEASE_TTL_MS: u64 = 30_000;
@@ -250,61 +239,22 @@ pub(super) async fn run(args: CheckArgs) -> ExitCode {
             cost: args.cost,
         });
     }
-    // In a cluster the key's owner answers: found from the map of the node
-    // given, and found again (until the timeout) when it cannot be reached
-    // or answers MOVED or TryAgain (nothing was charged then).
-    let deadline = Instant::now() + args.timeout;
-    let results = loop {
-        let seed = &args.server;
-        let token = seed.auth_token.as_deref();
-        let owner = match owner_of(&seed.server, token, args.key.as_bytes(), deadline).await {
-            Ok(addr) => addr,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
-        };
-        let retry = |reason: String| {
-            if Instant::now() + ROUTE_RETRY < deadline {
-                tracing::debug!(%owner, %reason, "asking for the map again");
-                return true;
-            }
-            false
-        };
-        // One attempt may not spend the whole timeout on a node that
-        // accepts connections but answers nothing (paused): the map may
-        // name its successor by then.
-        let timeout = deadline
-            .saturating_duration_since(Instant::now())
-            .min(ROUTE_ATTEMPT);
-        let target = ServerArgs {
-            server: owner.clone(),
-            auth_token: seed.auth_token.clone(),
-        };
-        let client = match connect(&target, timeout).await {
-            Ok(c) => c,
-            Err(_) if retry(format!("cannot reach {owner}")) => {
-                tokio::time::sleep(ROUTE_RETRY).await;
-                continue;
-            }
-            Err(code) => return code,
-        };
-        let batch = batch.clone();
-        let answer = if args.peek {
-            client.peek_batch(batch).await
-        } else if args.refund {
-            client.refund_batch(batch).await
-        } else {
-            client.check_batch(batch).await
-        };
-        client.close();
-        match answer {
-            Err(e) if moved_away(&e) && retry(e.to_string()) => {
-                tokio::time::sleep(ROUTE_RETRY).await;
-            }
-            answer => break answer,
-        }
+    // The client's cluster mode: the key's owner answers, found from the
+    // map of the node given, and found again (until the timeout) when it
+    // cannot be reached or answers MOVED or TryAgain (nothing was charged
+    // then). A single server stands for a cluster of one shard.
+    let client = match connect_routed(&args.server, args.timeout).await {
+        Ok(c) => c,
+        Err(code) => return code,
     };
+    let results = if args.peek {
+        client.peek_batch(batch).await
+    } else if args.refund {
+        client.refund_batch(batch).await
+    } else {
+        client.check_batch(batch).await
+    };
+    client.close();
     let results = match results {
         Ok(r) => r,
         Err(e) => {
@@ -323,18 +273,4 @@ pub(super) async fn run(args: CheckArgs) -> ExitCode {
         }
     }
     code
-}
-
-/// An answer saying the key is served elsewhere now, or not right now:
-/// MOVED, or TryAgain (nothing was charged either way).
-fn moved_away(error: &tollgate_client::Error) -> bool {
-    use tollgate_client::Error;
-    matches!(
-        error,
-        Error::UnexpectedResponse { got: "MOVED", .. }
-            | Error::Server {
-                code: ErrorCode::TryAgain,
-                ..
-            }
-    )
 }

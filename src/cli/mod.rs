@@ -6,8 +6,8 @@
 //!
 //! `serve` runs the server on built-in defaults (every setting a flag, or a
 //! key of `--config FILE`); the others are small clients over
-//! `tollgate-client` (`check` finds a key's owner in a cluster through
-//! `route`), handy for smoke tests and for seeing what a limit does
+//! `tollgate-client` (`check` and `release` in its cluster mode, so any
+//! node of a cluster serves every key), handy for smoke tests and for seeing what a limit does
 //! before putting it in a gateway; `rules`, `usage` and `promote` wrap the
 //! admin HTTP API. Exit codes: 0 success, 1 the server refused the request (or, for
 //! `release`, the lease was no longer held), 2 usage or connection errors.
@@ -21,7 +21,6 @@ pub mod promote;
 pub mod release;
 mod remote;
 pub mod render;
-mod route;
 pub mod rules;
 pub mod serve;
 mod signals;

@@ -1,6 +1,6 @@
 //! `tollgate release`: give a concurrency lease back before its time.
 
-use super::remote::{connect, ServerArgs};
+use super::remote::{connect_routed, ServerArgs};
 use crate::units::parse_duration;
 use clap::Args;
 use std::process::ExitCode;
@@ -22,7 +22,7 @@ pub struct ReleaseArgs {
 }
 
 pub(super) async fn run(args: ReleaseArgs) -> ExitCode {
-    let client = match connect(&args.server, args.timeout).await {
+    let client = match connect_routed(&args.server, args.timeout).await {
         Ok(c) => c,
         Err(code) => return code,
     };

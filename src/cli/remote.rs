@@ -37,20 +37,48 @@ pub struct AdminArgs {
     pub tls_ca: Option<PathBuf>,
 }
 
-/// A client to `server`, every call bounded by `timeout`.
-pub(super) async fn connect(server: &ServerArgs, timeout: Duration) -> Result<Client, ExitCode> {
-    let config = ClientConfig {
+/// Longest one connection attempt of a keyed command may take, so a node
+/// that accepts connections but answers nothing (paused) does not hold the
+/// whole `--timeout`: the cluster client then asks the map again and may
+/// find the slot's new primary.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
+
+fn config(server: &ServerArgs, timeout: Duration, connect_timeout: Duration) -> ClientConfig {
+    ClientConfig {
         deadline: timeout,
-        connect_timeout: timeout,
+        connect_timeout,
         client_name: "tollgate-cli".into(),
         auth_token: server.auth_token.clone().map(String::into_bytes),
         ..ClientConfig::default()
-    };
+    }
+}
+
+/// A client to `server`, every call bounded by `timeout`.
+pub(super) async fn connect(server: &ServerArgs, timeout: Duration) -> Result<Client, ExitCode> {
     let addr = &server.server;
-    Client::connect(addr.clone(), config).await.map_err(|e| {
-        eprintln!("error: cannot reach {addr}: {e}");
-        ExitCode::from(2)
-    })
+    Client::connect(addr.clone(), config(server, timeout, timeout))
+        .await
+        .map_err(|e| {
+            eprintln!("error: cannot reach {addr}: {e}");
+            ExitCode::from(2)
+        })
+}
+
+/// A cluster-mode client seeded with `server` (any node of a cluster, or a
+/// single server), for commands about keys: each key goes to its slot's
+/// primary, following MOVED and waiting out TryAgain within `timeout`.
+pub(super) async fn connect_routed(
+    server: &ServerArgs,
+    timeout: Duration,
+) -> Result<Client, ExitCode> {
+    let addr = &server.server;
+    let config = config(server, timeout, timeout.min(ATTEMPT_TIMEOUT));
+    Client::connect_cluster(vec![addr.clone()], config)
+        .await
+        .map_err(|e| {
+            eprintln!("error: cannot reach {addr}: {e}");
+            ExitCode::from(2)
+        })
 }
 
 /// One admin API call for the CLI: the JSON answer, or the exit code after

@@ -3,7 +3,8 @@
 //! changes conditioned on the version, the watch-fed routing table,
 //! elections and their fencing epochs, a primary's lease deadline when it
 //! is cut off from etcd, loses quorum or loses etcd's leader), then real
-//! node processes: routing, slot moves, and issue 9's faults under load.
+//! node processes: routing, the client crate's cluster mode, slot moves,
+//! and issue 9's faults under load.
 //!
 //! No timing is asserted: waits are event-driven with generous deadlines.
 //! The only comparisons of instants are safety properties (a node's
@@ -12,6 +13,7 @@
 
 mod chaos;
 mod checker;
+mod client;
 mod control;
 mod etcd;
 mod faults;

@@ -74,7 +74,8 @@ static GLOBAL: MiMalloc = MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "tollgate-bench", version, about, long_about = None)]
 struct Args {
-    /// A target as KIND=HOST:PORT (tollgate, redis, throttlecrab);
+    /// A target as KIND=HOST:PORT (tollgate, tollgate-cluster: the client's
+    /// cluster mode seeded with the address, redis, throttlecrab);
     /// repeatable. Targets run one after another.
     #[arg(long, value_name = "KIND=ADDR")]
     target: Vec<TargetSpec>,
@@ -393,8 +394,9 @@ async fn run_one(
     workload: WorkloadFields,
 ) -> Result<Summary, TargetError> {
     match spec.kind {
-        TargetKind::Tollgate => {
-            let target = Arc::new(TollgateTarget::new(spec.addr.clone(), shape));
+        TargetKind::Tollgate | TargetKind::TollgateCluster => {
+            let cluster = spec.kind == TargetKind::TollgateCluster;
+            let target = Arc::new(TollgateTarget::new(spec.addr.clone(), shape, cluster));
             measure(spec, target, plan, workload).await
         }
         TargetKind::Redis | TargetKind::Throttlecrab => {

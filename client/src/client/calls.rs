@@ -1,4 +1,5 @@
-//! Sending requests through a shard: local checks against the server's
+//! Sending requests through a shard (or, in cluster mode, the shard of each
+//! check's slot: `Route`): local checks against the server's
 //! announced limits, the call, and the retries: after NotPrimary (nothing
 //! was charged), and for CHECK2 after a lost connection (the server may
 //! have charged it, and answers the same idempotency key from memory
@@ -10,12 +11,37 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tollgate_protocol::{ErrorCode, Pair, Request, Response, ServerLimits};
 
+use crate::cluster::Cluster;
 use crate::connection::pending::{Answer, BatchKind, Checks, Outgoing};
 use crate::connection::{response_name, Connection, Deadline};
 use crate::error::Error;
 use crate::shard::{Shard, Wait};
 
-/// Sends checks of `kind` and returns their answer.
+/// Where checks go: one shard, or the shard of each check's slot.
+#[derive(Clone)]
+pub(crate) enum Route {
+    Shard(Arc<Shard>),
+    Cluster(Arc<Cluster>),
+}
+
+impl Route {
+    /// Sends checks of `kind` and returns their answer (a batch's results
+    /// in the batch's order, however it was split).
+    pub(crate) async fn checks(
+        &self,
+        kind: BatchKind,
+        checks: Checks,
+        deadline: Deadline,
+    ) -> Result<Answer, Error> {
+        match self {
+            Self::Shard(shard) => self::checks(shard, kind, checks, deadline).await,
+            // Boxed: the routing state need not weigh on a single shard's calls.
+            Self::Cluster(cluster) => Box::pin(cluster.checks(kind, checks, deadline)).await,
+        }
+    }
+}
+
+/// Sends checks of `kind` to `shard` and returns their answer.
 pub(crate) async fn checks(
     shard: &Arc<Shard>,
     kind: BatchKind,

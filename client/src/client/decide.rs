@@ -154,13 +154,11 @@ impl Client {
     pub async fn refund_group(&self, pairs: Vec<Pair>) -> Result<Decision, Error> {
         let kept: Kept = pairs.iter().cloned().collect();
         let deadline = Deadline::after(self.deadline);
-        let answer = calls::checks(
-            &self.inner.shard,
-            BatchKind::Refund,
-            Checks::Group(pairs),
-            deadline,
-        )
-        .await?;
+        let answer = self
+            .inner
+            .route
+            .checks(BatchKind::Refund, Checks::Group(pairs), deadline)
+            .await?;
         match calls::results(answer, "REFUND")?.first() {
             Some(CheckResult::Decision(d)) => Ok(self.describe(d, &kept, None)),
             Some(CheckResult::Error(code)) => Err(Error::Server {
@@ -312,7 +310,7 @@ impl Client {
         checks: Checks,
         deadline: Deadline,
     ) -> Result<CheckResult, Error> {
-        match calls::checks(&self.inner.shard, kind, checks, deadline).await? {
+        match self.inner.route.checks(kind, checks, deadline).await? {
             Answer::One(result) => Ok(result),
             Answer::Results(mut r) if r.len() == 1 => Ok(r.remove(0)),
             other => calls::results(other, kind.name()).and_then(|r| {

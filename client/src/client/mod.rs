@@ -2,8 +2,9 @@
 //! background tasks (rule table refresh, lease refunds). The rate-limit
 //! questions are in `decide`.
 
-mod calls;
+pub(crate) mod calls;
 mod decide;
+mod keyed;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,11 +15,12 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_protocol::{
-    Announce, CheckBatch, CheckResult, LeaseRef, NodeStatus, Priority, ReplRequest, ReplResponse,
-    Request, Response,
+    Announce, CheckBatch, CheckResult, NodeStatus, Priority, ReplRequest, ReplResponse, Request,
+    Response,
 };
 
 use crate::breaker::BreakerState;
+use crate::cluster::{Cluster, ClusterStats};
 use crate::config::{ClientConfig, FailMode};
 use crate::connection::pending::{BatchKind, Checks};
 use crate::connection::{response_name, Deadline, ServerInfo};
@@ -28,6 +30,7 @@ use crate::lease::{refund_batches, Leases};
 use crate::metrics::Metrics;
 use crate::rules::{RuleTable, SharedTable};
 use crate::shard::{Shard, Wait};
+use calls::Route;
 
 /// A handle to one Tollgate shard (one server, or a primary and its
 /// standby) over one multiplexed connection.
@@ -58,7 +61,13 @@ pub struct Client {
 
 /// What all clones share.
 struct Inner {
+    /// The shard of a single-shard client; in cluster mode, the first seed
+    /// (PING, STATUS and PROMOTE go there).
     shard: Arc<Shard>,
+    /// Where checks go.
+    route: Route,
+    /// Set once the topology refresh task runs (cluster mode).
+    mapping: AtomicBool,
     config: ClientConfig,
     rules: Arc<SharedTable>,
     /// Set once the rule refresh task runs.
@@ -104,6 +113,57 @@ impl Client {
     /// # Ok(()) }
     /// ```
     pub fn new_shard(addrs: Vec<String>, config: ClientConfig) -> Result<Self, Error> {
+        Self::build(addrs, None, config)
+    }
+
+    /// A client for a cluster (README "Running a cluster"), knowing it by
+    /// `seeds`: any of its nodes (`host:port` each; one is enough). The
+    /// slot map comes from TOPOLOGY asked of a seed (PROTOCOL.md §14); each
+    /// check goes to the primary of its key's slot, a batch is split per
+    /// shard and its results merged in order, a MOVED is followed once
+    /// (after refreshing the map), TryAgain and unreachable shards are
+    /// retried with a short, growing wait within the call's deadline. A
+    /// server outside a cluster answers TOPOLOGY as one shard owning every
+    /// slot, so a cluster client works against a single server too.
+    ///
+    /// PING, STATUS and PROMOTE go to the first seed. Does not connect: the
+    /// first call fetches the map.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), tollgate_client::Error> {
+    /// use tollgate_client::{Client, ClientConfig, Limit, Rate};
+    /// let client = Client::connect_cluster(vec!["10.0.0.1:7700".into()], ClientConfig::default()).await?;
+    /// let limit = Limit::token_bucket(Rate::per_second(10), 20);
+    /// let outcome = client.check("rl:{user-7}:s", limit, 1).await; // to user-7's shard
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster(seeds: Vec<String>, config: ClientConfig) -> Result<Self, Error> {
+        let first = seeds.first().cloned();
+        Self::build(first.into_iter().collect(), Some(seeds), config)
+    }
+
+    /// [`cluster`](Self::cluster), with the slot map fetched now (within
+    /// `config.connect_timeout`): an error says why no seed answered.
+    pub async fn connect_cluster(seeds: Vec<String>, config: ClientConfig) -> Result<Self, Error> {
+        let client = Self::cluster(seeds, config)?;
+        if let Route::Cluster(cluster) = &client.inner.route {
+            cluster
+                .refresh(Deadline::after(client.inner.config.connect_timeout))
+                .await?;
+        }
+        if client.inner.config.admin.is_some() {
+            if let Err(error) = client.refresh_rules().await {
+                tracing::warn!(%error, "no rule table yet; rule checks use the default fail mode");
+            }
+        }
+        Ok(client)
+    }
+
+    fn build(
+        addrs: Vec<String>,
+        seeds: Option<Vec<String>>,
+        config: ClientConfig,
+    ) -> Result<Self, Error> {
         config.validate()?;
         if addrs.is_empty() {
             return Err(Error::Config(crate::config::ConfigError::Empty {
@@ -121,9 +181,20 @@ impl Client {
             None => None,
         };
         let deadline = config.deadline;
+        let shard = Arc::new(Shard::new(addrs, config.clone(), metrics.clone()));
+        let route = match seeds {
+            Some(seeds) => Route::Cluster(Arc::new(Cluster::new(
+                seeds,
+                config.clone(),
+                metrics.clone(),
+            ))),
+            None => Route::Shard(Arc::clone(&shard)),
+        };
         Ok(Self {
             inner: Arc::new(Inner {
-                shard: Arc::new(Shard::new(addrs, config.clone(), metrics.clone())),
+                shard,
+                route,
+                mapping: AtomicBool::new(false),
                 fallback: config.fallback.as_ref().map(Fallback::new),
                 leases: config.lease.clone().map(|l| Arc::new(Leases::new(l))),
                 config,
@@ -201,7 +272,11 @@ impl Client {
         &self.inner.config
     }
 
-    /// The first address of the shard (see [`connected_addr`](Self::connected_addr)).
+    /// The first address of the shard (see [`connected_addr`](Self::connected_addr));
+    /// in cluster mode, the first seed (as for [`addrs`](Self::addrs),
+    /// [`connected_addr`](Self::connected_addr), [`server_info`](Self::server_info)
+    /// and [`in_flight`](Self::in_flight); [`cluster_shards`](Self::cluster_shards)
+    /// lists the shards checks go to).
     pub fn addr(&self) -> &str {
         self.inner.shard.addrs().next().unwrap_or("")
     }
@@ -227,14 +302,51 @@ impl Client {
         self.inner.shard.in_flight()
     }
 
-    /// Each node's address and the state of its circuit breaker.
+    /// Each node's address and the state of its circuit breaker (in
+    /// cluster mode, of every shard of the slot map).
     pub fn breakers(&self) -> Vec<(String, BreakerState)> {
-        self.inner
-            .shard
-            .nodes()
+        let shards = match &self.inner.route {
+            Route::Shard(shard) => vec![Arc::clone(shard)],
+            Route::Cluster(cluster) => cluster.all_shards(),
+        };
+        shards
             .iter()
-            .map(|n| (n.addr.clone(), n.breaker_state()))
+            .flat_map(|s| {
+                s.nodes()
+                    .iter()
+                    .map(|n| (n.addr.clone(), n.breaker_state()))
+                    .collect::<Vec<_>>()
+            })
             .collect()
+    }
+
+    /// Cluster mode: the slot map's version and size, and the MOVED
+    /// answers, resends and refreshes so far. `None` for a single-shard
+    /// client.
+    pub fn cluster_stats(&self) -> Option<ClusterStats> {
+        match &self.inner.route {
+            Route::Cluster(cluster) => Some(cluster.stats()),
+            Route::Shard(_) => None,
+        }
+    }
+
+    /// Cluster mode: each shard of the slot map, its id and its nodes'
+    /// addresses (primary first). Empty before the first map, and for a
+    /// single-shard client.
+    pub fn cluster_shards(&self) -> Vec<(u16, Vec<String>)> {
+        match &self.inner.route {
+            Route::Cluster(cluster) => cluster.shards(),
+            Route::Shard(_) => Vec::new(),
+        }
+    }
+
+    /// Cluster mode: fetches the slot map now, within this handle's
+    /// deadline. A single-shard client has nothing to refresh.
+    pub async fn refresh_topology(&self) -> Result<(), Error> {
+        match &self.inner.route {
+            Route::Cluster(cluster) => cluster.refresh(Deadline::after(self.deadline)).await,
+            Route::Shard(_) => Ok(()),
+        }
     }
 
     /// The rule table as last fetched (empty before the first fetch, or
@@ -263,24 +375,31 @@ impl Client {
         if let Some(leases) = &self.inner.leases {
             let due = leases.all();
             if !due.is_empty() {
-                let shard = Arc::clone(&self.inner.shard);
+                let (route, shard) = (self.inner.route.clone(), Arc::clone(&self.inner.shard));
                 let budget = self.inner.config.connect_timeout;
                 tokio::spawn(async move {
-                    refund_due(&shard, due, budget).await;
-                    shard.close();
+                    refund_due(&route, &shard, due, budget).await;
+                    close_route(&route, &shard);
                 });
                 self.inner.stop.cancel();
                 return;
             }
         }
         self.inner.stop.cancel();
-        self.inner.shard.close();
+        close_route(&self.inner.route, &self.inner.shard);
     }
 
     /// Starts the background tasks on first use (they need a runtime, which
     /// `new` may not have).
     fn start_background(&self) {
         let inner = &self.inner;
+        if let Route::Cluster(cluster) = &inner.route {
+            if !inner.mapping.load(Ordering::Relaxed)
+                && !inner.mapping.swap(true, Ordering::Relaxed)
+            {
+                tokio::spawn(Arc::clone(cluster).refresh_loop(inner.stop.clone()));
+            }
+        }
         if let Some(admin) = &inner.config.admin {
             if !inner.refreshing.load(Ordering::Relaxed)
                 && !inner.refreshing.swap(true, Ordering::Relaxed)
@@ -301,7 +420,8 @@ impl Client {
         {
             return;
         }
-        let (shard, leases, stop) = (
+        let (route, shard, leases, stop) = (
+            inner.route.clone(),
             Arc::clone(&inner.shard),
             Arc::clone(leases),
             inner.stop.clone(),
@@ -319,7 +439,7 @@ impl Client {
                 if let Some(m) = &metrics {
                     m.lease_tokens("refunded", due.iter().map(|(_, _, t)| u64::from(*t)).sum());
                 }
-                refund_due(&shard, due, budget).await;
+                refund_due(&route, &shard, due, budget).await;
             }
         });
     }
@@ -398,60 +518,13 @@ impl Client {
             return Ok(Vec::new());
         }
         let deadline = Deadline::after(self.deadline);
-        let answer = calls::checks(&self.inner.shard, kind, Checks::Batch(batch), deadline).await?;
-        calls::results(answer, kind.name())
-    }
-
-    /// Releases the concurrency lease `lease` acquired on `key` (the id in
-    /// the allowed [`Decision::lease`](crate::Decision::lease)). Returns
-    /// whether it was still held: `false` when it had already been released
-    /// or had expired.
-    pub async fn release(&self, key: impl Into<Bytes>, lease: u64) -> Result<bool, Error> {
-        let released = self
-            .release_many(vec![LeaseRef {
-                key: key.into(),
-                lease,
-            }])
+        self.start_background();
+        let answer = self
+            .inner
+            .route
+            .checks(kind, Checks::Batch(batch), deadline)
             .await?;
-        Ok(released > 0)
-    }
-
-    /// Releases several leases in one request; returns how many were still
-    /// held.
-    pub async fn release_many(&self, leases: Vec<LeaseRef>) -> Result<u32, Error> {
-        if leases.is_empty() {
-            return Ok(0);
-        }
-        let deadline = Deadline::after(self.deadline);
-        let conn = self.inner.shard.connection(Wait::Until(deadline)).await?;
-        calls::check_keys(leases.iter().map(|l| &l.key), &conn.info().limits)?;
-        let request = Request::Release(leases);
-        match calls::primary(&self.inner.shard, conn, request, deadline).await? {
-            Response::Released(released) => Ok(released),
-            Response::Error { code, message } => Err(Error::Server { code, message }),
-            other => Err(Error::UnexpectedResponse {
-                request: "RELEASE",
-                got: response_name(&other),
-            }),
-        }
-    }
-
-    /// Forgets the state of `keys`; returns how many held state.
-    pub async fn reset(&self, keys: Vec<Bytes>) -> Result<u32, Error> {
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let deadline = Deadline::after(self.deadline);
-        let conn = self.inner.shard.connection(Wait::Until(deadline)).await?;
-        calls::check_keys(keys.iter(), &conn.info().limits)?;
-        match calls::primary(&self.inner.shard, conn, Request::Reset(keys), deadline).await? {
-            Response::ResetDone(removed) => Ok(removed),
-            Response::Error { code, message } => Err(Error::Server { code, message }),
-            other => Err(Error::UnexpectedResponse {
-                request: "RESET",
-                got: response_name(&other),
-            }),
-        }
+        calls::results(answer, kind.name())
     }
 
     /// Sends PING and returns the round trip (from queueing the request to
@@ -474,6 +547,7 @@ impl Client {
 /// Refunds `due` leases (best effort: a lease that cannot be given back
 /// simply expires with the bucket's refill).
 async fn refund_due(
+    route: &Route,
     shard: &Arc<Shard>,
     due: Vec<(Bytes, tollgate_protocol::Limit, u32)>,
     budget: Duration,
@@ -488,12 +562,21 @@ async fn refund_due(
         });
     for batch in refund_batches(due, max_batch) {
         let deadline = Deadline::after(budget);
-        if let Err(error) =
-            calls::checks(shard, BatchKind::Refund, Checks::Batch(batch), deadline).await
+        if let Err(error) = route
+            .checks(BatchKind::Refund, Checks::Batch(batch), deadline)
+            .await
         {
             tracing::debug!(%error, "lease refund failed; the tokens come back with the refill");
         }
     }
+}
+
+/// Closes the client's connections.
+fn close_route(route: &Route, shard: &Shard) {
+    if let Route::Cluster(cluster) = route {
+        cluster.close();
+    }
+    shard.close();
 }
 
 impl fmt::Debug for Client {

@@ -46,6 +46,15 @@ pub const DEFAULT_RULES_REFRESH: Duration = Duration::from_secs(10);
 /// Default bound on one fetch of the rule table.
 pub const DEFAULT_RULES_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Default interval between refreshes of the slot map in cluster mode
+/// (besides the refreshes a MOVED, a TryAgain or an unreachable node
+/// trigger).
+pub const DEFAULT_TOPOLOGY_REFRESH: Duration = Duration::from_secs(5);
+/// Default first wait before retrying a check answered TryAgain (a slot
+/// moving, a shard without primary) in cluster mode; doubles with each
+/// retry, within the call's deadline.
+pub const DEFAULT_TRY_AGAIN_BACKOFF: Duration = Duration::from_millis(20);
+
 /// Longest client name and auth token: their HELLO length fields are one byte.
 pub const MAX_HELLO_FIELD_LEN: usize = u8::MAX as usize;
 /// Smallest usable `max_frame`: the body of a HELLO_OK (opcode, request id,
@@ -148,6 +157,12 @@ pub struct ClientConfig {
     pub admin: Option<String>,
     /// Interval between refreshes of the rule table.
     pub rules_refresh: Duration,
+    /// Cluster mode ([`Client::cluster`](crate::Client::cluster)): interval
+    /// between background refreshes of the slot map.
+    pub topology_refresh: Duration,
+    /// Cluster mode: first wait before retrying after TryAgain or an
+    /// unreachable shard; doubles per retry, bounded by the call's deadline.
+    pub try_again_backoff: Duration,
     /// Prometheus registry the client's metrics are registered in (`None`:
     /// no metrics).
     pub metrics: Option<prometheus::Registry>,
@@ -172,6 +187,8 @@ impl Default for ClientConfig {
             lease: None,
             admin: None,
             rules_refresh: DEFAULT_RULES_REFRESH,
+            topology_refresh: DEFAULT_TOPOLOGY_REFRESH,
+            try_again_backoff: DEFAULT_TRY_AGAIN_BACKOFF,
             metrics: None,
         }
     }
@@ -200,6 +217,8 @@ impl fmt::Debug for ClientConfig {
             .field("lease", &self.lease)
             .field("admin", &self.admin)
             .field("rules_refresh", &self.rules_refresh)
+            .field("topology_refresh", &self.topology_refresh)
+            .field("try_again_backoff", &self.try_again_backoff)
             .field("metrics", &self.metrics.as_ref().map(|_| "<registry>"))
             .finish()
     }
@@ -258,6 +277,8 @@ impl ClientConfig {
         for (field, d) in [
             ("probe_timeout", self.probe_timeout),
             ("rules_refresh", self.rules_refresh),
+            ("topology_refresh", self.topology_refresh),
+            ("try_again_backoff", self.try_again_backoff),
             ("breaker.window", self.breaker.window),
             ("breaker.open_for", self.breaker.open_for),
         ] {

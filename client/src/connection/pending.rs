@@ -571,7 +571,7 @@ fn cut(shape: Shape, name: &'static str, response: Response) -> Result<Answer, E
     match (shape, response) {
         (Shape::Response, r) => Ok(Answer::Response(r)),
         (_, Response::Checked(results)) => shape.answer(results),
-        (_, r @ Response::Error { .. }) => Ok(Answer::Response(r)),
+        (_, r @ (Response::Error { .. } | Response::Moved(_))) => Ok(Answer::Response(r)),
         (_, other) => Err(Error::UnexpectedResponse {
             request: name,
             got: crate::connection::response_name(&other),

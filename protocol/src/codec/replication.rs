@@ -12,6 +12,7 @@ use super::frame::{
     encode_frame, invalid, put_short_string, short_string, wire_len, PayloadReader,
 };
 use super::{opcode, DecodeError, EncodeError};
+use crate::cluster::SLOT_COUNT;
 use crate::message::RequestId;
 use crate::replication::Role;
 use crate::replication::{
@@ -23,9 +24,6 @@ use crate::replication::{
 const MIN_RECORD_LEN: usize = 2 + 1 + 1 + 1;
 /// Smallest status field: name_len, value (empty name).
 const MIN_FIELD_LEN: usize = 1 + 8;
-/// Largest `slot_mod`: the number of slots.
-const SLOT_COUNT: u16 = 16384;
-
 const TABLE_UNCHANGED: u8 = 0;
 const TABLE_ABSENT: u8 = 1;
 const TABLE_PRESENT: u8 = 2;

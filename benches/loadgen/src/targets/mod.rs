@@ -30,6 +30,9 @@ pub mod tollgate;
 pub enum TargetKind {
     /// Tollgate's binary protocol, through `tollgate-client`.
     Tollgate,
+    /// The same, through the client's cluster mode seeded with the address
+    /// (a slot map from TOPOLOGY, each check routed by its key's slot).
+    TollgateCluster,
     /// Redis running the seeds' token-bucket Lua script (EVALSHA).
     Redis,
     /// throttlecrab-server's RESP `THROTTLE` command (GCRA).
@@ -40,6 +43,7 @@ impl TargetKind {
     pub fn name(self) -> &'static str {
         match self {
             Self::Tollgate => "tollgate",
+            Self::TollgateCluster => "tollgate-cluster",
             Self::Redis => "redis",
             Self::Throttlecrab => "throttlecrab",
         }
@@ -63,11 +67,12 @@ impl FromStr for TargetSpec {
             .ok_or_else(|| format!("target {s:?} must look like KIND=HOST:PORT"))?;
         let kind = match kind.trim() {
             "tollgate" => TargetKind::Tollgate,
+            "tollgate-cluster" => TargetKind::TollgateCluster,
             "redis" => TargetKind::Redis,
             "throttlecrab" => TargetKind::Throttlecrab,
             other => {
                 return Err(format!(
-                    "unknown target {other:?} (expected tollgate, redis or throttlecrab)"
+                    "unknown target {other:?} (expected tollgate, tollgate-cluster, redis or throttlecrab)"
                 ))
             }
         };
@@ -190,6 +195,9 @@ mod tests {
         assert_eq!(t.to_string(), "tollgate=127.0.0.1:7700");
         let r: TargetSpec = "redis=localhost:6390".parse().unwrap();
         assert_eq!(r.kind, TargetKind::Redis);
+        let c: TargetSpec = "tollgate-cluster=127.0.0.1:7700".parse().unwrap();
+        assert_eq!(c.kind, TargetKind::TollgateCluster);
+        assert_eq!(c.to_string(), "tollgate-cluster=127.0.0.1:7700");
         assert!("memcached=1.2.3.4:5".parse::<TargetSpec>().is_err());
         assert!("redis=".parse::<TargetSpec>().is_err());
         assert!("127.0.0.1:7700".parse::<TargetSpec>().is_err());

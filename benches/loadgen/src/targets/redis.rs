@@ -128,7 +128,9 @@ impl RespTarget {
                     cost: rule.cost.to_string(),
                 })
             }
-            TargetKind::Tollgate => unreachable!("Tollgate has its own target"),
+            TargetKind::Tollgate | TargetKind::TollgateCluster => {
+                unreachable!("Tollgate has its own target")
+            }
         }
     }
 

@@ -10,6 +10,11 @@
 //! each connection. Per-call work in the client is part of what is
 //! measured: it is what a gateway pays too. The client's local fallback is
 //! off, so a failure counts as an error, never as a local decision.
+//!
+//! `tollgate-cluster=ADDR` uses the client's cluster mode seeded with ADDR
+//! (`Client::connect_cluster`): each check is routed by its key's slot, a
+//! batch is split per shard. Against a single server (one shard owning
+//! every slot) it measures what routing costs in the client.
 
 use std::sync::Mutex;
 
@@ -26,15 +31,18 @@ const NAME: &str = "tollgate";
 
 pub struct TollgateTarget {
     addr: String,
+    /// Through the client's cluster mode.
+    cluster: bool,
     shape: RequestShape,
     /// Filled by the first handshake.
     info: Mutex<Option<String>>,
 }
 
 impl TollgateTarget {
-    pub fn new(addr: String, shape: RequestShape) -> Self {
+    pub fn new(addr: String, shape: RequestShape, cluster: bool) -> Self {
         Self {
             addr,
+            cluster,
             shape,
             info: Mutex::new(None),
         }
@@ -55,13 +63,27 @@ impl Target for TollgateTarget {
             fallback: None,
             ..ClientConfig::default()
         };
-        let client = Client::connect(self.addr.clone(), config)
-            .await
-            .map_err(|e| TargetError::Connect {
-                target: NAME,
-                addr: self.addr.clone(),
-                reason: e.to_string(),
-            })?;
+        let connect_error = |e: tollgate_client::Error| TargetError::Connect {
+            target: NAME,
+            addr: self.addr.clone(),
+            reason: e.to_string(),
+        };
+        let client = if self.cluster {
+            let client = Client::connect_cluster(vec![self.addr.clone()], config)
+                .await
+                .map_err(connect_error)?;
+            // The seed's handshake, for the report and the batch limit.
+            client
+                .with_deadline(std::time::Duration::from_secs(2))
+                .ping()
+                .await
+                .map_err(connect_error)?;
+            client
+        } else {
+            Client::connect(self.addr.clone(), config)
+                .await
+                .map_err(connect_error)?
+        };
         // `connect` returned Ok, so the handshake happened.
         let info = client.server_info().ok_or_else(|| TargetError::Setup {
             target: NAME,
