@@ -209,6 +209,8 @@ impl Undecided {
             | ErrorCode::Internal
             | ErrorCode::StoreFull
             | ErrorCode::TryAgain
+            | ErrorCode::TooManyConnections
+            | ErrorCode::Overloaded
             | ErrorCode::Unknown(_) => Some(Self::ServerError(code)),
         }
     }

@@ -39,12 +39,22 @@ pub enum ErrorCode {
     /// deadline passed). Nothing was charged; retry shortly, after
     /// fetching TOPOLOGY again.
     TryAgain,
+    /// The server is at its connection limit (in all, or for the client's
+    /// address) and could not make room: sent with request id 0 as the
+    /// connection's only frame, then the connection closes. Retry after a
+    /// pause, or on another node.
+    TooManyConnections,
+    /// The server's memory for connection buffers stayed spent while a
+    /// frame larger than a connection's initial buffer waited for room:
+    /// sent with request id 0, then the connection closes. Nothing in the
+    /// unread frame was evaluated; retry after a pause.
+    Overloaded,
     Unknown(u16),
 }
 
 impl ErrorCode {
-    /// Every code this crate knows, in wire order (1..=17).
-    pub const KNOWN: [ErrorCode; 17] = [
+    /// Every code this crate knows, in wire order (1..=19).
+    pub const KNOWN: [ErrorCode; 19] = [
         Self::Malformed,
         Self::UnknownOpcode,
         Self::FrameTooLarge,
@@ -62,6 +72,8 @@ impl ErrorCode {
         Self::StoreFull,
         Self::StaleEpoch,
         Self::TryAgain,
+        Self::TooManyConnections,
+        Self::Overloaded,
     ];
 
     /// The code's name as in the spec's error table (`"CrossSlot"`);
@@ -85,6 +97,8 @@ impl ErrorCode {
             Self::StoreFull => "StoreFull",
             Self::StaleEpoch => "StaleEpoch",
             Self::TryAgain => "TryAgain",
+            Self::TooManyConnections => "TooManyConnections",
+            Self::Overloaded => "Overloaded",
             Self::Unknown(_) => "Unknown",
         }
     }
@@ -108,6 +122,8 @@ impl ErrorCode {
             Self::StoreFull => 15,
             Self::StaleEpoch => 16,
             Self::TryAgain => 17,
+            Self::TooManyConnections => 18,
+            Self::Overloaded => 19,
             Self::Unknown(v) => v,
         }
     }
@@ -131,6 +147,8 @@ impl ErrorCode {
             15 => Self::StoreFull,
             16 => Self::StaleEpoch,
             17 => Self::TryAgain,
+            18 => Self::TooManyConnections,
+            19 => Self::Overloaded,
             other => Self::Unknown(other),
         }
     }
@@ -156,6 +174,8 @@ impl std::fmt::Display for ErrorCode {
             Self::StoreFull => "store full: new keys refused at the memory cap",
             Self::StaleEpoch => "stale epoch",
             Self::TryAgain => "try again: the slot is moving or its shard has no primary",
+            Self::TooManyConnections => "too many connections",
+            Self::Overloaded => "overloaded: no memory left for connection buffers",
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };
         f.write_str(s)
