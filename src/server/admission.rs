@@ -23,8 +23,8 @@
 
 use super::connection::secure;
 use super::Shared;
-use parking_lot::Mutex;
 use bytes::BytesMut;
+use parking_lot::Mutex;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -331,7 +331,10 @@ mod tests {
 
     #[test]
     fn ipv6_clients_are_counted_per_64_and_mapped_ipv4_as_ipv4() {
-        assert_eq!(address_key(ip("2001:db8:1:2:aaaa::1")), ip("2001:db8:1:2::"));
+        assert_eq!(
+            address_key(ip("2001:db8:1:2:aaaa::1")),
+            ip("2001:db8:1:2::")
+        );
         assert_eq!(address_key(ip("::ffff:10.0.0.1")), ip("10.0.0.1"));
         let a = admission(10, 1, Duration::ZERO);
         let _first = a.admit(ip("2001:db8:1:2::1")).unwrap();

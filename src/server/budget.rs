@@ -194,7 +194,11 @@ impl ReadBuffer {
             tokio::pin!(released);
             // Registered before the check, so a release in between wakes it.
             released.as_mut().enable();
-            if budget.limit.saturating_sub(budget.used.load(Ordering::Acquire)) >= n {
+            if budget
+                .limit
+                .saturating_sub(budget.used.load(Ordering::Acquire))
+                >= n
+            {
                 return true;
             }
             tokio::select! {

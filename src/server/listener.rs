@@ -27,7 +27,8 @@ mod tests {
     async fn binds_and_accepts() {
         let listener = super::bind("127.0.0.1:0".parse().unwrap(), 4096).unwrap();
         let addr = listener.local_addr().unwrap();
-        let (client, accepted) = tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
+        let (client, accepted) =
+            tokio::join!(tokio::net::TcpStream::connect(addr), listener.accept());
         assert_eq!(client.unwrap().local_addr().unwrap(), accepted.unwrap().1);
     }
 }

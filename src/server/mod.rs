@@ -51,8 +51,8 @@ use crate::rules::{LoadError, Rules};
 use crate::store::Store;
 use crate::throttled::TopThrottled;
 use admin::AdminState;
-use auth::{AdminAuth, Authenticator};
 use admission::Admission;
+use auth::{AdminAuth, Authenticator};
 use budget::Budget;
 use check::CheckMetrics;
 use conn_metrics::{ConnMetrics, ErrorCounters};
@@ -216,10 +216,7 @@ impl Server {
             network.shed_idle_after,
             &registry,
         )?);
-        let budget = Arc::new(Budget::register(
-            network.max_connection_memory,
-            &registry,
-        )?);
+        let budget = Arc::new(Budget::register(network.max_connection_memory, &registry)?);
         let shared = Arc::new(Shared {
             network: config.network.clone(),
             auth: Authenticator::new(&config.auth),
