@@ -19,6 +19,10 @@ pub struct ServerArgs {
     /// Client token for HELLO (the server's --auth-token).
     #[arg(long, env = "TOLLGATE_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+    /// Speak TLS to the server, verifying its certificate against this CA
+    /// (PEM); the certificate must name the host part of --server.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// Which admin API a command calls, and how.
@@ -39,7 +43,15 @@ pub struct AdminArgs {
 
 /// A client to `server`, every call bounded by `timeout`.
 pub(super) async fn connect(server: &ServerArgs, timeout: Duration) -> Result<Client, ExitCode> {
+    let tls = match &server.tls_ca {
+        Some(ca) => Some(tollgate_client::tls::tls_trusting(ca).map_err(|e| {
+            eprintln!("error: --tls-ca: {e}");
+            ExitCode::from(2)
+        })?),
+        None => None,
+    };
     let config = ClientConfig {
+        tls,
         deadline: timeout,
         connect_timeout: timeout,
         client_name: "tollgate-cli".into(),

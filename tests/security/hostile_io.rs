@@ -58,7 +58,10 @@ async fn half_sent_frames_stay_within_the_connection_memory_budget() {
         (used >= per_frame * 7.0).then_some(used)
     })
     .await;
-    assert!(used <= (8 * MIB) as f64, "{used} bytes held past the budget");
+    assert!(
+        used <= (8 * MIB) as f64,
+        "{used} bytes held past the budget"
+    );
     let mut by = RawConn::ready(server.addr).await;
     by.send(1, &Request::Ping).await;
     assert_eq!(by.recv().await, (1, Response::Pong));
@@ -152,7 +155,10 @@ async fn a_client_name_cannot_forge_a_log_line() {
     let stderr = child.0.stderr.take().unwrap();
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
             if lines_tx.send(line).is_err() {
                 break;
             }

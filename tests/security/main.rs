@@ -9,6 +9,7 @@ mod common;
 mod admin;
 mod certs;
 mod cli;
+mod client_tls;
 mod connections;
 mod hostile_io;
 mod process;

@@ -10,6 +10,7 @@
 //! a bad config never silently turns limiting off.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_protocol::DEFAULT_CLIENT_MAX_FRAME;
@@ -151,6 +152,12 @@ pub struct ClientConfig {
     /// Prometheus registry the client's metrics are registered in (`None`:
     /// no metrics).
     pub metrics: Option<prometheus::Registry>,
+    /// TLS for every connection to a node (`None`: plain TCP). The node's
+    /// certificate must carry the host part of its address (a DNS name or
+    /// an IP address); present a client certificate here for mTLS. Build
+    /// a config that trusts one CA file with
+    /// [`tls_trusting`](crate::tls::tls_trusting).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ClientConfig {
@@ -173,6 +180,7 @@ impl Default for ClientConfig {
             admin: None,
             rules_refresh: DEFAULT_RULES_REFRESH,
             metrics: None,
+            tls: None,
         }
     }
 }
@@ -201,6 +209,7 @@ impl fmt::Debug for ClientConfig {
             .field("admin", &self.admin)
             .field("rules_refresh", &self.rules_refresh)
             .field("metrics", &self.metrics.as_ref().map(|_| "<registry>"))
+            .field("tls", &self.tls.as_ref().map(|_| "<rustls config>"))
             .finish()
     }
 }
