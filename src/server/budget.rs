@@ -7,9 +7,9 @@
 //! pipelined requests. A frame announcing more must first take the
 //! difference from the shared [`Budget`]; until it can, the connection
 //! reads nothing more (its bytes wait in the kernel, and TCP holds the
-//! client back). So the process holds at most `max_connections * INITIAL
-//! + max_connection_memory` of partial frames, however many clients send
-//! half a frame and stop.
+//! client back). So the process holds at most
+//! `max_connections * INITIAL + max_connection_memory` of partial frames,
+//! however many clients send half a frame and stop.
 //!
 //! Invariants:
 //! - the budget's `used` is the sum of what every [`ReadBuffer`] holds;
