@@ -27,6 +27,7 @@
 //! - [`store`]: lock-striped per-key state, atomic groups, expiry;
 //! - [`rules`]: named rules from the rules file, hot reload;
 //! - [`throttled`]: the most denied keys, in bounded memory;
+//! - [`log_text`]: text a peer chose, escaped for log lines;
 //! - [`tls`]: rustls configs of every port and of a node's own connections,
 //!   reloadable, and the one socket type for plain TCP and TLS;
 //! - [`config`]: the settings by section, flags and the config file;
@@ -52,6 +53,7 @@ pub mod clock;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
+pub mod log_text;
 mod node;
 #[cfg(test)]
 mod readme;

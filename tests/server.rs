@@ -258,27 +258,6 @@ async fn shutdown_grace_cuts_off_a_client_that_never_reads() {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn max_connections_holds_the_rest_in_the_queue() {
-    let server = TestServer::start_with(|c| c.network.max_connections = 1).await;
-    let first = RawConn::ready(server.addr).await;
-    let addr = server.addr;
-    let second = tokio::spawn(async move { RawConn::ready(addr).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(
-        !second.is_finished(),
-        "second connection served while the first holds the permit"
-    );
-    drop(first);
-    let mut second = tokio::time::timeout(PATIENCE, second)
-        .await
-        .unwrap()
-        .unwrap();
-    second.send(1, &Request::Ping).await;
-    assert_eq!(second.recv().await, (1, Response::Pong));
-    server.stop().await;
-}
-
 impl TestServer {
     pub fn clock_now(&self) -> u64 {
         use tollgate::clock::Clock;

@@ -97,6 +97,7 @@ pub mod outcome;
 pub mod policy;
 pub mod rules;
 mod shard;
+pub mod tls;
 
 pub use breaker::BreakerState;
 pub use client::Client;

@@ -214,6 +214,8 @@ impl Undecided {
             | ErrorCode::StoreFull
             | ErrorCode::TryAgain
             | ErrorCode::Shed
+            | ErrorCode::TooManyConnections
+            | ErrorCode::Overloaded
             | ErrorCode::Unknown(_) => Some(Self::ServerError(code)),
         }
     }

@@ -19,6 +19,10 @@ pub struct ServerArgs {
     /// Client token for HELLO (the server's --auth-token).
     #[arg(long, env = "TOLLGATE_AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+    /// Speak TLS to the server, verifying its certificate against this CA
+    /// (PEM); the certificate must name the host part of --server.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// Which admin API a command calls, and how.
@@ -43,20 +47,32 @@ pub struct AdminArgs {
 /// find the slot's new primary.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(1);
 
-fn config(server: &ServerArgs, timeout: Duration, connect_timeout: Duration) -> ClientConfig {
-    ClientConfig {
+fn config(
+    server: &ServerArgs,
+    timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<ClientConfig, ExitCode> {
+    let tls = match &server.tls_ca {
+        Some(ca) => Some(tollgate_client::tls::tls_trusting(ca).map_err(|e| {
+            eprintln!("error: --tls-ca: {e}");
+            ExitCode::from(2)
+        })?),
+        None => None,
+    };
+    Ok(ClientConfig {
+        tls,
         deadline: timeout,
         connect_timeout,
         client_name: "tollgate-cli".into(),
         auth_token: server.auth_token.clone().map(String::into_bytes),
         ..ClientConfig::default()
-    }
+    })
 }
 
 /// A client to `server`, every call bounded by `timeout`.
 pub(super) async fn connect(server: &ServerArgs, timeout: Duration) -> Result<Client, ExitCode> {
     let addr = &server.server;
-    Client::connect(addr.clone(), config(server, timeout, timeout))
+    Client::connect(addr.clone(), config(server, timeout, timeout)?)
         .await
         .map_err(|e| {
             eprintln!("error: cannot reach {addr}: {e}");
@@ -72,7 +88,7 @@ pub(super) async fn connect_routed(
     timeout: Duration,
 ) -> Result<Client, ExitCode> {
     let addr = &server.server;
-    let config = config(server, timeout, timeout.min(ATTEMPT_TIMEOUT));
+    let config = config(server, timeout, timeout.min(ATTEMPT_TIMEOUT))?;
     Client::connect_cluster(vec![addr.clone()], config)
         .await
         .map_err(|e| {

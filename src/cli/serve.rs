@@ -65,7 +65,7 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(config.logging.log_format);
-    let listener = match tokio::net::TcpListener::bind(config.network.listen).await {
+    let listener = match crate::server::bind(config.network.listen, config.network.backlog) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(listen = %config.network.listen, error = %e, "cannot listen");

@@ -176,6 +176,13 @@ impl ServerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.network.validate()?;
         self.limits.validate()?;
+        // One frame of the largest size must be able to arrive.
+        let largest = u64::from(self.limits.max_frame) + 4;
+        at_least(
+            "max-connection-memory",
+            self.network.max_connection_memory as u64,
+            largest,
+        )?;
         self.store.validate()?;
         self.overload.validate()?;
         self.replication.validate()?;

@@ -16,6 +16,10 @@ use tollgate_protocol::ServerLimits;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1_000;
+pub const DEFAULT_BACKLOG: u32 = 1024;
+pub const DEFAULT_SHED_IDLE_AFTER: &str = "1m";
+pub const DEFAULT_MAX_CONNECTION_MEMORY: &str = "64MiB";
 pub const DEFAULT_IDLE_TIMEOUT: &str = "5m";
 pub const DEFAULT_FRAME_TIMEOUT: &str = "10s";
 pub const DEFAULT_HANDSHAKE_TIMEOUT: &str = "10s";
@@ -66,9 +70,35 @@ pub struct NetworkSettings {
     #[arg(long, default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
-    /// Most client connections served at once; more wait in the accept queue.
+    /// Most client connections served at once. When full, a new connection
+    /// takes the place of the one idle longest (see --shed-idle-after), or
+    /// is answered TooManyConnections and closed.
     #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
     pub max_connections: usize,
+
+    /// Most connections served at once from one client address (IPv6: one
+    /// /64); more are answered TooManyConnections and closed.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS_PER_IP)]
+    pub max_connections_per_ip: usize,
+
+    /// Connections the kernel queues for the server to accept (the listen
+    /// backlog; the kernel caps it at net.core.somaxconn).
+    #[arg(long, default_value_t = DEFAULT_BACKLOG)]
+    pub backlog: u32,
+
+    /// When the server is full, the connection that has sent nothing for
+    /// longest is closed (TooManyConnections) to make room for a new one,
+    /// if it has been quiet at least this long (`0s`: never).
+    #[arg(long, default_value = DEFAULT_SHED_IDLE_AFTER, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub shed_idle_after: Duration,
+
+    /// Memory all connections together may take for frames larger than a
+    /// connection's own 16 KiB read buffer, e.g. `64MiB`. A frame that
+    /// finds none waits for room, and is answered Overloaded (the
+    /// connection closes) if none frees within --frame-timeout.
+    #[arg(long, default_value = DEFAULT_MAX_CONNECTION_MEMORY, value_parser = parse_bytes)]
+    pub max_connection_memory: usize,
 
     /// Close a connection that sends nothing for this long.
     #[arg(long, default_value = DEFAULT_IDLE_TIMEOUT, value_parser = parse_duration)]
@@ -99,6 +129,12 @@ pub struct NetworkSettings {
 impl NetworkSettings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         at_least("max-connections", self.max_connections as u64, 1)?;
+        at_least(
+            "max-connections-per-ip",
+            self.max_connections_per_ip as u64,
+            1,
+        )?;
+        at_least("backlog", self.backlog.into(), 1)?;
         for (name, d) in [
             ("idle-timeout", self.idle_timeout),
             ("frame-timeout", self.frame_timeout),

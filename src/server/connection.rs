@@ -23,15 +23,25 @@
 //! changes nothing; the connection stays open for what a client may do.
 //! TLS, when the port speaks it, is negotiated before the first byte of
 //! the protocol, within the handshake timeout.
+//!
+//! Hostile peers: before HELLO a frame may be no larger than the largest
+//! HELLO (`MAX_HELLO_FRAME`); a frame larger than the read buffer's own
+//! 16 KiB waits for the shared budget (`budget.rs`) without reading more,
+//! and is answered Overloaded if none frees within `--frame-timeout`; a
+//! connection shed to make room (`admission.rs`) is answered
+//! TooManyConnections; the client name is escaped before it reaches a log
+//! line (`crate::log_text`).
 
+use super::admission::Ticket;
 use super::auth::Privilege;
+use super::budget::{ReadBuffer, Room};
 use super::check::{self, Verb};
+use super::conn_metrics::OpenConnection;
 use super::Shared;
 use crate::node::{Access, Gate, Handover, Refusal};
 use crate::store::Mode;
 use crate::tls::Socket;
 use bytes::BytesMut;
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,101 +50,15 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tollgate_protocol::{
     decode_request, encode_response, ErrorCode, Moved, ReplRequest, ReplResponse, Request,
-    RequestId, Response, PROTOCOL_VERSION,
+    RequestId, Response, MAX_HELLO_FRAME, MIN_FRAME_BODY, PROTOCOL_VERSION,
 };
 
-/// Initial buffer sizes; both grow on demand (reads up to `max_frame`).
-const READ_BUFFER: usize = 16 * 1024;
-const WRITE_BUFFER: usize = 16 * 1024;
 /// Answers are written out once this much is pending, so a long pipelined
-/// burst does not grow the write buffer without bound.
-const FLUSH_AT: usize = 256 * 1024;
+/// burst does not grow the write buffer without bound. The write buffer
+/// starts empty: an idle connection holds none.
+const FLUSH_AT: usize = 64 * 1024;
 /// On drain, a connection quiet this long has nothing more in flight.
 const DRAIN_QUIET: Duration = Duration::from_millis(50);
-
-/// Errors answered, by code: every ERROR frame and every per-check error
-/// (`tollgate_protocol_errors_total{code}`). One pre-resolved handle per
-/// known code, in `ErrorCode::KNOWN` order: counting an error scans that
-/// short list, then one atomic add.
-#[derive(Debug, Clone)]
-pub(crate) struct ErrorCounters {
-    by_wire: Vec<IntCounter>,
-    unknown: IntCounter,
-}
-
-impl ErrorCounters {
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let vec = IntCounterVec::new(
-            Opts::new(
-                "tollgate_protocol_errors_total",
-                "Errors answered (ERROR frames and per-check errors), by code.",
-            ),
-            &["code"],
-        )?;
-        registry.register(Box::new(vec.clone()))?;
-        let by_wire = ErrorCode::KNOWN
-            .iter()
-            .map(|c| vec.with_label_values(&[c.name()]))
-            .collect();
-        let unknown = vec.with_label_values(&["Unknown"]);
-        Ok(Self { by_wire, unknown })
-    }
-
-    pub fn count(&self, code: ErrorCode) {
-        // KNOWN's order, not wire value - 1: the wire values have gaps.
-        let i = ErrorCode::KNOWN.iter().position(|&c| c == code);
-        let counter = i.and_then(|i| self.by_wire.get(i));
-        counter.unwrap_or(&self.unknown).inc();
-    }
-}
-
-/// Connections served now and accepted in all.
-#[derive(Debug, Clone)]
-pub(crate) struct ConnMetrics {
-    pub open: IntGauge,
-    pub accepted: IntCounter,
-    /// TLS handshakes that failed (`tollgate_tls_handshake_failures_total`).
-    pub tls_failures: IntCounter,
-}
-
-impl ConnMetrics {
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let open = IntGauge::new("tollgate_connections", "Client connections open now.")?;
-        let accepted = IntCounter::new(
-            "tollgate_connections_accepted_total",
-            "Client connections accepted since the start.",
-        )?;
-        let tls_failures = IntCounter::new(
-            "tollgate_tls_handshake_failures_total",
-            "TLS handshakes on the protocol port that failed or timed out \
-             (no certificate under mTLS, an untrusted one, not TLS at all).",
-        )?;
-        registry.register(Box::new(open.clone()))?;
-        registry.register(Box::new(accepted.clone()))?;
-        registry.register(Box::new(tls_failures.clone()))?;
-        Ok(Self {
-            open,
-            accepted,
-            tls_failures,
-        })
-    }
-}
-
-/// Keeps `tollgate_connections` right however a connection task ends.
-struct OpenConnection(IntGauge);
-
-impl OpenConnection {
-    fn new(gauge: &IntGauge) -> Self {
-        gauge.inc();
-        Self(gauge.clone())
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Flow {
@@ -166,11 +90,22 @@ enum ConnError {
     WriteTimeout(Duration),
 }
 
+/// Why a connection is closed with an ERROR of the server's own (request
+/// id 0), rather than for something the client sent.
+enum Goodbye {
+    /// Shed to make room for a new connection.
+    Shed,
+    /// A frame waited for buffer memory past the frame timeout.
+    Overloaded { frame: usize },
+}
+
 struct Connection {
     stream: Socket,
     peer: SocketAddr,
     shared: Arc<Shared>,
-    rbuf: BytesMut,
+    /// This connection's place among those served.
+    ticket: Ticket,
+    rbuf: ReadBuffer,
     wbuf: BytesMut,
     /// Set by a valid HELLO; before it only HELLO is accepted.
     ready: bool,
@@ -183,7 +118,12 @@ struct Connection {
     replicate: Option<Replicate>,
 }
 
-pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+pub(super) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    ticket: Ticket,
+) {
     // Answers must not wait for delayed ACKs (Nagle): gateways pipeline.
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "set_nodelay failed");
@@ -197,9 +137,10 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
     let mut conn = Connection {
         stream,
         peer,
+        rbuf: ReadBuffer::new(shared.budget.clone()),
         shared,
-        rbuf: BytesMut::with_capacity(READ_BUFFER),
-        wbuf: BytesMut::with_capacity(WRITE_BUFFER),
+        ticket,
+        wbuf: BytesMut::new(),
         ready: false,
         privilege: Privilege::Client,
         client_name: String::new(),
@@ -218,7 +159,7 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
 
 /// The TLS handshake, when the port speaks TLS, within the handshake
 /// timeout (which also bounds the HELLO after it); None when it failed.
-async fn secure(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<Socket> {
+pub(super) async fn secure(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<Socket> {
     let Some(tls) = &shared.tls else {
         return Some(Socket::Plain(stream));
     };
@@ -240,11 +181,13 @@ async fn secure(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<
     }
 }
 
-async fn hand_over(conn: Connection, r: Replicate) {
+async fn hand_over(mut conn: Connection, r: Replicate) {
     let handover = Handover {
         stream: conn.stream,
         peer: conn.peer,
-        leftover: conn.rbuf,
+        // The node's own buffers take over; the budget is given back when
+        // `conn.rbuf` drops.
+        leftover: std::mem::take(&mut conn.rbuf.buf),
         request_id: r.request_id,
         replid: r.replid,
         offset: r.offset,
@@ -273,24 +216,58 @@ impl Connection {
             self.flush().await?;
 
             let (deadline, on_timeout) = self.read_deadline(opened);
-            if self.rbuf.capacity() - self.rbuf.len() < 1024 {
-                self.rbuf.reserve(READ_BUFFER);
-            }
             let shared = self.shared.clone();
+            if let Room::Short(needed) = self.rbuf.make_room() {
+                // Read nothing more until the frame has memory: its bytes
+                // wait in the kernel.
+                tokio::select! {
+                    biased;
+                    _ = shared.lifecycle.abort.cancelled() => return Ok(()),
+                    _ = shared.lifecycle.draining.cancelled() => return self.drain().await,
+                    _ = self.ticket.shed().cancelled() => return self.goodbye(Goodbye::Shed).await,
+                    room = ReadBuffer::wait_for(&shared.budget, needed, deadline) => {
+                        if !room {
+                            let frame = self.rbuf.front_frame();
+                            return self.goodbye(Goodbye::Overloaded { frame }).await;
+                        }
+                    }
+                }
+                continue;
+            }
             tokio::select! {
                 biased;
                 _ = shared.lifecycle.abort.cancelled() => return Ok(()),
                 _ = shared.lifecycle.draining.cancelled() => return self.drain().await,
-                read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf)) => {
+                _ = self.ticket.shed().cancelled() => return self.goodbye(Goodbye::Shed).await,
+                read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf.buf)) => {
                     match read {
                         Ok(Ok(0)) => return Ok(()),
-                        Ok(Ok(_)) => {}
+                        Ok(Ok(_)) => self.ticket.touch(),
                         Ok(Err(e)) => return Err(e.into()),
                         Err(_) => return Err(on_timeout),
                     }
                 }
             }
         }
+    }
+
+    /// Closes with an ERROR of the server's own (request id 0).
+    async fn goodbye(&mut self, why: Goodbye) -> Result<(), ConnError> {
+        let (code, message) = match why {
+            Goodbye::Shed => (ErrorCode::TooManyConnections, self.ticket.shed_message()),
+            Goodbye::Overloaded { frame } => (
+                ErrorCode::Overloaded,
+                format!(
+                    "no memory for a {frame}-byte frame within {:?}: --max-connection-memory is in use by other connections",
+                    self.shared.network.frame_timeout
+                ),
+            ),
+        };
+        tracing::info!(peer = %self.peer, client = %self.client_name, %message, "closing the connection");
+        self.error(0, code, &message);
+        self.flush().await?;
+        let _ = self.stream.shutdown().await;
+        Ok(())
     }
 
     /// The next read must complete by this instant; which timeout applies
@@ -301,7 +278,7 @@ impl Connection {
             let t = c.handshake_timeout;
             return (opened + t, ConnError::HandshakeTimeout(t));
         }
-        if self.rbuf.is_empty() {
+        if self.rbuf.buf.is_empty() {
             self.partial_since = None;
             let t = c.idle_timeout;
             return (Instant::now() + t, ConnError::Idle(t));
@@ -315,9 +292,18 @@ impl Connection {
 
     /// Answers every complete frame in the read buffer.
     async fn answer_buffered(&mut self) -> Result<Flow, ConnError> {
-        let limits = self.shared.limits;
         loop {
-            let flow = match decode_request(&mut self.rbuf, &limits) {
+            // Before HELLO, no frame larger than a HELLO can be.
+            let mut limits = self.shared.limits;
+            if !self.ready {
+                limits.max_frame = limits.max_frame.min(MAX_HELLO_FRAME);
+            }
+            // Only whole frames (or headers to refuse) reach the decoder, so
+            // it never reserves memory for a frame on the peer's say-so.
+            if !self.rbuf.decodable(MIN_FRAME_BODY, limits.max_frame) {
+                return Ok(Flow::Continue);
+            }
+            let flow = match decode_request(&mut self.rbuf.buf, &limits) {
                 Ok(None) => return Ok(Flow::Continue),
                 Ok(Some((id, request))) => {
                     // A whole frame was consumed: a partial one starts afresh.
@@ -409,9 +395,14 @@ impl Connection {
                 &mut self.wbuf,
             ),
             // Backlog for shedding: bytes received behind it, not answered.
-            Request::Check2(batch) => {
-                check::answer_tagged(shared, id, &batch, self.rbuf.len(), &gate, &mut self.wbuf)
-            }
+            Request::Check2(batch) => check::answer_tagged(
+                shared,
+                id,
+                &batch,
+                self.rbuf.buf.len(),
+                &gate,
+                &mut self.wbuf,
+            ),
             Request::Reset(keys) => {
                 let now = shared.clock.now();
                 let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
@@ -550,6 +541,8 @@ impl Connection {
             self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
             return Flow::Close;
         };
+        // The name goes into log lines: a newline in it must not start one.
+        let client_name = crate::log_text::escape(&client_name).into_owned();
         tracing::debug!(peer = %self.peer, client = %client_name, ?privilege, "handshake done");
         self.ready = true;
         self.privilege = privilege;
@@ -632,13 +625,14 @@ impl Connection {
                 return self.flush().await;
             }
             self.flush().await?;
-            if self.rbuf.capacity() - self.rbuf.len() < 1024 {
-                self.rbuf.reserve(READ_BUFFER);
+            // A frame still waiting for memory is not answered.
+            if self.rbuf.make_room() != Room::Ready {
+                break;
             }
             tokio::select! {
                 biased;
                 _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-                read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf)) => {
+                read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf.buf)) => {
                     match read {
                         Ok(Ok(0)) | Err(_) => break,
                         Ok(Ok(_)) => {}

@@ -2,8 +2,15 @@
 //!
 //! [`Server::run`] takes an already bound listener and a [`CancellationToken`],
 //! so tests bind port 0 and drive shutdown themselves. Invariants:
-//! - a connection permit is taken *before* `accept`, so at most
-//!   `max_connections` are served and the rest wait in the kernel's queue;
+//! - every connection is accepted, then admitted or refused
+//!   (`admission.rs`): at most `max_connections` are served, at most
+//!   `max_connections_per_ip` from one address; when full the quietest
+//!   connection makes room if it has been quiet long enough, else the
+//!   newcomer is answered TooManyConnections and closed, so nobody waits
+//!   silently in the kernel's queue (whose length is `--backlog`,
+//!   `listener.rs`);
+//! - partial frames larger than a connection's own read buffer draw on one
+//!   budget, `--max-connection-memory` (`budget.rs`);
 //! - one task per connection; a bad client can only end its own task;
 //! - on shutdown the listener closes first, then every connection answers
 //!   what it has already received and closes; after `shutdown_grace` the
@@ -27,10 +34,14 @@
 
 pub mod admin;
 mod admin_listener;
+mod admission;
 mod auth;
+mod budget;
 mod check;
+mod conn_metrics;
 mod connection;
 mod dedup;
+mod listener;
 mod shed;
 mod sweeper;
 mod tls;
@@ -44,9 +55,11 @@ use crate::rules::{LoadError, Rules};
 use crate::store::Store;
 use crate::throttled::TopThrottled;
 use admin::AdminState;
+use admission::Admission;
 use auth::{AdminAuth, Authenticator};
+use budget::Budget;
 use check::CheckMetrics;
-use connection::{ConnMetrics, ErrorCounters};
+use conn_metrics::{ConnMetrics, ErrorCounters};
 use dedup::{DedupMetrics, RetryMemory};
 use prometheus::Registry;
 use shed::Shedder;
@@ -56,11 +69,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use sweeper::{KeyMetrics, Sweeper};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate_protocol::ServerLimits;
 
+pub use listener::bind;
 pub use tls::{TlsReloadSource, TlsReloader};
 
 /// What every connection task shares.
@@ -74,6 +87,8 @@ pub(crate) struct Shared {
     /// Frame limits, as told to clients in HELLO_OK.
     pub limits: ServerLimits,
     pub store: Arc<Store>,
+    /// Memory for frames larger than a connection's own read buffer.
+    pub budget: Arc<Budget>,
     pub clock: Arc<dyn Clock>,
     /// The named rules in force; swapped whole on reload.
     pub rules: Arc<Rules>,
@@ -114,6 +129,8 @@ pub struct Server {
     /// One registry per server; each part registered what it bumps.
     registry: Registry,
     admin: Option<TcpListener>,
+    /// Who gets a connection.
+    admission: Arc<Admission>,
     /// Reloads the certificates (None without TLS).
     tls: Option<TlsReloader>,
 }
@@ -249,12 +266,21 @@ impl Server {
             config.admin.throttled_keys,
             config.admin.throttled_window.as_nanos() as u64,
         );
+        let network = &config.network;
+        let admission = Arc::new(Admission::register(
+            network.max_connections,
+            network.max_connections_per_ip,
+            network.shed_idle_after,
+            &registry,
+        )?);
+        let budget = Arc::new(Budget::register(network.max_connection_memory, &registry)?);
         let shared = Arc::new(Shared {
             network: config.network.clone(),
             auth: Authenticator::new(&config.auth),
             tls,
             limits: config.limits.server_limits(),
             store,
+            budget,
             clock,
             rules: Arc::new(rules),
             metrics,
@@ -274,6 +300,7 @@ impl Server {
             sweeper,
             registry,
             admin: None,
+            admission,
             tls: tls_reloader,
         })
     }
@@ -334,6 +361,7 @@ impl Server {
             sweeper,
             registry,
             admin,
+            admission,
             tls,
         } = self;
         if let Ok(addr) = listener.local_addr() {
@@ -378,13 +406,8 @@ impl Server {
         admin_state.serving.store(true, Ordering::Release);
 
         let grace = config.network.shutdown_grace;
-        let permits = Arc::new(Semaphore::new(config.network.max_connections));
         let mut accept_backoff = Duration::from_millis(5);
         loop {
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-            };
             let (stream, peer) = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 r = listener.accept() => match r {
@@ -400,11 +423,12 @@ impl Server {
                 },
             };
             accept_backoff = Duration::from_millis(5);
-            let shared = shared.clone();
-            tracker.spawn(async move {
-                let _permit = permit;
-                connection::serve(stream, peer, shared).await;
-            });
+            match admission.admit(peer.ip()) {
+                Ok(ticket) => {
+                    tracker.spawn(connection::serve(stream, peer, shared.clone(), ticket));
+                }
+                Err(why) => admission.refuse(stream, peer, why, shared.clone()),
+            }
         }
 
         drop(listener);

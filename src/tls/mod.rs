@@ -173,17 +173,7 @@ pub async fn connect(
 /// The name a node's certificate must carry: the host part of `host:port`
 /// (a DNS name, or an IP address).
 fn server_name(addr: &str) -> std::io::Result<ServerName<'static>> {
-    let host = match addr.rsplit_once(':') {
-        Some((host, _)) => host,
-        None => addr,
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    ServerName::try_from(host.to_owned()).map_err(|e| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{addr}: no name to verify a certificate by: {e}"),
-        )
-    })
+    tollgate_client::tls::server_name(addr)
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -286,15 +276,11 @@ pub fn roots(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
 
 /// A client config that trusts `ca` (the CLI's and tests' side of TLS).
 pub fn client_config(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
-    let config = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Ca {
-            path: ca.to_owned(),
-            reason: e.to_string(),
-        })?
-        .with_root_certificates(roots(ca)?)
-        .with_no_client_auth();
-    Ok(Arc::new(config))
+    // The client crate's, so the CLI, the node and gateways verify alike.
+    tollgate_client::tls::tls_trusting(ca).map_err(|e| TlsError::Ca {
+        path: ca.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
 fn stamps(paths: &TlsPaths) -> Vec<Stamp> {

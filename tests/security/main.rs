@@ -1,6 +1,7 @@
 //! Security over real sockets: node-to-node control only for nodes that
 //! prove the cluster secret, checked epochs, the admin API's bearer token,
-//! protected mode, and TLS on every port.
+//! protected mode, TLS on every port, and hostile clients (connection
+//! exhaustion, half-sent frames, log injection).
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -8,6 +9,9 @@ mod common;
 mod admin;
 mod certs;
 mod cli;
+mod client_tls;
+mod connections;
+mod hostile_io;
 mod process;
 mod protected;
 mod spec;

@@ -10,6 +10,7 @@
 //! a bad config never silently turns limiting off.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_protocol::DEFAULT_CLIENT_MAX_FRAME;
@@ -166,6 +167,12 @@ pub struct ClientConfig {
     /// Prometheus registry the client's metrics are registered in (`None`:
     /// no metrics).
     pub metrics: Option<prometheus::Registry>,
+    /// TLS for every connection to a node (`None`: plain TCP). The node's
+    /// certificate must carry the host part of its address (a DNS name or
+    /// an IP address); present a client certificate here for mTLS. Build
+    /// a config that trusts one CA file with
+    /// [`tls_trusting`](crate::tls::tls_trusting).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ClientConfig {
@@ -190,6 +197,7 @@ impl Default for ClientConfig {
             topology_refresh: DEFAULT_TOPOLOGY_REFRESH,
             try_again_backoff: DEFAULT_TRY_AGAIN_BACKOFF,
             metrics: None,
+            tls: None,
         }
     }
 }
@@ -220,6 +228,7 @@ impl fmt::Debug for ClientConfig {
             .field("topology_refresh", &self.topology_refresh)
             .field("try_again_backoff", &self.try_again_backoff)
             .field("metrics", &self.metrics.as_ref().map(|_| "<registry>"))
+            .field("tls", &self.tls.as_ref().map(|_| "<rustls config>"))
             .finish()
     }
 }

@@ -19,8 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::OwnedReadHalf;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::time::Instant;
 use tollgate_protocol::{decode_response, RequestId, Response};
 
@@ -39,8 +38,8 @@ pub(super) struct DriverSettings {
     pub probe_timeout: Duration,
 }
 
-pub(super) async fn drive(
-    mut socket: OwnedReadHalf,
+pub(super) async fn drive<R: AsyncRead + Unpin>(
+    mut socket: R,
     mut buf: BytesMut,
     shared: Arc<Shared>,
     exit: StopOnExit,

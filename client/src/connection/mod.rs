@@ -13,7 +13,10 @@
 //!   connection that did not answer its probe, the [`Connection`] dropped)
 //!   stops the other one and fails every waiting call at once;
 //! - a request whose caller gave up (deadline, dropped future) before the
-//!   writer took it is not sent, hence not charged.
+//!   writer took it is not sent, hence not charged;
+//! - with [`ClientConfig::tls`] the TLS handshake (the node verified by the
+//!   host part of its address) comes before HELLO, within the same
+//!   connect timeout; the tasks then work on the TLS stream's halves.
 
 mod call;
 mod driver;
@@ -25,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -146,16 +149,46 @@ impl Connection {
             set_keepalive(&stream, idle).map_err(connect_error)?;
         }
 
-        let (info, leftover) = handshake(&mut stream, config).await?;
+        match &config.tls {
+            None => {
+                let (info, leftover) = handshake(&mut stream, config).await?;
+                let (reader, writer) = stream.into_split();
+                Ok(Self::start(node, config, info, leftover, reader, writer))
+            }
+            Some(tls) => {
+                let name = crate::tls::server_name(addr).map_err(connect_error)?;
+                let mut stream = tokio_rustls::TlsConnector::from(Arc::clone(tls))
+                    .connect(name, stream)
+                    .await
+                    .map_err(connect_error)?;
+                let (info, leftover) = handshake(&mut stream, config).await?;
+                let (reader, writer) = tokio::io::split(stream);
+                Ok(Self::start(node, config, info, leftover, reader, writer))
+            }
+        }
+    }
+
+    /// Starts the writer and driver tasks on a handshaken stream's halves.
+    fn start<R, W>(
+        node: &Arc<Node>,
+        config: &ClientConfig,
+        info: ServerInfo,
+        leftover: BytesMut,
+        reader: R,
+        writer: W,
+    ) -> Self
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         tracing::debug!(
-            addr,
+            addr = node.addr.as_str(),
             version = info.version,
             epoch = info.epoch,
             role = ?info.role,
+            tls = config.tls.is_some(),
             "connected"
         );
-
-        let (reader, writer) = stream.into_split();
         let shared = Arc::new(Shared::new(config.max_queued, config.deadline));
         let stop = CancellationToken::new();
         let alive = Arc::new(AtomicBool::new(true));
@@ -182,14 +215,14 @@ impl Connection {
                 probe_timeout: config.probe_timeout,
             },
         ));
-        Ok(Self {
+        Self {
             shared,
             alive,
             info,
             node: Arc::clone(node),
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
-        })
+        }
     }
 
     pub(crate) fn info(&self) -> &ServerInfo {
@@ -247,8 +280,8 @@ fn set_keepalive(stream: &TcpStream, idle: Duration) -> std::io::Result<()> {
 
 /// Sends HELLO and reads its answer. Returns what the server told us and
 /// any bytes read past the answer (they belong to the driver task).
-async fn handshake(
-    stream: &mut TcpStream,
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     config: &ClientConfig,
 ) -> Result<(ServerInfo, BytesMut), Error> {
     let hello = Request::Hello {
@@ -259,6 +292,7 @@ async fn handshake(
     let mut buf = BytesMut::with_capacity(64);
     encode_request(HELLO_ID, &hello, &mut buf)?;
     stream.write_all(&buf).await?;
+    stream.flush().await?;
     buf.clear();
 
     // HELLO is the only request in flight, so the first frame answers it

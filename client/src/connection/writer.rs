@@ -190,7 +190,9 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
         let written = tokio::select! {
             biased;
             () = exit.stop.cancelled() => break,
-            written = socket.write_all(&buf) => written,
+            // The flush is a no-op on TCP; under TLS it sends what the
+            // session still holds.
+            written = async { socket.write_all(&buf).await?; socket.flush().await } => written,
         };
         if let Err(e) = written {
             tracing::debug!(error = %e, "write failed; closing the connection");

@@ -45,6 +45,12 @@ pub const FRAME_HEADER_LEN: usize = 4;
 /// Smallest valid frame body: opcode (1) + request id (4).
 pub const MIN_FRAME_BODY: u32 = 5;
 
+/// Largest HELLO body: opcode, request id, version, then a client name and
+/// a token of 255 bytes each with their length bytes. Before a connection's
+/// HELLO is accepted, a server caps frames at this (PROTOCOL.md §4), so an
+/// unauthenticated peer cannot make it buffer a `max_frame` body.
+pub const MAX_HELLO_FRAME: u32 = MIN_FRAME_BODY + 2 + 1 + 255 + 1 + 255;
+
 /// Longest ERROR message the encoder sends, in bytes; longer messages are cut
 /// on a char boundary. Keeps error frames small whatever the server puts in.
 pub const MAX_ERROR_MESSAGE_LEN: usize = 1024;

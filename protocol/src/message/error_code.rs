@@ -39,6 +39,16 @@ pub enum ErrorCode {
     /// deadline passed). Nothing was charged; retry shortly, after
     /// fetching TOPOLOGY again.
     TryAgain,
+    /// The server is at its connection limit (in all, or for the client's
+    /// address) and could not make room: sent with request id 0 as the
+    /// connection's only frame, then the connection closes. Retry after a
+    /// pause, or on another node.
+    TooManyConnections,
+    /// The server's memory for connection buffers stayed spent while a
+    /// frame larger than a connection's initial buffer waited for room:
+    /// sent with request id 0, then the connection closes. Nothing in the
+    /// unread frame was evaluated; retry after a pause.
+    Overloaded,
     /// Per check of a CHECK2: the server is overloaded and shed this check
     /// by its priority (low first). Nothing was charged; retry later.
     Shed,
@@ -46,8 +56,8 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// Every code this crate knows, in wire order (1..=17, then 20).
-    pub const KNOWN: [ErrorCode; 18] = [
+    /// Every code this crate knows, in wire order (1..=20).
+    pub const KNOWN: [ErrorCode; 20] = [
         Self::Malformed,
         Self::UnknownOpcode,
         Self::FrameTooLarge,
@@ -65,6 +75,8 @@ impl ErrorCode {
         Self::StoreFull,
         Self::StaleEpoch,
         Self::TryAgain,
+        Self::TooManyConnections,
+        Self::Overloaded,
         Self::Shed,
     ];
 
@@ -89,6 +101,8 @@ impl ErrorCode {
             Self::StoreFull => "StoreFull",
             Self::StaleEpoch => "StaleEpoch",
             Self::TryAgain => "TryAgain",
+            Self::TooManyConnections => "TooManyConnections",
+            Self::Overloaded => "Overloaded",
             Self::Shed => "Shed",
             Self::Unknown(_) => "Unknown",
         }
@@ -113,6 +127,8 @@ impl ErrorCode {
             Self::StoreFull => 15,
             Self::StaleEpoch => 16,
             Self::TryAgain => 17,
+            Self::TooManyConnections => 18,
+            Self::Overloaded => 19,
             Self::Shed => 20,
             Self::Unknown(v) => v,
         }
@@ -137,6 +153,8 @@ impl ErrorCode {
             15 => Self::StoreFull,
             16 => Self::StaleEpoch,
             17 => Self::TryAgain,
+            18 => Self::TooManyConnections,
+            19 => Self::Overloaded,
             20 => Self::Shed,
             other => Self::Unknown(other),
         }
@@ -163,6 +181,8 @@ impl std::fmt::Display for ErrorCode {
             Self::StoreFull => "store full: new keys refused at the memory cap",
             Self::StaleEpoch => "stale epoch",
             Self::TryAgain => "try again: the slot is moving or its shard has no primary",
+            Self::TooManyConnections => "too many connections",
+            Self::Overloaded => "overloaded: no memory left for connection buffers",
             Self::Shed => "shed: the server is overloaded and sheds lower priorities first",
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };

@@ -473,3 +473,21 @@ fn error_code_table_matches_to_wire() {
         );
     }
 }
+
+/// §2: the pre-HELLO frame cap the spec states is the encoder's largest
+/// HELLO.
+#[test]
+fn the_pre_hello_cap_is_the_largest_hello() {
+    use tollgate_protocol::{encode_request, Request, MAX_HELLO_FRAME, PROTOCOL_VERSION};
+    let doc = protocol_md();
+    let stated = format!("**{MAX_HELLO_FRAME}** (the largest HELLO");
+    assert!(doc.contains(&stated), "PROTOCOL.md lacks: {stated}");
+    let hello = Request::Hello {
+        version: PROTOCOL_VERSION,
+        client_name: "n".repeat(255),
+        auth_token: Some(vec![b't'; 255].into()),
+    };
+    let mut buf = bytes::BytesMut::new();
+    encode_request(1, &hello, &mut buf).unwrap();
+    assert_eq!(buf.len(), 4 + MAX_HELLO_FRAME as usize);
+}

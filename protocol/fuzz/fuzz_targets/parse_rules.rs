@@ -1,0 +1,13 @@
+//! Feeds arbitrary text to the rules file reader and checks its invariants
+//! (accepted rules are valid and load back as shown; refusals say why and
+//! where); see `rules::check_rules_file`.
+#![no_main]
+
+#[path = "../src/rules.rs"]
+mod rules;
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    rules::check_rules_file(data);
+});

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A bounded fuzz run of every cargo-fuzz target (protocol/fuzz): the
+# decoders, the rules file reader and the admin API's rule bodies, each
+# for FUZZ_SECONDS (default 20) from its committed seed corpus, into a
+# scratch copy so CI leaves no new inputs behind. Any crash or broken
+# invariant fails the run (its input lands in protocol/fuzz/artifacts/).
+# Needs cargo-fuzz: installed here when missing. Run by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/../protocol"
+seconds="${FUZZ_SECONDS:-20}"
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install --locked cargo-fuzz
+fi
+
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+for target in decode_request decode_response parse_rules put_rule; do
+  mkdir -p "$scratch/$target"
+  cp -r "fuzz/corpus/$target/." "$scratch/$target/"
+  dict=()
+  case $target in decode_*) dict=(-dict=fuzz/decode.dict) ;; esac
+  echo "== fuzz $target (${seconds}s)"
+  # RUSTC_BOOTSTRAP lets the stable toolchain accept the sanitizer flags.
+  RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" "$scratch/$target" -- \
+    "${dict[@]}" -max_total_time="$seconds" -rss_limit_mb=2048
+done
