@@ -4,7 +4,8 @@
 //! `tollgate serve` runs on these defaults with no config file. Each
 //! section ([`NetworkSettings`], [`AuthSettings`], [`TlsSettings`],
 //! [`LimitSettings`], [`StoreSettings`], [`RuleSettings`],
-//! [`ReplicationSettings`], [`AdminSettings`], [`LogSettings`]) is flattened into the command line (`--kebab-case`
+//! [`ReplicationSettings`], [`AdminSettings`], [`FrontendSettings`],
+//! [`LogSettings`]) is flattened into the command line (`--kebab-case`
 //! flags, one `--help` heading each) and into one flat namespace of names
 //! shared by the flags, the config file and `--print-config`.
 //! [`ServerConfig::validate`] only checks and returns a typed error; an
@@ -15,10 +16,12 @@
 //! (the store does not know this module).
 
 mod file;
+mod frontends;
 mod sections;
 mod security;
 
 pub use file::{ConfigFile, FileError};
+pub use frontends::*;
 pub use sections::*;
 pub use security::*;
 
@@ -56,6 +59,9 @@ pub struct ServerConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub admin: AdminSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub frontends: FrontendSettings,
     #[command(flatten)]
     #[serde(flatten)]
     pub logging: LogSettings,
@@ -127,6 +133,11 @@ pub enum ConfigError {
     TlsHalf,
     #[error("--{name} needs --tls-cert and --tls-key")]
     TlsNeedsCert { name: &'static str },
+    #[error("--{flag} needs a build with the cargo feature `{feature}` (cargo build --features {feature})")]
+    NotBuiltIn {
+        flag: &'static str,
+        feature: &'static str,
+    },
     #[error("pair mode with TLS needs --tls-ca: the CA that signed the other node's certificate, to verify it")]
     PairTlsWithoutCa,
 }
@@ -151,7 +162,8 @@ impl ServerConfig {
         self.store.validate()?;
         self.replication.validate()?;
         self.admin.validate()?;
-        self.validate_security()
+        self.validate_security()?;
+        self.validate_frontends()
     }
 
     /// The store's own settings, gathered from the sections that bound it.

@@ -118,10 +118,10 @@ impl ConnMetrics {
 }
 
 /// Keeps `tollgate_connections` right however a connection task ends.
-struct OpenConnection(IntGauge);
+pub(super) struct OpenConnection(IntGauge);
 
 impl OpenConnection {
-    fn new(gauge: &IntGauge) -> Self {
+    pub(super) fn new(gauge: &IntGauge) -> Self {
         gauge.inc();
         Self(gauge.clone())
     }
@@ -216,10 +216,21 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
 /// The TLS handshake, when the port speaks TLS, within the handshake
 /// timeout (which also bounds the HELLO after it); None when it failed.
 async fn secure(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<Socket> {
+    secure_with(stream, peer, shared, crate::tls::Tls::protocol_acceptor).await
+}
+
+/// [`secure`] with the acceptor `acceptor` picks (the RESP port takes the
+/// protocol port's, the gRPC port one that offers HTTP/2 by ALPN).
+pub(super) async fn secure_with(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+    acceptor: fn(&crate::tls::Tls) -> tokio_rustls::TlsAcceptor,
+) -> Option<Socket> {
     let Some(tls) = &shared.tls else {
         return Some(Socket::Plain(stream));
     };
-    let acceptor = tls.protocol_acceptor();
+    let acceptor = acceptor(tls);
     let limit = shared.network.handshake_timeout;
     let failed = |why: &dyn std::fmt::Display| {
         shared.metrics.conns.tls_failures.inc();
@@ -371,10 +382,8 @@ impl Connection {
             }
             Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
             Request::Repl(repl) => return self.replication(id, repl),
-            // Outside a cluster: one shard owning every slot (PROTOCOL.md §14).
             Request::Topology => {
-                let status = shared.node.status();
-                let topology = tollgate_protocol::ClusterTopology::single_node(&status);
+                let topology = shared.topology(&shared.node.status());
                 encode_response(id, &Response::Topology(topology), &mut self.wbuf)
             }
             Request::Check(batch) => check::answer(

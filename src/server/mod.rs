@@ -23,18 +23,28 @@
 //!   settings', on the address actually bound);
 //! - with TLS configured every port speaks only TLS, and the certificates
 //!   are reloaded (SIGHUP, a file change) without touching open
-//!   connections (`tls.rs`).
+//!   connections (`tls.rs`);
+//! - the drop-in front ends (`resp/`, `envoy/`), when given listeners, run
+//!   beside the protocol port on the same `Shared`: the same credentials,
+//!   protected mode, TLS, connection permits, node admission and check
+//!   path; they translate, they decide nothing of their own.
 
 pub mod admin;
 mod admin_listener;
 mod auth;
 mod check;
 mod connection;
+#[cfg(feature = "envoy")]
+mod envoy;
+mod frontend;
+mod resp;
 mod sweeper;
 mod tls;
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::config::{protected_mode, ConfigError, NetworkSettings, ServerConfig};
+use crate::config::{
+    protected_mode, ConfigError, Exposure, FrontendSettings, NetworkSettings, ServerConfig,
+};
 use crate::node::{Node, NodeParts, Supervisor};
 use crate::rules::{LoadError, Rules};
 use crate::store::Store;
@@ -43,17 +53,18 @@ use admin::AdminState;
 use auth::{AdminAuth, Authenticator};
 use check::CheckMetrics;
 use connection::{ConnMetrics, ErrorCounters};
+use frontend::{accept_loop, FrontendMetrics};
 use prometheus::Registry;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use sweeper::{KeyMetrics, Sweeper};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tollgate_protocol::ServerLimits;
+use tollgate_protocol::{ClusterTopology, ServerLimits};
 
 pub use tls::{TlsReloadSource, TlsReloader};
 
@@ -67,6 +78,13 @@ pub(crate) struct Shared {
     pub tls: Option<Arc<crate::tls::Tls>>,
     /// Frame limits, as told to clients in HELLO_OK.
     pub limits: ServerLimits,
+    /// The drop-in front ends' settings.
+    pub frontends: FrontendSettings,
+    /// Longest argument of a RESP command.
+    pub resp_max_arg_len: usize,
+    /// Cap on a sliding log's or a concurrency limit's count (inline
+    /// limits of the front ends are validated against it).
+    pub max_log_entries: u64,
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
     /// The named rules in force; swapped whole on reload.
@@ -79,11 +97,21 @@ pub(crate) struct Shared {
     pub lifecycle: Lifecycle,
 }
 
+impl Shared {
+    /// The slot map this node answers TOPOLOGY (and the RESP front end's
+    /// CLUSTER SLOTS) with, from its `status`. Outside a cluster: one
+    /// shard owning every slot (PROTOCOL.md §14).
+    pub fn topology(&self, status: &tollgate_protocol::NodeStatus) -> ClusterTopology {
+        ClusterTopology::single_node(status)
+    }
+}
+
 /// The metric handles connections bump.
 pub(crate) struct Metrics {
     pub checks: CheckMetrics,
     pub conns: ConnMetrics,
     pub errors: ErrorCounters,
+    pub frontends: FrontendMetrics,
 }
 
 /// Where the server stands in its shutdown.
@@ -104,6 +132,10 @@ pub struct Server {
     /// One registry per server; each part registered what it bumps.
     registry: Registry,
     admin: Option<TcpListener>,
+    /// The RESP front end's listener, if it runs.
+    resp: Option<TcpListener>,
+    /// The Envoy RLS front end's listener, if it runs.
+    envoy: Option<TcpListener>,
     /// Reloads the certificates (None without TLS).
     tls: Option<TlsReloader>,
 }
@@ -142,6 +174,7 @@ impl Server {
             checks,
             conns: ConnMetrics::register(&registry)?,
             errors: ErrorCounters::register(&registry)?,
+            frontends: FrontendMetrics::register(&registry, &resp::command_names())?,
         };
         let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
             (Some(cert), Some(key)) => {
@@ -197,6 +230,9 @@ impl Server {
             auth: Authenticator::new(&config.auth),
             tls,
             limits: config.limits.server_limits(),
+            frontends: config.frontends.clone(),
+            resp_max_arg_len: config.resp_max_arg_len(),
+            max_log_entries: config.store.max_log_entries,
             store,
             clock,
             rules: Arc::new(rules),
@@ -215,6 +251,8 @@ impl Server {
             sweeper,
             registry,
             admin: None,
+            resp: None,
+            envoy: None,
             tls: tls_reloader,
         })
     }
@@ -222,6 +260,20 @@ impl Server {
     /// Serves the admin HTTP API on `listener` too, while the server runs.
     pub fn with_admin(mut self, listener: TcpListener) -> Self {
         self.admin = Some(listener);
+        self
+    }
+
+    /// Serves the RESP front end on `listener` too, while the server runs.
+    pub fn with_resp(mut self, listener: TcpListener) -> Self {
+        self.resp = Some(listener);
+        self
+    }
+
+    /// Serves the Envoy rate limit service on `listener` too, while the
+    /// server runs (a build with the `envoy` feature; without it `run`
+    /// refuses to start).
+    pub fn with_envoy_rls(mut self, listener: TcpListener) -> Self {
+        self.envoy = Some(listener);
         self
     }
 
@@ -247,11 +299,27 @@ impl Server {
         let refuse =
             |e: ConfigError| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string());
         let insecure = self.config.auth.insecure;
-        let addr = listener.local_addr()?;
-        protected_mode(&self.config.protocol_exposure(addr), insecure).map_err(refuse)?;
-        if let Some(admin) = &self.admin {
-            let addr = admin.local_addr()?;
-            protected_mode(&self.config.admin_exposure(addr), insecure).map_err(refuse)?;
+        let config = &self.config;
+        let ports: [(Option<&TcpListener>, fn(&ServerConfig, SocketAddr) -> Exposure); 4] = [
+            (Some(listener), ServerConfig::protocol_exposure),
+            (self.admin.as_ref(), ServerConfig::admin_exposure),
+            (self.resp.as_ref(), ServerConfig::resp_exposure),
+            (self.envoy.as_ref(), ServerConfig::envoy_exposure),
+        ];
+        for (listener, exposure) in ports {
+            if let Some(l) = listener {
+                protected_mode(&exposure(config, l.local_addr()?), insecure).map_err(refuse)?;
+            }
+        }
+        if self.envoy.is_some() && !cfg!(feature = "envoy") {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                ConfigError::NotBuiltIn {
+                    flag: "envoy-rls",
+                    feature: "envoy",
+                }
+                .to_string(),
+            ));
         }
         Ok(())
     }
@@ -266,6 +334,8 @@ impl Server {
             sweeper,
             registry,
             admin,
+            resp,
+            envoy,
             tls,
         } = self;
         if let Ok(addr) = listener.local_addr() {
@@ -308,35 +378,36 @@ impl Server {
 
         let grace = config.network.shutdown_grace;
         let permits = Arc::new(Semaphore::new(config.network.max_connections));
-        let mut accept_backoff = Duration::from_millis(5);
-        loop {
-            let permit = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-            };
-            let (stream, peer) = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                r = listener.accept() => match r {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning;
-                        // the server stays up for the connections it has.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(accept_backoff).await;
-                        accept_backoff = (accept_backoff * 2).min(Duration::from_secs(1));
-                        continue;
-                    }
-                },
-            };
-            accept_backoff = Duration::from_millis(5);
+        if let Some(l) = resp {
+            tracker.spawn(resp::serve(
+                l,
+                shared.clone(),
+                permits.clone(),
+                tracker.clone(),
+                shutdown.clone(),
+            ));
+        }
+        #[cfg(feature = "envoy")]
+        if let Some(l) = envoy {
+            tracker.spawn(envoy::serve(
+                l,
+                shared.clone(),
+                permits.clone(),
+                shutdown.clone(),
+            ));
+        }
+        #[cfg(not(feature = "envoy"))]
+        drop(envoy);
+        accept_loop(listener, permits, shutdown.clone(), |stream, peer, permit| {
             let shared = shared.clone();
             tracker.spawn(async move {
                 let _permit = permit;
                 connection::serve(stream, peer, shared).await;
             });
-        }
+            std::future::ready(())
+        })
+        .await;
 
-        drop(listener);
         tracing::info!(connections = shared.metrics.conns.open.get(), "draining");
         let lifecycle = &shared.lifecycle;
         lifecycle.draining.cancel();

@@ -19,6 +19,7 @@ mod changes;
 mod group;
 mod key;
 mod tables;
+mod update;
 
 use crate::algorithm::State;
 use crate::clock::Nanos;
@@ -30,6 +31,7 @@ pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
 pub use group::Mode;
 pub use key::StoredKey;
 pub use tables::Full;
+pub use update::Update;
 use tables::{Table, Tables};
 
 /// One key's state and the moment it may be forgotten.
