@@ -86,6 +86,8 @@ pub(crate) struct FrontendCounters {
 #[derive(Debug, Clone)]
 pub(crate) struct FrontendMetrics {
     pub resp: FrontendCounters,
+    /// Counted by the Envoy front end (built with the feature `envoy`).
+    #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
     pub envoy: FrontendCounters,
     /// `tollgate_resp_commands_total{command}`: RESP commands answered,
     /// one handle per command the front end knows, in its table's order.
@@ -137,13 +139,6 @@ impl FrontendMetrics {
                 .map(|c| resp_commands.with_label_values(&[c]))
                 .collect(),
         })
-    }
-
-    pub fn of(&self, frontend: Frontend) -> &FrontendCounters {
-        match frontend {
-            Frontend::Resp => &self.resp,
-            Frontend::Envoy => &self.envoy,
-        }
     }
 }
 

@@ -103,7 +103,8 @@ impl Session {
             return self.unknown(args, reply);
         };
         metrics.resp_commands[index].inc();
-        if !self.authenticated && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit | Cmd::Reset)
+        if !self.authenticated
+            && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit | Cmd::Reset)
         {
             return reply.error("NOAUTH Authentication required.");
         }
@@ -167,7 +168,10 @@ impl Session {
             },
             // Clients read settings at connect (redis-benchmark's `save`,
             // `appendonly`): Tollgate has none of Redis's.
-            Cmd::Config => match String::from_utf8_lossy(arg(1)).to_ascii_uppercase().as_str() {
+            Cmd::Config => match String::from_utf8_lossy(arg(1))
+                .to_ascii_uppercase()
+                .as_str()
+            {
                 "GET" => reply.map(0),
                 sub => reply.error(&format!("ERR CONFIG {sub} is not supported by Tollgate")),
             },
@@ -204,7 +208,10 @@ impl Session {
             Cmd::PTtl => reply.int(counter::pttl(ctx, arg(1))),
             Cmd::Del => {
                 let store = &ctx.shared.store;
-                let n = args[1..].iter().filter(|k| store.remove(k, ctx.now)).count();
+                let n = args[1..]
+                    .iter()
+                    .filter(|k| store.remove(k, ctx.now))
+                    .count();
                 reply.int(n as i64);
             }
             Cmd::Exists => {
@@ -432,12 +439,14 @@ fn incr(ctx: &Ctx, cmd: Cmd, args: &Args, later: &[Args], reply: &mut Reply) {
         return reply.error(&e);
     }
     let amount = match cmd {
-        Cmd::IncrBy => match std::str::from_utf8(&args[2]).ok().and_then(|s| s.parse::<u32>().ok()) {
+        Cmd::IncrBy => match std::str::from_utf8(&args[2])
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok())
+        {
             Some(n) if n > 0 => n,
             _ => {
-                return reply.error(
-                    "ERR Tollgate counters only count up: INCRBY takes 1 to 4294967295",
-                )
+                return reply
+                    .error("ERR Tollgate counters only count up: INCRBY takes 1 to 4294967295")
             }
         },
         _ => 1,
@@ -461,7 +470,10 @@ fn window_in_sight(ctx: &Ctx, key: &[u8], later: &[Args]) -> Nanos {
             }
             counter::ttl_arg(&a[2], seconds).filter(|&ms| ms > 0)
         })
-        .map_or(ctx.shared.frontends.resp_counter_window.as_nanos() as Nanos, counter::window_of)
+        .map_or(
+            ctx.shared.frontends.resp_counter_window.as_nanos() as Nanos,
+            counter::window_of,
+        )
 }
 
 /// COMMAND [COUNT | DOCS | INFO name...]: the table, for clients that

@@ -38,7 +38,7 @@ use super::Shared;
 use crate::tls::Socket;
 use bytes::BytesMut;
 use commands::{Ctx, Session};
-use parse::{Args, Limits, ParseError};
+use parse::{Args, Limits};
 use reply::Reply;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,8 +96,6 @@ enum ConnError {
     CommandTimeout(Duration),
     #[error("client did not read its replies within {0:?}")]
     WriteTimeout(Duration),
-    #[error("{0}")]
-    Protocol(ParseError),
 }
 
 struct Connection {

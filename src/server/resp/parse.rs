@@ -150,7 +150,9 @@ fn parse_array(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Args>, Pars
         at = stop + 2;
     }
     let frame = buf.split_to(at).freeze();
-    Ok(Some(ranges.iter().map(|&(a, b)| frame.slice(a..b)).collect()))
+    Ok(Some(
+        ranges.iter().map(|&(a, b)| frame.slice(a..b)).collect(),
+    ))
 }
 
 fn parse_inline(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Args>, ParseError> {
@@ -239,7 +241,9 @@ mod tests {
 
     #[test]
     fn arrays_of_bulk_strings_pipelined() {
-        let (cmds, rest) = parse_all(b"*1\r\n$4\r\nPING\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n*2\r\n$3\r\nGE");
+        let (cmds, rest) = parse_all(
+            b"*1\r\n$4\r\nPING\r\n*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$0\r\n\r\n*2\r\n$3\r\nGE",
+        );
         assert_eq!(cmds, vec![vec!["PING"], vec!["SET", "k", ""]]);
         // The partial third command stays buffered, untouched.
         assert_eq!(&rest[..], b"*2\r\n$3\r\nGE");
@@ -262,10 +266,7 @@ mod tests {
     #[test]
     fn inline_commands_with_quotes() {
         let (cmds, rest) = parse_all(b"PING\r\nset \"a b\" 'c d'  \"x\\\"y\"\nINCR k");
-        assert_eq!(
-            cmds,
-            vec![vec!["PING"], vec!["set", "a b", "c d", "x\"y"]]
-        );
+        assert_eq!(cmds, vec![vec!["PING"], vec!["set", "a b", "c d", "x\"y"]]);
         assert_eq!(&rest[..], b"INCR k");
         assert_eq!(parse_all(b"\r\n").0, vec![Vec::<String>::new()]);
     }
@@ -285,10 +286,7 @@ mod tests {
         let mut buf = BytesMut::from(&b"*1\r\n$99999999999999999999\r\n"[..]);
         assert_eq!(parse(&mut buf, &LIMITS), Err(ParseError::BadBulkLength));
         let mut buf = BytesMut::from(&[b'x'; 65][..]);
-        assert_eq!(
-            parse(&mut buf, &LIMITS),
-            Err(ParseError::InlineTooLong(64))
-        );
+        assert_eq!(parse(&mut buf, &LIMITS), Err(ParseError::InlineTooLong(64)));
     }
 
     #[test]

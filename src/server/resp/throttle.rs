@@ -242,6 +242,8 @@ mod tests {
         // More than one per nanosecond: the bucket's own refusal.
         let err = Throttle::parse(&args(&["k", "1", "2000000000", "1"]), 1000).unwrap_err();
         assert!(matches!(err, ThrottleError::Limit(_)), "{err:?}");
-        assert!(err.to_string().starts_with("ERR invalid limit: rate too high"));
+        assert!(err
+            .to_string()
+            .starts_with("ERR invalid limit: rate too high"));
     }
 }
