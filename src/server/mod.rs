@@ -300,7 +300,10 @@ impl Server {
             |e: ConfigError| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string());
         let insecure = self.config.auth.insecure;
         let config = &self.config;
-        let ports: [(Option<&TcpListener>, fn(&ServerConfig, SocketAddr) -> Exposure); 4] = [
+        let ports: [(
+            Option<&TcpListener>,
+            fn(&ServerConfig, SocketAddr) -> Exposure,
+        ); 4] = [
             (Some(listener), ServerConfig::protocol_exposure),
             (self.admin.as_ref(), ServerConfig::admin_exposure),
             (self.resp.as_ref(), ServerConfig::resp_exposure),
@@ -398,14 +401,19 @@ impl Server {
         }
         #[cfg(not(feature = "envoy"))]
         drop(envoy);
-        accept_loop(listener, permits, shutdown.clone(), |stream, peer, permit| {
-            let shared = shared.clone();
-            tracker.spawn(async move {
-                let _permit = permit;
-                connection::serve(stream, peer, shared).await;
-            });
-            std::future::ready(())
-        })
+        accept_loop(
+            listener,
+            permits,
+            shutdown.clone(),
+            |stream, peer, permit| {
+                let shared = shared.clone();
+                tracker.spawn(async move {
+                    let _permit = permit;
+                    connection::serve(stream, peer, shared).await;
+                });
+                std::future::ready(())
+            },
+        )
         .await;
 
         tracing::info!(connections = shared.metrics.conns.open.get(), "draining");

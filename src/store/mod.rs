@@ -31,8 +31,8 @@ pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
 pub use group::Mode;
 pub use key::StoredKey;
 pub use tables::Full;
-pub use update::Update;
 use tables::{Table, Tables};
+pub use update::Update;
 
 /// One key's state and the moment it may be forgotten.
 #[derive(Debug, Clone, PartialEq, Eq)]

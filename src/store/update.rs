@@ -100,7 +100,9 @@ mod tests {
         store
             .update(b"k", 40, |_| Update::Write(counter(2, 50), ()))
             .unwrap();
-        let seen = store.update(b"k", 60, |e| Update::Keep(e.cloned())).unwrap();
+        let seen = store
+            .update(b"k", 60, |e| Update::Keep(e.cloned()))
+            .unwrap();
         assert_eq!(seen, None);
     }
 
@@ -124,7 +126,9 @@ mod tests {
             store.check(&[pair], now, crate::store::Mode::Charge),
             CheckResult::Decision(d) if d.allowed
         ));
-        let seen = store.update(b"k", now, |e| Update::Keep(e.cloned())).unwrap();
+        let seen = store
+            .update(b"k", now, |e| Update::Keep(e.cloned()))
+            .unwrap();
         assert_eq!(seen, None);
         assert_eq!(store.entries(b"k", now).len(), 1);
     }
