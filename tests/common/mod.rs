@@ -29,6 +29,7 @@ pub const S: u64 = 1_000_000_000;
 struct Ports {
     admin: bool,
     resp: bool,
+    envoy: bool,
 }
 
 pub struct TestServer {
@@ -37,6 +38,9 @@ pub struct TestServer {
     pub admin: Option<SocketAddr>,
     /// The RESP front end, when started with [`TestServer::start_resp`].
     pub resp: Option<SocketAddr>,
+    /// The Envoy rate limit service, when started with
+    /// [`TestServer::start_envoy`].
+    pub envoy: Option<SocketAddr>,
     pub rules: Arc<tollgate::rules::Rules>,
     pub store: Arc<Store>,
     pub clock: Arc<ManualClock>,
@@ -76,6 +80,16 @@ impl TestServer {
         Self::start_inner(tune, ports).await
     }
 
+    /// Like [`start_with`](Self::start_with), with the Envoy rate limit
+    /// service on 127.0.0.1:0 too (a build with the feature `envoy`).
+    pub async fn start_envoy(tune: impl FnOnce(&mut ServerConfig)) -> Self {
+        let ports = Ports {
+            envoy: true,
+            ..Ports::default()
+        };
+        Self::start_inner(tune, ports).await
+    }
+
     async fn start_inner(tune: impl FnOnce(&mut ServerConfig), ports: Ports) -> Self {
         let mut config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
         tune(&mut config);
@@ -96,6 +110,12 @@ impl TestServer {
             resp = Some(l.local_addr().unwrap());
             server = server.with_resp(l);
         }
+        let mut envoy = None;
+        if ports.envoy {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            envoy = Some(l.local_addr().unwrap());
+            server = server.with_envoy_rls(l);
+        }
         let store = server.store();
         let rules = server.rules();
         let tls = server.tls();
@@ -105,6 +125,7 @@ impl TestServer {
             addr,
             admin: admin_addr,
             resp,
+            envoy,
             rules,
             store,
             clock,

@@ -2,12 +2,16 @@
 //! `redis-cli`, redis-py and `redis-benchmark` against the RESP front end
 //! (`--resp`), each against a real server on 127.0.0.1:0 with a manual
 //! clock, so every number a reply carries is known in advance. The
+//! The Envoy rate limit service (feature `envoy`) is driven by a Python
+//! grpcio client generated from the project's proto/ files. The
 //! programs come from scripts/deps.sh (redis-tools, the virtualenv
 //! target/py); a missing one fails its test, never skips it. The raw-socket
 //! tests feed the parser what no client sends (oversized, malformed).
 
 #[path = "../common/mod.rs"]
 mod common;
+#[cfg(feature = "envoy")]
+mod envoy_rls;
 mod resp_bench;
 mod resp_cli;
 mod resp_py;
