@@ -220,6 +220,7 @@ fn split_words(text: &[u8]) -> Result<Args, ParseError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     const LIMITS: Limits = Limits {
         max_args: 8,
@@ -306,5 +307,39 @@ mod tests {
         }
         // A null array is an empty command.
         assert_eq!(parse_all(b"*-1\r\n*0\r\n").0.len(), 2);
+    }
+
+    proptest! {
+        /// Any bytes, RESP-like or not: no panic, and every command read
+        /// stays within the limits; an error leaves the loop (the
+        /// connection closes).
+        #[test]
+        fn any_input_is_commands_or_an_error(
+            chunks in proptest::collection::vec(
+                prop_oneof![
+                    Just(b"*".to_vec()),
+                    Just(b"$".to_vec()),
+                    Just(b"\r\n".to_vec()),
+                    Just(b"-1".to_vec()),
+                    Just(b"\"".to_vec()),
+                    "[0-9]{1,3}".prop_map(String::into_bytes),
+                    proptest::collection::vec(any::<u8>(), 0..8),
+                ],
+                0..40,
+            )
+        ) {
+            let mut buf = BytesMut::from(&chunks.concat()[..]);
+            loop {
+                let before = buf.len();
+                match parse(&mut buf, &LIMITS) {
+                    Ok(Some(args)) => {
+                        prop_assert!(args.len() <= LIMITS.max_args);
+                        prop_assert!(args.iter().all(|a| a.len() <= LIMITS.max_inline()));
+                        prop_assert!(buf.len() < before);
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
     }
 }
