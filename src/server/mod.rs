@@ -106,6 +106,9 @@ impl Shared {
     }
 }
 
+/// How a port's exposure is judged from the address it is bound to.
+type ExposureOf = fn(&ServerConfig, SocketAddr) -> Exposure;
+
 /// The metric handles connections bump.
 pub(crate) struct Metrics {
     pub checks: CheckMetrics,
@@ -300,10 +303,7 @@ impl Server {
             |e: ConfigError| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string());
         let insecure = self.config.auth.insecure;
         let config = &self.config;
-        let ports: [(
-            Option<&TcpListener>,
-            fn(&ServerConfig, SocketAddr) -> Exposure,
-        ); 4] = [
+        let ports: [(Option<&TcpListener>, ExposureOf); 4] = [
             (Some(listener), ServerConfig::protocol_exposure),
             (self.admin.as_ref(), ServerConfig::admin_exposure),
             (self.resp.as_ref(), ServerConfig::resp_exposure),

@@ -105,11 +105,10 @@ fn parse_array(buf: &mut BytesMut, limits: &Limits) -> Result<Option<Args>, Pars
     let Some(end) = line_end(buf, 0, MAX_HEADER).map_err(|_| ParseError::BadArrayLength)? else {
         return Ok(None);
     };
-    let count = match header_number(&buf[1..end]).map_err(|_| ParseError::BadArrayLength)? {
-        // `*-1`: a null array, ignored like `*0`.
-        None => 0,
-        Some(n) => n,
-    };
+    // `*-1` (None): a null array, ignored like `*0`.
+    let count: u64 = header_number(&buf[1..end])
+        .map_err(|_| ParseError::BadArrayLength)?
+        .unwrap_or_default();
     if count > limits.max_args as u64 {
         return Err(ParseError::TooManyArgs {
             count,
