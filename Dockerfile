@@ -5,6 +5,9 @@
 #   docker build -t tollgate .
 #   docker build --build-arg FEATURES="cluster envoy" -t tollgate .
 #
+# The image is built with the Envoy rate limit service (feature `envoy`,
+# `--envoy-rls`) by default; FEATURES="" builds the plain server.
+#
 # The runtime stage holds the binary and an example rules file, runs as an
 # unprivileged user, and takes its secrets from the environment
 # (TOLLGATE_AUTH_TOKEN, TOLLGATE_ADMIN_TOKEN; see deploy/README.md). The command lines below
@@ -15,18 +18,18 @@ ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=trixie
 
 FROM rust:${RUST_VERSION}-slim-${DEBIAN_RELEASE} AS builder
-# protoc compiles the .proto files of the gRPC front ends (cargo features
-# `cluster` and `envoy`); the default build does not need it, but an image
-# built with those features must not fail halfway.
+# protoc and the google/protobuf includes (libprotobuf-dev) compile the
+# .proto files of the gRPC front ends (cargo features `cluster` and
+# `envoy`).
 # hadolint ignore=DL3008
 RUN apt-get update \
- && apt-get install -y --no-install-recommends protobuf-compiler \
+ && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-# Space-separated cargo features of the `tollgate` package; empty: the
-# default build.
-ARG FEATURES=""
+# Space-separated cargo features of the `tollgate` package; "": the
+# default build of `cargo build` (no Envoy front end).
+ARG FEATURES="envoy"
 # The release profile keeps line tables for profiling; the image does not
 # need them.
 ENV CARGO_PROFILE_RELEASE_DEBUG=0

@@ -1,29 +1,59 @@
 #!/usr/bin/env bash
 # Installs the programs the build and the tests need beyond Rust, when they
-# are missing: `protoc` (etcd-client's build, feature `cluster`) and `etcd`
-# (cluster tests run real etcd members on loopback), `redis-server` (the
-# loadgen's comparison tests). Debian's packages: protobuf-compiler,
-# etcd-server (3.4), redis-server. Safe to run again: it installs nothing
-# that is already there. A missing program fails its tests, never skips them.
+# are missing: `protoc` and the google/protobuf includes (etcd-client's
+# build, feature `cluster`; proto/, feature `envoy`) and `etcd` (cluster
+# tests run real etcd members on loopback), `redis-server`, `redis-cli` and
+# `redis-benchmark` (the loadgen's comparison tests, the RESP front end's
+# tests). Debian's packages: protobuf-compiler, libprotobuf-dev,
+# etcd-server (3.4), redis-server, redis-tools, python3-venv. Then the
+# Python clients of the front end tests (tests/frontends/requirements.txt:
+# redis-py, grpcio, grpcio-tools) into the virtualenv target/py. Safe to run
+# again: it installs nothing that is already there. A missing program fails
+# its tests, never skips them.
 set -euo pipefail
+cd "$(dirname "$0")/.."
+
+install_packages() {
+  echo "installing $*"
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "no apt-get: install $* (protoc and etcd 3.4+) by hand" >&2
+    exit 1
+  fi
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    sudo=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" apt-get install -y --no-install-recommends "$@"
+}
+
+# The front end tests' Python clients, pinned, in target/py (the tests run
+# target/py/bin/python3). Reinstalled only when the requirements change.
+python_clients() {
+  local venv=target/py req=tests/frontends/requirements.txt
+  if [ -f "$venv/.installed" ] && cmp -s "$req" "$venv/.installed"; then
+    return 0
+  fi
+  echo "installing the Python clients of $req into $venv"
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python3" -m pip install --quiet --disable-pip-version-check -r "$req"
+  cp "$req" "$venv/.installed"
+}
 
 missing=()
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+[ -f /usr/include/google/protobuf/wrappers.proto ] || missing+=(libprotobuf-dev)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-if [ "${#missing[@]}" -eq 0 ]; then
-  exit 0
+command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
+command -v python3 >/dev/null 2>&1 || missing+=(python3)
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  missing+=(python3-venv)
 fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  install_packages "${missing[@]}"
+fi
+python_clients
 
-echo "installing ${missing[*]}"
-if ! command -v apt-get >/dev/null 2>&1; then
-  echo "no apt-get: install ${missing[*]} (protoc and etcd 3.4+) by hand" >&2
-  exit 1
-fi
-sudo=()
-if [ "$(id -u)" -ne 0 ]; then
-  sudo=(sudo)
-fi
-export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update
-"${sudo[@]}" apt-get install -y --no-install-recommends "${missing[@]}"

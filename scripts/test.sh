@@ -2,8 +2,10 @@
 # The whole test suite: doc examples, the loom models, then every unit and
 # integration test (real servers on 127.0.0.1:0, real etcd members for
 # cluster mode). This is the README's test command and what CI runs after
-# fmt and clippy. Cluster mode (feature `cluster`) is built and tested too:
-# scripts/deps.sh installs protoc and etcd first when they are missing.
+# fmt and clippy. Cluster mode (feature `cluster`) and the Envoy rate limit
+# service (feature `envoy`) are built and tested too (--all-features):
+# scripts/deps.sh installs protoc, etcd, redis-server/redis-tools and the
+# front end tests' Python clients first when they are missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

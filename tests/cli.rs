@@ -14,6 +14,8 @@ struct ServeProcess {
     child: Child,
     addr: String,
     admin: String,
+    /// The RESP front end's address ("none" unless `--resp`).
+    resp: String,
     /// Log lines after the "serving" one.
     log: std::sync::mpsc::Receiver<String>,
 }
@@ -43,20 +45,21 @@ impl ServeProcess {
                 let _ = tx.send(line);
             }
         });
-        let (addr, admin) = loop {
+        let (addr, admin, resp) = loop {
             let line = rx
                 .recv_timeout(Duration::from_secs(20))
                 .expect("server logs its address");
             let v: serde_json::Value = serde_json::from_str(&line).expect("json log line");
             if v["fields"]["message"] == "tollgate serving" {
                 let field = |name: &str| v["fields"][name].as_str().unwrap().to_owned();
-                break (field("listen"), field("admin"));
+                break (field("listen"), field("admin"), field("resp"));
             }
         };
         ServeProcess {
             child,
             addr,
             admin,
+            resp,
             log: rx,
         }
     }
@@ -589,4 +592,30 @@ fn config_file_under_flags_and_print_config_loads_back() {
     let (code, _, err) = tollgate(&["serve", "--config", file.path(), "--print-config"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("heartbeat"), "{err}");
+}
+
+#[test]
+fn serve_with_resp_answers_redis_cli() {
+    let server = ServeProcess::start(&["--resp", "127.0.0.1:0"]);
+    let port = server
+        .resp
+        .rsplit_once(':')
+        .expect("host:port")
+        .1
+        .to_owned();
+    let cli = |words: &[&str]| {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port])
+            .args(words)
+            .output()
+            .expect("redis-cli runs (scripts/deps.sh installs redis-tools)");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(cli(&["PING"]).trim(), "PONG");
+    let out = cli(&["CL.THROTTLE", "cli-key", "15", "30", "60"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(&lines[..3], ["0", "16", "15"], "{out}");
+    let status = server.terminate();
+    assert!(status.success(), "{status:?}");
 }

@@ -42,9 +42,38 @@ pub struct FixedWindowState {
     pub count: u64,
 }
 
+impl FixedWindowState {
+    /// The window length of a state stored with `expires_at`: a charged
+    /// window expires at its end, `(index + 1) * W`. None when that does
+    /// not divide (not a state this algorithm wrote).
+    pub fn window(&self, expires_at: Nanos) -> Option<Nanos> {
+        let windows = self.index.checked_add(1)?;
+        (expires_at % windows == 0).then(|| expires_at / windows)
+    }
+}
+
 impl FixedWindow {
     pub fn new(limit: u64, window: Nanos) -> Self {
         Self { limit, window }
+    }
+
+    /// The window length, in nanoseconds.
+    pub fn window(&self) -> Nanos {
+        self.window
+    }
+
+    /// `state`'s count carried into the window of this length in force at
+    /// `now` (a counter whose window is changed: the RESP front end's
+    /// EXPIRE), and when that window ends.
+    pub fn rewindow(&self, state: FixedWindowState, now: Nanos) -> (FixedWindowState, Nanos) {
+        let index = now / self.window;
+        (
+            FixedWindowState {
+                index,
+                count: state.count,
+            },
+            self.window_end(index),
+        )
     }
 
     /// The window in force at `now` and its count so far.
@@ -255,6 +284,22 @@ mod tests {
         assert_eq!(d.retry_after, Some(35 * S));
         assert_eq!(fw.evaluate(future, 5 * S, 1).expires_at, 40 * S);
         assert!(fw.evaluate(future, 40 * S, 1).decision.allowed);
+    }
+
+    #[test]
+    fn a_states_window_is_read_back_and_changed() {
+        let fw = FixedWindow::new(100, 10 * S);
+        let v = fw.evaluate(None, 23 * S, 4);
+        let Some(State::FixedWindow(st)) = v.state else {
+            panic!("{v:?}")
+        };
+        assert_eq!(st.window(v.expires_at), Some(10 * S));
+        assert_eq!(st.window(v.expires_at + 1), None);
+        // Into 60 s windows: the count stays, the window is 60 s's.
+        let (moved, end) = FixedWindow::new(100, 60 * S).rewindow(st, 23 * S);
+        assert_eq!(moved, FixedWindowState { index: 0, count: 4 });
+        assert_eq!(end, 60 * S);
+        assert_eq!(moved.window(end), Some(60 * S));
     }
 
     #[test]

@@ -90,6 +90,13 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
         .as_ref()
         .and_then(|l| l.local_addr().ok())
         .map_or_else(|| "none".to_owned(), |a| a.to_string());
+    let Ok(resp) = bind_frontend(config.frontends.resp, "RESP front end").await else {
+        return ExitCode::from(2);
+    };
+    let Ok(envoy) = bind_frontend(config.frontends.envoy_rls, "Envoy rate limit service").await
+    else {
+        return ExitCode::from(2);
+    };
     let built = if config.cluster.enabled() {
         join_cluster(config, &listener, admin.as_ref()).await
     } else {
@@ -106,9 +113,19 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
     if let Some(admin) = admin {
         server = server.with_admin(admin);
     }
+    let resp_addr = listening_on(resp.as_ref());
+    let envoy_addr = listening_on(envoy.as_ref());
+    if let Some(resp) = resp {
+        server = server.with_resp(resp);
+    }
+    if let Some(envoy) = envoy {
+        server = server.with_envoy_rls(envoy);
+    }
     tracing::info!(
         listen = %addr,
         admin = %admin_addr,
+        resp = %resp_addr,
+        envoy_rls = %envoy_addr,
         tls = server.tls().is_some(),
         rules = server.rules().current().len(),
         version = env!("CARGO_PKG_VERSION"),
@@ -178,4 +195,27 @@ async fn join_cluster(
     _admin: Option<&tokio::net::TcpListener>,
 ) -> Result<Server, crate::server::StartError> {
     Server::new(config)
+}
+
+/// Binds a drop-in front end's port when it is configured; Err (logged)
+/// when it cannot listen.
+async fn bind_frontend(
+    at: Option<std::net::SocketAddr>,
+    what: &str,
+) -> Result<Option<tokio::net::TcpListener>, ()> {
+    let Some(at) = at else { return Ok(None) };
+    match tokio::net::TcpListener::bind(at).await {
+        Ok(l) => Ok(Some(l)),
+        Err(e) => {
+            tracing::error!(addr = %at, error = %e, "cannot listen for the {what}");
+            Err(())
+        }
+    }
+}
+
+/// The address a listener is bound to, for the log ("none": not running).
+fn listening_on(listener: Option<&tokio::net::TcpListener>) -> String {
+    listener
+        .and_then(|l| l.local_addr().ok())
+        .map_or_else(|| "none".to_owned(), |a| a.to_string())
 }

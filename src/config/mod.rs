@@ -5,6 +5,7 @@
 //! section ([`NetworkSettings`], [`AuthSettings`], [`TlsSettings`],
 //! [`LimitSettings`], [`StoreSettings`], [`RuleSettings`],
 //! [`OverloadSettings`], [`ReplicationSettings`], [`ClusterSettings`], [`AdminSettings`],
+//! [`FrontendSettings`],
 //! [`LogSettings`]) is flattened into the command line (`--kebab-case`
 //! flags, one `--help` heading each) and into one flat namespace of names
 //! shared by the flags, the config file and `--print-config`.
@@ -16,12 +17,14 @@
 //! (the store does not know this module).
 
 mod file;
+mod frontends;
 mod overload;
 mod regions;
 mod sections;
 mod security;
 
 pub use file::{ConfigFile, FileError};
+pub use frontends::*;
 pub use overload::*;
 pub use regions::*;
 pub use sections::*;
@@ -70,6 +73,9 @@ pub struct ServerConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub admin: AdminSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub frontends: FrontendSettings,
     #[command(flatten)]
     #[serde(flatten)]
     pub logging: LogSettings,
@@ -155,6 +161,11 @@ pub enum ConfigError {
     RegionsWithoutSecret,
     #[error("--region-ceiling must be a share in (0, 1], got {0}")]
     CeilingShare(String),
+    #[error("--{flag} needs a build with the cargo feature `{feature}` (cargo build --features {feature})")]
+    NotBuiltIn {
+        flag: &'static str,
+        feature: &'static str,
+    },
     #[error("pair mode, cluster mode or region peers with TLS need --tls-ca: the CA that signed the other nodes' certificates, to verify them")]
     PairTlsWithoutCa,
 }
@@ -189,7 +200,8 @@ impl ServerConfig {
         self.regions.validate()?;
         self.cluster.validate(&self.replication)?;
         self.admin.validate()?;
-        self.validate_security()
+        self.validate_security()?;
+        self.validate_frontends()
     }
 
     /// The store's own settings, gathered from the sections that bound it.

@@ -180,6 +180,29 @@ pub(super) fn answer_tagged(
     encoded
 }
 
+/// One check outside a frame, for the drop-in front ends: resolved,
+/// evaluated, counted and its denial recorded exactly as one check of a
+/// CHECK (or, with [`Mode::Peek`], PEEK) frame, at `now` and under `rules`
+/// (the frame's latency and batch size are not observed: there is none).
+pub(super) fn check_one(
+    shared: &Shared,
+    rules: &RuleSet,
+    now: Nanos,
+    pairs: &[Pair],
+    mode: Mode,
+) -> CheckResult {
+    Evaluation {
+        shared,
+        rules,
+        now,
+        verb: Verb::Check(mode),
+        // The front ends route by CLUSTER SLOTS (the same topology as
+        // TOPOLOGY) and are not redirected key by key.
+        gate: &Gate::All,
+    }
+    .check(pairs)
+}
+
 /// Frees the leases of a RELEASE and appends the RELEASED answer to `dst`.
 pub(super) fn release(
     shared: &Shared,

@@ -160,10 +160,21 @@ pub(super) async fn serve(
 /// The TLS handshake, when the port speaks TLS, within the handshake
 /// timeout (which also bounds the HELLO after it); None when it failed.
 pub(super) async fn secure(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<Socket> {
+    secure_with(stream, peer, shared, crate::tls::Tls::protocol_acceptor).await
+}
+
+/// [`secure`] with the acceptor `acceptor` picks (the RESP port takes the
+/// protocol port's, the gRPC port one that offers HTTP/2 by ALPN).
+pub(super) async fn secure_with(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: &Shared,
+    acceptor: fn(&crate::tls::Tls) -> tokio_rustls::TlsAcceptor,
+) -> Option<Socket> {
     let Some(tls) = &shared.tls else {
         return Some(Socket::Plain(stream));
     };
-    let acceptor = tls.protocol_acceptor();
+    let acceptor = acceptor(tls);
     let limit = shared.network.handshake_timeout;
     let failed = |why: &dyn std::fmt::Display| {
         shared.metrics.conns.tls_failures.inc();

@@ -30,7 +30,11 @@
 //!   settings', on the address actually bound);
 //! - with TLS configured every port speaks only TLS, and the certificates
 //!   are reloaded (SIGHUP, a file change) without touching open
-//!   connections (`tls.rs`).
+//!   connections (`tls.rs`);
+//! - the drop-in front ends (`resp/`, `envoy/`), when given listeners, run
+//!   beside the protocol port on the same `Shared`: the same credentials,
+//!   protected mode, TLS, connection permits, node admission and check
+//!   path; they translate, they decide nothing of their own.
 
 pub mod admin;
 mod admin_listener;
@@ -41,13 +45,19 @@ mod check;
 mod conn_metrics;
 mod connection;
 mod dedup;
+#[cfg(feature = "envoy")]
+mod envoy;
+mod frontend;
 mod listener;
+mod resp;
 mod shed;
 mod sweeper;
 mod tls;
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::config::{protected_mode, ConfigError, NetworkSettings, ServerConfig};
+use crate::config::{
+    protected_mode, ConfigError, Exposure, FrontendSettings, NetworkSettings, ServerConfig,
+};
 #[cfg(feature = "cluster")]
 use crate::node::Membership;
 use crate::node::{Node, NodeParts, Supervisor};
@@ -61,17 +71,20 @@ use budget::Budget;
 use check::CheckMetrics;
 use conn_metrics::{ConnMetrics, ErrorCounters};
 use dedup::{DedupMetrics, RetryMemory};
+use frontend::FrontendMetrics;
 use prometheus::Registry;
 use shed::Shedder;
 use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use sweeper::{KeyMetrics, Sweeper};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tollgate_protocol::ServerLimits;
+use tollgate_protocol::{ClusterTopology, ServerLimits};
 
 pub use listener::bind;
 pub use tls::{TlsReloadSource, TlsReloader};
@@ -86,6 +99,13 @@ pub(crate) struct Shared {
     pub tls: Option<Arc<crate::tls::Tls>>,
     /// Frame limits, as told to clients in HELLO_OK.
     pub limits: ServerLimits,
+    /// The drop-in front ends' settings.
+    pub frontends: FrontendSettings,
+    /// Longest argument of a RESP command.
+    pub resp_max_arg_len: usize,
+    /// Cap on a sliding log's or a concurrency limit's count (inline
+    /// limits of the front ends are validated against it).
+    pub max_log_entries: u64,
     pub store: Arc<Store>,
     /// Memory for frames larger than a connection's own read buffer.
     pub budget: Arc<Budget>,
@@ -104,11 +124,24 @@ pub(crate) struct Shared {
     pub lifecycle: Lifecycle,
 }
 
+impl Shared {
+    /// The slot map this node answers TOPOLOGY (and the RESP front end's
+    /// CLUSTER SLOTS) with: the cluster's routing table, or outside a
+    /// cluster one shard owning every slot (PROTOCOL.md §14).
+    pub fn topology(&self) -> ClusterTopology {
+        self.node.topology()
+    }
+}
+
+/// How a port's exposure is judged from the address it is bound to.
+type ExposureOf = fn(&ServerConfig, SocketAddr) -> Exposure;
+
 /// The metric handles connections bump.
 pub(crate) struct Metrics {
     pub checks: CheckMetrics,
     pub conns: ConnMetrics,
     pub errors: ErrorCounters,
+    pub frontends: FrontendMetrics,
 }
 
 /// Where the server stands in its shutdown.
@@ -131,6 +164,10 @@ pub struct Server {
     admin: Option<TcpListener>,
     /// Who gets a connection.
     admission: Arc<Admission>,
+    /// The RESP front end's listener, if it runs.
+    resp: Option<TcpListener>,
+    /// The Envoy RLS front end's listener, if it runs.
+    envoy: Option<TcpListener>,
     /// Reloads the certificates (None without TLS).
     tls: Option<TlsReloader>,
 }
@@ -203,6 +240,7 @@ impl Server {
             checks,
             conns: ConnMetrics::register(&registry)?,
             errors: ErrorCounters::register(&registry)?,
+            frontends: FrontendMetrics::register(&registry, &resp::command_names())?,
         };
         let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
             (Some(cert), Some(key)) => {
@@ -279,6 +317,9 @@ impl Server {
             auth: Authenticator::new(&config.auth),
             tls,
             limits: config.limits.server_limits(),
+            frontends: config.frontends.clone(),
+            resp_max_arg_len: config.resp_max_arg_len(),
+            max_log_entries: config.store.max_log_entries,
             store,
             budget,
             clock,
@@ -301,6 +342,8 @@ impl Server {
             registry,
             admin: None,
             admission,
+            resp: None,
+            envoy: None,
             tls: tls_reloader,
         })
     }
@@ -317,6 +360,20 @@ impl Server {
     /// Serves the admin HTTP API on `listener` too, while the server runs.
     pub fn with_admin(mut self, listener: TcpListener) -> Self {
         self.admin = Some(listener);
+        self
+    }
+
+    /// Serves the RESP front end on `listener` too, while the server runs.
+    pub fn with_resp(mut self, listener: TcpListener) -> Self {
+        self.resp = Some(listener);
+        self
+    }
+
+    /// Serves the Envoy rate limit service on `listener` too, while the
+    /// server runs (a build with the `envoy` feature; without it `run`
+    /// refuses to start).
+    pub fn with_envoy_rls(mut self, listener: TcpListener) -> Self {
+        self.envoy = Some(listener);
         self
     }
 
@@ -342,11 +399,27 @@ impl Server {
         let refuse =
             |e: ConfigError| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string());
         let insecure = self.config.auth.insecure;
-        let addr = listener.local_addr()?;
-        protected_mode(&self.config.protocol_exposure(addr), insecure).map_err(refuse)?;
-        if let Some(admin) = &self.admin {
-            let addr = admin.local_addr()?;
-            protected_mode(&self.config.admin_exposure(addr), insecure).map_err(refuse)?;
+        let config = &self.config;
+        let ports: [(Option<&TcpListener>, ExposureOf); 4] = [
+            (Some(listener), ServerConfig::protocol_exposure),
+            (self.admin.as_ref(), ServerConfig::admin_exposure),
+            (self.resp.as_ref(), ServerConfig::resp_exposure),
+            (self.envoy.as_ref(), ServerConfig::envoy_exposure),
+        ];
+        for (listener, exposure) in ports {
+            if let Some(l) = listener {
+                protected_mode(&exposure(config, l.local_addr()?), insecure).map_err(refuse)?;
+            }
+        }
+        if self.envoy.is_some() && !cfg!(feature = "envoy") {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                ConfigError::NotBuiltIn {
+                    flag: "envoy-rls",
+                    feature: "envoy",
+                }
+                .to_string(),
+            ));
         }
         Ok(())
     }
@@ -362,6 +435,8 @@ impl Server {
             registry,
             admin,
             admission,
+            resp,
+            envoy,
             tls,
         } = self;
         if let Ok(addr) = listener.local_addr() {
@@ -406,6 +481,29 @@ impl Server {
         admin_state.serving.store(true, Ordering::Release);
 
         let grace = config.network.shutdown_grace;
+        // The drop-in front ends hold slots of their own (as many as the
+        // protocol port's `--max-connections`), taken before accept.
+        let permits = Arc::new(Semaphore::new(config.network.max_connections));
+        if let Some(l) = resp {
+            tracker.spawn(resp::serve(
+                l,
+                shared.clone(),
+                permits.clone(),
+                tracker.clone(),
+                shutdown.clone(),
+            ));
+        }
+        #[cfg(feature = "envoy")]
+        if let Some(l) = envoy {
+            tracker.spawn(envoy::serve(
+                l,
+                shared.clone(),
+                permits.clone(),
+                shutdown.clone(),
+            ));
+        }
+        #[cfg(not(feature = "envoy"))]
+        drop(envoy);
         let mut accept_backoff = Duration::from_millis(5);
         loop {
             let (stream, peer) = tokio::select! {
@@ -431,7 +529,6 @@ impl Server {
             }
         }
 
-        drop(listener);
         tracing::info!(connections = shared.metrics.conns.open.get(), "draining");
         let lifecycle = &shared.lifecycle;
         lifecycle.draining.cancel();

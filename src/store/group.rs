@@ -164,7 +164,8 @@ impl Store {
         let all_allowed = decisions.iter().all(|d| d.allowed);
         let writes = matches!(op, Op::Check(Mode::Charge) | Op::Refund);
         if all_allowed && writes {
-            let evicted = self.make_room(tables, pairs, &after, &hashes, now)?;
+            let keys = pairs.iter().map(|p| &p.key[..]);
+            let evicted = self.make_room(tables, keys, &after, &hashes, now)?;
             if evicted > 0 {
                 // Evicted keys are not in any log: the standby gets the
                 // whole stripe (evictions come in batches of 1/8 of it).
@@ -232,10 +233,10 @@ impl Store {
     /// Before a charge adds keys, keeps the stripe within its memory share
     /// (see `Tables::make_room`). A refusal is `StoreFull` and, like every
     /// error, charges nothing. Returns how many live entries were evicted.
-    fn make_room(
+    pub(super) fn make_room<'k>(
         &self,
         tables: &mut Tables,
-        pairs: &[Pair],
+        keys: impl Iterator<Item = &'k [u8]> + Clone,
         after: &[Option<Entry>],
         hashes: &[u64],
         now: Nanos,
@@ -246,12 +247,11 @@ impl Store {
         let mut evicted = 0;
         for table in [Table::Buckets, Table::Others] {
             let (mut new, mut heap) = (0, 0);
-            for ((pair, entry), &hash) in pairs.iter().zip(after).zip(hashes) {
+            for ((key, entry), &hash) in keys.clone().zip(after).zip(hashes) {
                 let Some(entry) = entry else { continue };
-                if Table::of(&entry.state) == table && tables.is_new(hash, &pair.key, &entry.state)
-                {
+                if Table::of(&entry.state) == table && tables.is_new(hash, key, &entry.state) {
                     new += 1;
-                    heap += StoredKey::new(&pair.key).heap_bytes() + entry.state.heap_bytes();
+                    heap += StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
                 }
             }
             let room = tables.make_room(

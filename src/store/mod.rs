@@ -24,6 +24,7 @@ mod key;
 mod merge;
 mod remote;
 mod tables;
+mod update;
 
 use crate::algorithm::State;
 use crate::clock::Nanos;
@@ -37,6 +38,7 @@ pub use key::StoredKey;
 pub use remote::{AbsorbError, RemoteUsage};
 pub use tables::Full;
 use tables::{Table, Tables};
+pub use update::Update;
 
 /// One key's state and the moment it may be forgotten.
 #[derive(Debug, Clone, PartialEq, Eq)]

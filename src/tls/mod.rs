@@ -5,7 +5,8 @@
 //!
 //! ```text
 //!  files (cert, key, client CA, CA) --load/reload--> Configs (ArcSwap)
-//!      protocol: ServerConfig (client cert required under mTLS)
+//!      protocol: ServerConfig (client cert required under mTLS); the
+//!                same offering HTTP/2 by ALPN for the gRPC front end
 //!      admin:    ServerConfig (no client cert: probes hold none)
 //!      outgoing: ClientConfig (verifies the other node against the CA;
 //!                presents this node's cert when asked, for mTLS)
@@ -77,6 +78,9 @@ pub enum TlsError {
 /// Every config built from one reading of the files.
 struct Configs {
     protocol: Arc<ServerConfig>,
+    /// The protocol port's config offering HTTP/2 by ALPN (gRPC clients
+    /// require it): the Envoy rate limit service.
+    grpc: Arc<ServerConfig>,
     admin: Arc<ServerConfig>,
     outgoing: Option<Arc<ClientConfig>>,
 }
@@ -134,6 +138,12 @@ impl Tls {
     /// a client CA is set).
     pub fn protocol_acceptor(&self) -> TlsAcceptor {
         TlsAcceptor::from(self.configs.load().protocol.clone())
+    }
+
+    /// Accepts TLS on a gRPC port: the protocol port's certificate and
+    /// client verification, HTTP/2 negotiated by ALPN.
+    pub fn grpc_acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.configs.load().grpc.clone())
     }
 
     /// Accepts TLS on the admin port (no client certificate).
@@ -223,7 +233,10 @@ fn build(paths: &TlsPaths) -> Result<Configs, TlsError> {
         )),
         None => None,
     };
+    let mut grpc = protocol.clone();
+    grpc.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Configs {
+        grpc: Arc::new(grpc),
         protocol: Arc::new(protocol),
         admin: Arc::new(admin),
         outgoing,

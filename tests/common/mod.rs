@@ -24,10 +24,23 @@ use tollgate_protocol::{
 pub const PATIENCE: Duration = Duration::from_secs(10);
 pub const S: u64 = 1_000_000_000;
 
+/// Which ports beside the protocol port a [`TestServer`] listens on.
+#[derive(Default)]
+struct Ports {
+    admin: bool,
+    resp: bool,
+    envoy: bool,
+}
+
 pub struct TestServer {
     pub addr: SocketAddr,
     /// The admin API, when started with [`TestServer::start_admin`].
     pub admin: Option<SocketAddr>,
+    /// The RESP front end, when started with [`TestServer::start_resp`].
+    pub resp: Option<SocketAddr>,
+    /// The Envoy rate limit service, when started with
+    /// [`TestServer::start_envoy`].
+    pub envoy: Option<SocketAddr>,
     pub rules: Arc<tollgate::rules::Rules>,
     pub store: Arc<Store>,
     pub clock: Arc<ManualClock>,
@@ -44,16 +57,40 @@ impl TestServer {
 
     /// A server on 127.0.0.1:0 with a manual clock at t = 1000 s.
     pub async fn start_with(tune: impl FnOnce(&mut ServerConfig)) -> Self {
-        Self::start_inner(tune, false).await
+        Self::start_inner(tune, Ports::default()).await
     }
 
     /// Like [`start_with`](Self::start_with), with the admin API on
     /// 127.0.0.1:0 too.
     pub async fn start_admin(tune: impl FnOnce(&mut ServerConfig)) -> Self {
-        Self::start_inner(tune, true).await
+        let ports = Ports {
+            admin: true,
+            ..Ports::default()
+        };
+        Self::start_inner(tune, ports).await
     }
 
-    async fn start_inner(tune: impl FnOnce(&mut ServerConfig), admin: bool) -> Self {
+    /// Like [`start_with`](Self::start_with), with the RESP front end on
+    /// 127.0.0.1:0 too.
+    pub async fn start_resp(tune: impl FnOnce(&mut ServerConfig)) -> Self {
+        let ports = Ports {
+            resp: true,
+            ..Ports::default()
+        };
+        Self::start_inner(tune, ports).await
+    }
+
+    /// Like [`start_with`](Self::start_with), with the Envoy rate limit
+    /// service on 127.0.0.1:0 too (a build with the feature `envoy`).
+    pub async fn start_envoy(tune: impl FnOnce(&mut ServerConfig)) -> Self {
+        let ports = Ports {
+            envoy: true,
+            ..Ports::default()
+        };
+        Self::start_inner(tune, ports).await
+    }
+
+    async fn start_inner(tune: impl FnOnce(&mut ServerConfig), ports: Ports) -> Self {
         let mut config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
         tune(&mut config);
         config.validate().expect("test config is valid");
@@ -62,10 +99,22 @@ impl TestServer {
         let clock = Arc::new(ManualClock::new(1000 * S));
         let mut server = Server::with_clock(config, clock.clone()).expect("server starts");
         let mut admin_addr = None;
-        if admin {
+        if ports.admin {
             let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
             admin_addr = Some(l.local_addr().unwrap());
             server = server.with_admin(l);
+        }
+        let mut resp = None;
+        if ports.resp {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            resp = Some(l.local_addr().unwrap());
+            server = server.with_resp(l);
+        }
+        let mut envoy = None;
+        if ports.envoy {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            envoy = Some(l.local_addr().unwrap());
+            server = server.with_envoy_rls(l);
         }
         let store = server.store();
         let rules = server.rules();
@@ -75,6 +124,8 @@ impl TestServer {
         TestServer {
             addr,
             admin: admin_addr,
+            resp,
+            envoy,
             rules,
             store,
             clock,
