@@ -2,13 +2,18 @@
 //! hot key and over 1M keys, per algorithm, on one thread and on two
 //! threads sharing the store (the throughput per element is for both).
 //!
+//! Also: checks at the memory cap with `--on-full refuse` (new keys refused
+//! against existing keys admitted), and the throttled-keys sketch's deny
+//! path on one and two threads.
+//!
 //! `cargo bench --bench store`. Figures go to docs/BENCHMARKS.md with the
 //! machine they came from; nothing here is asserted.
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
-use tollgate::store::{Mode, Store, StoreConfig};
+use tollgate::store::{Full, Mode, Store, StoreConfig};
+use tollgate::throttled::TopThrottled;
 use tollgate_protocol::{Algorithm, Limit, Pair};
 
 const KEYS: usize = 1_000_000;
@@ -112,5 +117,91 @@ fn check_two_threads(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, check, check_two_threads);
+/// A store at its memory cap with policy `refuse`: a check of a new key is
+/// refused (StoreFull), a check of a key already held is admitted. The two
+/// should cost about the same: a refusal must not be the slow path an
+/// attacker flooding new keys can aim at.
+fn at_the_cap(c: &mut Criterion) {
+    let mut group = c.benchmark_group("store_at_cap_refuse");
+    group.throughput(Throughput::Elements(1));
+    let store = Store::new(StoreConfig {
+        stripes: 64,
+        max_memory: Some(64 * 64 * 1024),
+        on_full: Full::Refuse,
+        ..StoreConfig::default()
+    });
+    let now = 1_000_000_000u64;
+    // Fill until new keys are refused; keep what was admitted.
+    let mut held = Vec::new();
+    for p in pairs(Algorithm::TokenBucket, 100_000) {
+        if let tollgate_protocol::CheckResult::Decision(_) =
+            store.check(std::slice::from_ref(&p), now, Mode::Charge)
+        {
+            held.push(p);
+        }
+    }
+    let fresh: Vec<Pair> = (0..KEYS)
+        .map(|i| Pair {
+            key: Bytes::from(format!("rl:{{new{i:08}}}:s")),
+            limit: limit(Algorithm::TokenBucket).into(),
+            cost: 1,
+        })
+        .collect();
+    let mut t = now;
+    for (name, keys) in [("refused_new_key", &fresh), ("admitted_held_key", &held)] {
+        let mut i = 0usize;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 7_919) % keys.len();
+                t += 1_000;
+                black_box(store.check(std::slice::from_ref(&keys[i]), t, Mode::Charge))
+            })
+        });
+    }
+    group.finish();
+}
+
+/// The deny path's bookkeeping: one denial recorded in the throttled-keys
+/// sketch, for a few hot keys and for a flood of distinct keys, on one
+/// thread and on two at once.
+fn throttled_record(c: &mut Criterion) {
+    let mut group = c.benchmark_group("throttled_record");
+    group.throughput(Throughput::Elements(1));
+    let flood: Vec<Bytes> = (0..KEYS)
+        .map(|i| Bytes::from(format!("rl:{{user{i:08}}}:s")))
+        .collect();
+    let hot: Vec<Bytes> = flood[..8].to_vec();
+    for (name, keys) in [("hot_keys", &hot), ("flood", &flood)] {
+        let sketch = TopThrottled::new(1024, 60_000_000_000);
+        for threads in [1u64, 2] {
+            group.bench_function(BenchmarkId::new(name, format!("{threads}_threads")), |b| {
+                b.iter_custom(|iters| {
+                    let start = std::time::Instant::now();
+                    std::thread::scope(|s| {
+                        for t in 0..threads {
+                            let (sketch, keys) = (&sketch, &keys);
+                            s.spawn(move || {
+                                let mut i = t as usize * 4_999;
+                                for _ in 0..iters / threads {
+                                    i = (i + 7_919) % keys.len();
+                                    sketch.record(&keys[i], 1_000_000_000);
+                                }
+                            });
+                        }
+                    });
+                    start.elapsed()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    check,
+    check_two_threads,
+    at_the_cap,
+    throttled_record
+);
 criterion_main!(benches);
