@@ -292,6 +292,18 @@ impl Policy {
         }
     }
 
+    /// The algorithm this policy runs.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Policy::TokenBucket(_) => Algorithm::TokenBucket,
+            Policy::SlidingWindow(_) => Algorithm::SlidingWindow,
+            Policy::FixedWindow(_) => Algorithm::FixedWindow,
+            Policy::SlidingLog(_) => Algorithm::SlidingLog,
+            Policy::LeakyBucket(_) => Algorithm::LeakyBucket,
+            Policy::Concurrency(_) => Algorithm::Concurrency,
+        }
+    }
+
     /// Whether this is a concurrency limit (whose allowed checks hold a lease).
     pub fn is_concurrency(&self) -> bool {
         matches!(self, Policy::Concurrency(_))

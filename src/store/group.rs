@@ -127,6 +127,9 @@ impl Store {
         if leased > 1 || (leased > 0 && op == Op::Refund) {
             return Err(ErrorCode::InvalidLimit);
         }
+        if clashing_states(pairs, &policies) {
+            return Err(ErrorCode::InvalidLimit);
+        }
 
         let hashes: SmallVec<[u64; 4]> = pairs.iter().map(|p| self.hash(&p.key)).collect();
         let stripe = self.stripe(slot);
@@ -272,6 +275,25 @@ impl Store {
         }
         Ok(evicted)
     }
+}
+
+/// Whether two pairs of the group name one key with two different
+/// algorithms other than the token bucket. A key holds one token bucket and
+/// one state of any other algorithm, so the second pair's state would
+/// replace the first's and the first charge would be lost: such a group is
+/// refused (InvalidLimit) instead. Groups are small (`max_group`).
+fn clashing_states(pairs: &[Pair], policies: &[Policy]) -> bool {
+    let others = || {
+        pairs
+            .iter()
+            .zip(policies)
+            .filter(|(_, p)| table_for(p) == Table::Others)
+    };
+    others().enumerate().any(|(i, (a, pa))| {
+        others()
+            .skip(i + 1)
+            .any(|(b, pb)| a.key == b.key && pa.algorithm() != pb.algorithm())
+    })
 }
 
 /// The table holding the state this policy works on.
