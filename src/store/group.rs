@@ -166,8 +166,13 @@ impl Store {
 
         let all_allowed = decisions.iter().all(|d| d.allowed);
         let writes = matches!(op, Op::Check(Mode::Charge) | Op::Refund);
+        if all_allowed && !writes {
+            // A peek answers what the check would: StoreFull when the check
+            // could not take its new keys (nothing is evicted for a peek).
+            self.make_room(tables, pairs, &after, &hashes, now, Room::Ask)?;
+        }
         if all_allowed && writes {
-            let evicted = self.make_room(tables, pairs, &after, &hashes, now)?;
+            let evicted = self.make_room(tables, pairs, &after, &hashes, now, Room::Make)?;
             if evicted > 0 {
                 // Evicted keys are not in any log: the standby gets the
                 // whole stripe (evictions come in batches of 1/8 of it).
@@ -235,6 +240,9 @@ impl Store {
     /// Before a charge adds keys, keeps the stripe within its memory share
     /// (see `Tables::make_room`). A refusal is `StoreFull` and, like every
     /// error, charges nothing. Returns how many live entries were evicted.
+    /// With [`Room::Ask`] (a peek) it only answers whether the charge would
+    /// be refused: expired entries may go, live ones never, and nothing is
+    /// counted.
     fn make_room(
         &self,
         tables: &mut Tables,
@@ -242,6 +250,7 @@ impl Store {
         after: &[Option<Entry>],
         hashes: &[u64],
         now: Nanos,
+        room: Room,
     ) -> Result<usize, ErrorCode> {
         if self.stripe_budget == usize::MAX {
             return Ok(0);
@@ -257,24 +266,38 @@ impl Store {
                     heap += StoredKey::new(&pair.key).heap_bytes() + entry.state.heap_bytes();
                 }
             }
-            let room = tables.make_room(
+            let made = tables.make_room(
                 &self.hasher,
                 table,
                 (new, heap),
                 (self.stripe_budget, self.on_full),
                 now,
+                room == Room::Ask,
             );
+            if room == Room::Ask {
+                if !made.granted {
+                    return Err(ErrorCode::StoreFull);
+                }
+                continue;
+            }
             // Relaxed: statistics.
             self.evicted
-                .fetch_add(room.evicted as u64, Ordering::Relaxed);
-            evicted += room.evicted;
-            if !room.granted {
+                .fetch_add(made.evicted as u64, Ordering::Relaxed);
+            evicted += made.evicted;
+            if !made.granted {
                 self.refused.fetch_add(new as u64, Ordering::Relaxed);
                 return Err(ErrorCode::StoreFull);
             }
         }
         Ok(evicted)
     }
+}
+
+/// Whether a charge makes room for its new keys or only asks if it could.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    Make,
+    Ask,
 }
 
 /// Whether two pairs of the group name one key with two different

@@ -434,8 +434,10 @@ impl Tables {
     }
 
     /// Makes sure `new` more entries (`heap` bytes of them on the heap) fit
-    /// in `table` within `budget` bytes (the stripe's share): expired entries go first, then, by
-    /// `full`, the live entries closest to expiry, or the request is refused.
+    /// in `table` within `budget` bytes (the stripe's share): expired entries
+    /// go first, then, by `full`, the live entries closest to expiry, or the
+    /// request is refused. With `ask` (a peek) no live entry is evicted:
+    /// the answer is whether the request would be granted.
     pub fn make_room(
         &mut self,
         hasher: &ahash::RandomState,
@@ -443,12 +445,17 @@ impl Tables {
         (new, heap): (usize, usize),
         (budget, full): (usize, Full),
         now: Nanos,
+        ask: bool,
     ) -> Room {
         let mut room = Room {
             granted: true,
             ..Room::default()
         };
         if new == 0 || self.memory_after(table, new, heap) <= budget {
+            return room;
+        }
+        if ask && full == Full::Evict {
+            // The check would evict what it needs.
             return room;
         }
         room.expired = self.retain_after(now);
