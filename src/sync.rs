@@ -9,10 +9,10 @@
 #[cfg(not(tollgate_loom))]
 pub use parking_lot::{Mutex, MutexGuard};
 #[cfg(not(tollgate_loom))]
-pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(tollgate_loom)]
-pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(tollgate_loom)]
 pub use self::loom_mutex::{Mutex, MutexGuard};

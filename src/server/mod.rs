@@ -278,6 +278,8 @@ pub(crate) struct KeyMetrics {
     /// Bytes the tables reserve, and the cap (0: none).
     memory: IntGauge,
     memory_limit: IntGauge,
+    /// Wall clock minus server clock at the last sweeper tick's re-check.
+    clock_offset: prometheus::Gauge,
 }
 
 impl KeyMetrics {
@@ -317,6 +319,12 @@ impl KeyMetrics {
         registry.register(Box::new(refused.clone()))?;
         registry.register(Box::new(memory.clone()))?;
         registry.register(Box::new(memory_limit.clone()))?;
+        let clock_offset = prometheus::Gauge::new(
+            "tollgate_clock_offset_seconds",
+            "Wall clock minus server clock, re-checked every sweeper tick: positive is \
+             stepped forward at once, negative is absorbed by running 1/16 slow.",
+        )?;
+        registry.register(Box::new(clock_offset.clone()))?;
         Ok(Self {
             live,
             expired_swept: expired.with_label_values(&["sweeper"]),
@@ -325,6 +333,7 @@ impl KeyMetrics {
             refused,
             memory,
             memory_limit,
+            clock_offset,
         })
     }
 }
@@ -345,6 +354,9 @@ async fn sweep(shared: Arc<Shared>, shutdown: CancellationToken) {
             tracing::trace!(removed, "swept expired keys");
         }
         let keys = &shared.metrics.keys;
+        if let Some(check) = shared.clock.check_wall() {
+            keys.clock_offset.set(check.offset as f64 / 1e9);
+        }
         keys.expired_swept.inc_by(removed as u64);
         // The store counts expiries met by checks; the counter follows it.
         let on_access = shared.store.expired_on_access();
