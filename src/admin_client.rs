@@ -1,16 +1,53 @@
-//! A minimal HTTP/1 client for the admin API: what `tollgate rules` and
-//! `tollgate usage` (and the tests) use. One request per connection, JSON
-//! bodies, a deadline on the whole exchange. Built on hyper's connection
-//! API, which the admin server's stack already brings, rather than a second
-//! HTTP stack.
+//! A minimal HTTP/1 client for the admin API: what `tollgate rules`,
+//! `tollgate usage` and `tollgate promote` (and the tests) use. One request
+//! per connection, JSON bodies, a deadline on the whole exchange, the
+//! admin token as a bearer token, TLS when given a CA to verify the server
+//! by. Built on hyper's connection API, which the admin server's stack
+//! already brings, rather than a second HTTP stack.
 
+use crate::tls::{Socket, TlsError};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+/// An admin API and how to reach it.
+#[derive(Debug, Clone)]
+pub struct AdminTarget {
+    /// host:port.
+    pub addr: String,
+    /// Sent as `Authorization: Bearer <token>`.
+    pub token: Option<String>,
+    /// HTTPS, verifying the server against this config's CA.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl AdminTarget {
+    /// Plain HTTP, no token.
+    pub fn plain(addr: &str) -> Self {
+        Self {
+            addr: addr.to_owned(),
+            token: None,
+            tls: None,
+        }
+    }
+
+    /// HTTPS verified against the CA in `ca` (PEM).
+    pub fn with_ca(mut self, ca: &Path) -> Result<Self, TlsError> {
+        self.tls = Some(crate::tls::client_config(ca)?);
+        Ok(self)
+    }
+
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+}
 
 /// Characters left as they are in a path segment (RFC 3986 unreserved).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -57,7 +94,8 @@ impl Answer {
     }
 }
 
-/// Sends one request to `addr` (host:port) and reads the whole answer.
+/// Sends one request to `addr` (host:port, plain HTTP, no token) and reads
+/// the whole answer.
 pub async fn call(
     addr: &str,
     method: Method,
@@ -65,18 +103,32 @@ pub async fn call(
     body: Option<Vec<u8>>,
     timeout: Duration,
 ) -> Result<Answer, AdminError> {
-    tokio::time::timeout(timeout, exchange(addr, method, path, body))
+    request(&AdminTarget::plain(addr), method, path, body, timeout).await
+}
+
+/// Sends one request to `target` and reads the whole answer.
+pub async fn request(
+    target: &AdminTarget,
+    method: Method,
+    path: &str,
+    body: Option<Vec<u8>>,
+    timeout: Duration,
+) -> Result<Answer, AdminError> {
+    tokio::time::timeout(timeout, exchange(target, method, path, body, timeout))
         .await
         .map_err(|_| AdminError::Timeout(timeout))?
 }
 
 async fn exchange(
-    addr: &str,
+    target: &AdminTarget,
     method: Method,
     path: &str,
     body: Option<Vec<u8>>,
+    timeout: Duration,
 ) -> Result<Answer, AdminError> {
-    let stream = TcpStream::connect(addr)
+    let addr = target.addr.as_str();
+    let connector = target.tls.clone().map(TlsConnector::from);
+    let stream: Socket = crate::tls::connect(addr, connector.as_ref(), timeout)
         .await
         .map_err(|source| AdminError::Connect {
             addr: addr.to_owned(),
@@ -95,6 +147,9 @@ async fn exchange(
         .header(hyper::header::HOST, addr);
     if body.is_some() {
         request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+    }
+    if let Some(token) = &target.token {
+        request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
     }
     let request = request.body(Full::new(Bytes::from(body.unwrap_or_default())))?;
     let response = sender.send_request(request).await?;

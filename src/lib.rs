@@ -2,10 +2,21 @@
 //!
 //! # Layout
 //!
+//! A CHECK's path (docs/ARCHITECTURE.md names the module of each step):
+//!
 //! ```text
-//!  socket -> codec (tollgate-protocol) -> server::connection
+//!  socket -> server (accept, connection) -> codec (tollgate-protocol)
+//!         -> node: may this node serve it? (one atomic load; else NotPrimary)
+//!         -> server::check: rules and now, once per frame
 //!         -> store: Slot -> Stripe lock -> algorithm (pure) -> Decision
 //!         -> codec -> socket (responses coalesced into one write)
+//! ```
+//!
+//! Imports point one way (`scripts/check-layers.sh` keeps them so):
+//!
+//! ```text
+//!  cli -> server -> node -> config -> store -> algorithm
+//!            \-> rules ------------------------^
 //! ```
 //!
 //! - [`sync`]: the only source of locks and atomics (loom under `tollgate_loom`);
@@ -16,9 +27,16 @@
 //! - [`store`]: lock-striped per-key state, atomic groups, expiry;
 //! - [`rules`]: named rules from the rules file, hot reload;
 //! - [`throttled`]: the most denied keys, in bounded memory;
-//! - `repl`: replication to a standby, roles and epochs, failover;
-//! - `server` (with its admin HTTP API), `config`, `cli`: the network
-//!   server and the binary's commands; [`admin_client`] for the CLI.
+//! - [`tls`]: rustls configs of every port and of a node's own connections,
+//!   reloadable, and the one socket type for plain TCP and TLS;
+//! - [`config`]: the settings by section, flags and the config file;
+//! - `node`: who is primary (roles and epochs behind a role source; pair
+//!   mode today) and the replication to a standby;
+//! - [`server`] (with its admin HTTP API) and [`cli`]: the network server
+//!   and the binary's commands; [`admin_client`] for the CLI.
+//! - `cluster` (feature `cluster`): the etcd control plane of cluster
+//!   mode: registrations, elections and epochs, lease deadlines, the
+//!   watch-fed routing table (docs/CLUSTER.md);
 //!
 //! A check naming a rule is resolved against the rule set in force (loaded
 //! once per frame) before it reaches the store:
@@ -31,12 +49,17 @@ pub mod admin_client;
 pub mod algorithm;
 pub mod cli;
 pub mod clock;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod config;
-mod repl;
+mod node;
+#[cfg(test)]
+mod readme;
 pub mod rules;
 pub mod server;
 pub mod slot;
 pub mod store;
 pub mod sync;
 pub mod throttled;
+pub mod tls;
 pub mod units;

@@ -75,7 +75,7 @@ async fn random_bytes_never_hurt_other_clients() {
 
 #[tokio::test]
 async fn oversized_frame_is_refused_before_reading_it_and_closes() {
-    let server = TestServer::start_with(|c| c.max_frame = 64 * 1024).await;
+    let server = TestServer::start_with(|c| c.limits.max_frame = 64 * 1024).await;
     let mut by = bystander(&server).await;
     let mut c = RawConn::ready(server.addr).await;
     // Announce 1 GiB; send only the header.
@@ -204,7 +204,7 @@ async fn impossible_limits_and_costs_are_per_check_errors() {
 
 #[tokio::test]
 async fn handshake_failures_close_the_connection() {
-    let server = TestServer::start_with(|c| c.auth_token = Some("s3cret".into())).await;
+    let server = TestServer::start_with(|c| c.auth.auth_token = Some("s3cret".into())).await;
 
     let hello = |version, token: Option<&str>| Request::Hello {
         version,
@@ -244,9 +244,9 @@ async fn handshake_failures_close_the_connection() {
 #[tokio::test]
 async fn slow_and_silent_clients_are_timed_out() {
     let server = TestServer::start_with(|c| {
-        c.handshake_timeout = Duration::from_millis(200);
-        c.frame_timeout = Duration::from_millis(200);
-        c.idle_timeout = Duration::from_millis(300);
+        c.network.handshake_timeout = Duration::from_millis(200);
+        c.network.frame_timeout = Duration::from_millis(200);
+        c.network.idle_timeout = Duration::from_millis(300);
     })
     .await;
     let mut by = RawConn::ready(server.addr).await;

@@ -1,6 +1,6 @@
 //! The real `tollgate` binary: `serve` on defaults, `check` (every
-//! algorithm), `release`, `ping`, `--print-config`, and a graceful exit on
-//! SIGTERM.
+//! algorithm), `release`, `ping`, `health`, `--print-config`, and a graceful
+//! exit on SIGTERM.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -345,6 +345,24 @@ fn ping_and_connection_errors() {
 }
 
 #[test]
+fn health_asks_healthz_and_readyz_of_the_admin_api() {
+    let server = ServeProcess::start(&[]);
+    let (code, out, err) = tollgate(&["health", "--admin", &server.admin]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "ok");
+    let (code, out, err) = tollgate(&["health", "--ready", "--admin", &server.admin]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "ready");
+    drop(server);
+    // Nothing listening: unhealthy, with the reason.
+    let (code, _, err) = tollgate(&["health", "--admin", "127.0.0.1:1", "--timeout", "500ms"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("cannot reach"), "{err}");
+}
+
+#[test]
 fn bad_flags_are_refused_with_a_message() {
     for args in [
         &["check", "--key", "k", "--rate", "0/s"][..],
@@ -524,4 +542,51 @@ fn bad_rules_stop_the_server_at_start_with_file_and_line() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains(&format!("{}:3:", rules.path())), "{err}");
     assert!(err.contains("at least 1"), "{err}");
+}
+
+#[test]
+fn config_file_under_flags_and_print_config_loads_back() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config/tollgate.example.yaml");
+    let (code, out, err) = tollgate(&["serve", "--config", example, "--print-config"]);
+    assert_eq!(code, 0, "{err}");
+    let defaults: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(defaults["heartbeat"], "100ms");
+
+    let file = RulesFile::new(
+        "config",
+        "max-batch: 64\nheartbeat: 250ms\nrepl-timeout: 5s\nmax-memory: 64MiB\nadmin: none\n",
+    );
+    let (code, out, err) = tollgate(&[
+        "serve",
+        "--config",
+        file.path(),
+        "--print-config",
+        "--max-batch",
+        "32",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["max-batch"], 32, "the flag wins over the file");
+    assert_eq!(v["heartbeat"], "250ms");
+    assert_eq!(v["max-memory"], 64 << 20);
+    assert_eq!(v["admin"], "none");
+    assert_eq!(v["max-frame"], defaults["max-frame"]);
+
+    // What --print-config prints is a config file giving the same settings.
+    file.replace(&out);
+    let (code, again, err) = tollgate(&["serve", "--config", file.path(), "--print-config"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&again).unwrap(),
+        v
+    );
+
+    file.replace("max-batch: 64\nheartbeet: 250ms\n");
+    let (code, _, err) = tollgate(&["serve", "--config", file.path(), "--print-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown setting `heartbeet`"), "{err}");
+    file.replace("heartbeat: 250\n");
+    let (code, _, err) = tollgate(&["serve", "--config", file.path(), "--print-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("heartbeat"), "{err}");
 }

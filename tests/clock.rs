@@ -46,7 +46,7 @@ async fn start(
 ) {
     let config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
     config.validate().unwrap();
-    let listener = TcpListener::bind(config.listen).await.unwrap();
+    let listener = TcpListener::bind(config.network.listen).await.unwrap();
     let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (addr, admin_addr) = (listener.local_addr().unwrap(), admin.local_addr().unwrap());
     let clock = Arc::new(MonotonicClock::with_sources(sources));

@@ -29,9 +29,9 @@ async fn fill(conn: &mut RawConn, rounds: u32) -> (usize, usize) {
 #[tokio::test]
 async fn refuse_policy_refuses_new_keys_and_serves_the_rest() {
     let server = TestServer::start_with(|c| {
-        c.stripes = 16;
-        c.max_memory = Some(CAP);
-        c.on_full = OnFull::Refuse;
+        c.store.stripes = 16;
+        c.store.max_memory = Some(CAP);
+        c.store.on_full = OnFull::Refuse;
     })
     .await;
     let mut conn = RawConn::ready(server.addr).await;
@@ -63,9 +63,9 @@ async fn refuse_policy_refuses_new_keys_and_serves_the_rest() {
 #[tokio::test]
 async fn evict_policy_keeps_taking_new_keys_within_the_cap() {
     let server = TestServer::start_with(|c| {
-        c.stripes = 16;
-        c.max_memory = Some(CAP);
-        c.on_full = OnFull::Evict;
+        c.store.stripes = 16;
+        c.store.max_memory = Some(CAP);
+        c.store.on_full = OnFull::Evict;
     })
     .await;
     let mut conn = RawConn::ready(server.addr).await;

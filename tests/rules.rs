@@ -38,8 +38,8 @@ async fn start_with_rules(dir: &TempDir, text: &str) -> (TestServer, std::path::
     std::fs::write(&path, text).unwrap();
     let p = path.clone();
     let server = TestServer::start_admin(move |c| {
-        c.rules = Some(p);
-        c.rules_poll = Duration::from_millis(20);
+        c.rules.file = Some(p);
+        c.rules.poll = Duration::from_millis(20);
     })
     .await;
     (server, path)

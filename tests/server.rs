@@ -169,9 +169,9 @@ async fn peek_and_reset_over_the_wire() {
 #[tokio::test]
 async fn idle_keys_expire_through_the_sweeper() {
     let server = TestServer::start_with(|c| {
-        c.sweep_interval = Duration::from_millis(5);
-        c.sweep_stripes = 256;
-        c.stripes = 64;
+        c.store.sweep_interval = Duration::from_millis(5);
+        c.store.sweep_stripes = 256;
+        c.store.stripes = 64;
     })
     .await;
     let mut conn = RawConn::ready(server.addr).await;
@@ -201,7 +201,8 @@ async fn idle_keys_expire_through_the_sweeper() {
 
 #[tokio::test]
 async fn shutdown_answers_requests_in_flight_then_closes() {
-    let server = TestServer::start_with(|c| c.shutdown_grace = Duration::from_secs(5)).await;
+    let server =
+        TestServer::start_with(|c| c.network.shutdown_grace = Duration::from_secs(5)).await;
     let mut conn = RawConn::ready(server.addr).await;
     let mut wire = bytes::BytesMut::new();
     for id in 1..=500u32 {
@@ -248,7 +249,8 @@ async fn shutdown_answers_requests_in_flight_then_closes() {
 
 #[tokio::test]
 async fn shutdown_grace_cuts_off_a_client_that_never_reads() {
-    let server = TestServer::start_with(|c| c.shutdown_grace = Duration::from_millis(200)).await;
+    let server =
+        TestServer::start_with(|c| c.network.shutdown_grace = Duration::from_millis(200)).await;
     // A client mid-frame that never completes it: draining cannot finish it.
     let mut conn = RawConn::ready(server.addr).await;
     conn.send_raw(&[0, 0, 0, 50, 3]).await;
@@ -258,7 +260,7 @@ async fn shutdown_grace_cuts_off_a_client_that_never_reads() {
 
 #[tokio::test]
 async fn max_connections_holds_the_rest_in_the_queue() {
-    let server = TestServer::start_with(|c| c.max_connections = 1).await;
+    let server = TestServer::start_with(|c| c.network.max_connections = 1).await;
     let first = RawConn::ready(server.addr).await;
     let addr = server.addr;
     let second = tokio::spawn(async move { RawConn::ready(addr).await });
@@ -282,4 +284,32 @@ impl TestServer {
         use tollgate::clock::Clock;
         self.clock.now()
     }
+}
+
+/// PROTOCOL.md §14: a node outside a cluster answers TOPOLOGY as one shard
+/// owning every slot, itself as primary at its epoch, version 0.
+#[tokio::test]
+async fn a_single_node_answers_topology_as_one_shard_with_every_slot() {
+    let server = TestServer::start().await;
+    let mut conn = RawConn::ready(server.addr).await;
+    conn.send(9, &Request::Topology).await;
+    let topology = match conn.recv().await {
+        (9, Response::Topology(t)) => t,
+        other => panic!("expected TOPOLOGY_OK: {other:?}"),
+    };
+    assert_eq!(topology.version, 0);
+    assert!(topology.moving.is_empty());
+    assert_eq!(topology.shards.len(), 1);
+    let shard = &topology.shards[0];
+    assert_eq!(shard.id, 0);
+    assert_eq!(shard.slots, [tollgate_protocol::SlotSpan::ALL]);
+    assert!(!shard.primary.is_empty());
+    assert!(shard.standbys.is_empty());
+    assert_eq!(shard.epoch, 1);
+    // The connection goes on serving checks.
+    let results = conn
+        .check(10, batch_of(vec![vec![tb("rl:{t}:k", 10, 1000, 10, 1)]]))
+        .await;
+    assert!(allowed(&results[0]));
+    server.stop().await;
 }

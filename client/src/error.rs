@@ -126,6 +126,25 @@ pub enum Error {
     #[error("connection lost before the answer arrived")]
     ConnectionLost,
 
+    /// The circuit breaker of the node is open: it failed too many calls
+    /// recently. Returned at once, without touching the network; a probe
+    /// call goes through in `retry_in`.
+    #[error("circuit breaker of {addr} is open (probe in {retry_in:?})")]
+    BreakerOpen { addr: String, retry_in: Duration },
+
+    /// More requests are waiting for the connection's writer than
+    /// `max_queued`: the connection is saturated. Returned at once.
+    #[error("{queued} requests already wait for the connection (max_queued)")]
+    Overloaded { queued: usize },
+
+    /// A key could not be built from the caller's identifier.
+    #[error("cannot build the key: {0}")]
+    Key(#[from] crate::key::KeyError),
+
+    /// Fetching the rule table from the admin API failed.
+    #[error("cannot fetch the rules from the admin API at {addr}: {reason}")]
+    Rules { addr: String, reason: String },
+
     /// [`Client::close`](crate::Client::close) was called.
     #[error("client closed")]
     Closed,
@@ -146,5 +165,24 @@ impl From<EncodeError> for Error {
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Self {
         Self::Io(Arc::new(e))
+    }
+}
+
+impl Error {
+    /// A short reason for counting failures (`deadline exceeded`, `request
+    /// rejected: key too long`, ...): what an outcome would say about it.
+    pub fn summary(&self) -> String {
+        match crate::outcome::Failure::from_error(self) {
+            crate::outcome::Failure::Undecided(why) => why.to_string(),
+            crate::outcome::Failure::Rejected(r) => format!("request rejected: {}", r.code),
+        }
+    }
+}
+
+/// A short reason for a per-check error code, as [`Error::summary`] says it.
+pub fn code_summary(code: ErrorCode) -> String {
+    match crate::outcome::Undecided::from_code(code) {
+        Some(why) => why.to_string(),
+        None => format!("request rejected: {code}"),
     }
 }

@@ -1,50 +1,50 @@
-//! Thin async client for Tollgate, the rate-limit counter server.
+//! Async client for Tollgate, the rate-limit counter server, built to sit
+//! on a gateway's request path.
 //!
-//! A [`Client`] holds one multiplexed, pipelined connection to one server:
-//! any number of tasks call it at once, their requests are coalesced into
-//! few writes, and answers are matched by request id in whatever order they
-//! come. Every call has a deadline (5 ms by default, connecting included),
-//! and a rate-limit question always gets an [`Outcome`]: the server's
-//! [`Decision`], or an [`Undecided`] reason that the caller maps to allow or
-//! deny with a [`FailMode`]. **The default is fail-open**: the limiter must
-//! never be the reason the API is down.
+//! A [`Client`] holds one multiplexed, pipelined connection per shard (one
+//! server, or a primary and its standby): any number of tasks call it at
+//! once, concurrent checks leave as one CHECK frame, answers are matched by
+//! request id. Every call has a deadline (5 ms by default, connecting
+//! included), and a rate-limit question always gets an [`Outcome`] with
+//! **one way to decide**, [`Outcome::is_allowed`]:
+//!
+//! - the server's [`Decision`] (or tokens leased from it, for hot keys);
+//! - [`Outcome::Rejected`] for a request the server refused as invalid
+//!   (CrossSlot, KeyTooLong, UnknownRule, ...): never allowed, so a
+//!   malicious identifier can never buy a free pass;
+//! - when the server cannot decide (down, hung, breaker open): the fail
+//!   mode of the call, else of the named rule (from the admin API's rule
+//!   table), else of the config (fail-open by default). A fail-open check is
+//!   then decided by the local fallback limiter (`limit / gateways`).
 //!
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use tollgate_client::{Algorithm, Client, ClientConfig, FailMode, Limit, Outcome, RuleName};
+//! use tollgate_client::{Client, ClientConfig, Limit, Policy, Rate, RuleName};
 //!
 //! #[tokio::main]
-//! async fn main() -> Result<(), tollgate_client::Error> {
-//!     // Connect eagerly to get a clear error now (`Client::new` is lazy).
-//!     let client = Client::connect("127.0.0.1:7700", ClientConfig::default()).await?;
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let client = Client::connect("127.0.0.1:7700", ClientConfig {
+//!         admin: Some("127.0.0.1:7701".into()), // the rule table and its fail modes
+//!         ..ClientConfig::default()
+//!     }).await?;
 //!
-//!     // A token bucket: 5 per second, bursts of up to 10.
-//!     let limit = Limit {
-//!         algorithm: Algorithm::TokenBucket,
-//!         count: 5,
-//!         period_ms: 1000,
-//!         burst: 10,
-//!     };
-//!     let outcome = client.check("rl:{api-key-42}:login", limit, 1).await;
-//!     match outcome {
-//!         Outcome::Decided(d) => println!("allowed={} remaining={}", d.allowed, d.remaining),
-//!         Outcome::Undecided(why) => println!("no decision ({why}); failing open"),
-//!     }
-//!     if outcome.allowed(FailMode::Open) {
+//!     // Named limits over an untrusted identifier, checked atomically.
+//!     let search = Policy::new("search")?
+//!         .limit("per-second", Limit::token_bucket(Rate::per_second(100), 200))?
+//!         .limit("per-day", Limit::fixed_window("10000/day".parse()?))?;
+//!     let outcome = client.check_policy(&search, b"api-key-42", 1).await;
+//!     if outcome.is_allowed() {
 //!         // serve the request
+//!     } else if let Some(d) = outcome.decision() {
+//!         println!("429: {} bound, retry in {:?}", d.binding.name, d.retry_after);
 //!     } else {
-//!         // answer 429
+//!         // rejected (400) or undecided and fail-closed (503)
 //!     }
 //!
-//!     // Or name a rule configured on the server (its rules file); cost 0
-//!     // takes the rule's default cost. An unknown name is
-//!     // `Undecided(Rejected(UnknownRule))`. A rule's failure mode
-//!     // ("open"/"closed", from the admin API's GET /v1/rules) parses as a
-//!     // FailMode for `allowed`.
-//!     let outcome = client.check("rl:{api-key-42}:search", RuleName::from_static("search"), 0).await;
-//!     let mode: FailMode = "closed".parse().expect("a failure mode");
-//!     let _ = outcome.allowed(mode);
+//!     // A rule configured on the server; cost 0 takes its default cost.
+//!     let login = client.check("rl:{api-key-42}:login", RuleName::from_static("login"), 0).await;
+//!     let _ = login.is_allowed(); // fail-closed if the rule says so
 //!
 //!     // Administrative calls can take a longer deadline.
 //!     let rtt = client.with_deadline(Duration::from_secs(1)).ping().await?;
@@ -56,40 +56,61 @@
 //! # Layout
 //!
 //! ```text
-//!  caller ── check() ──> Client ── connection() ─────────┐ (client.rs: lazy connect,
-//!                          │                             │  one attempt, backoff)
-//!                          ▼                             ▼
-//!               register id in pending map     Connection (connection.rs)
-//!               queue (id, request) ──mpsc──> writer task: drain queue,
-//!                                              encode all, one write ──> socket ──> server
-//!               oneshot <── pending map <───── reader task: decode ───── socket <── server
-//!                  │
-//!                  ▼
-//!               Outcome (outcome.rs): Decided(Decision) | Undecided(why)
+//!  check() ─> decide: lease? ─> Shard: current connection (lock-free), node breaker
+//!                                 │
+//!     submit (slot + queue) ──────┴──> writer task: take queue, merge CHECKs, one write ─> socket
+//!     Call future <── slot <── driver task: decode a read, deliver under one lock, ◄── socket
+//!                              sweep deadlines, probe a suspect connection, feed the breaker
+//!  ─> Outcome: Decided | Rejected | Undecided{fail mode} | Fallback (local limiter)
 //! ```
 //!
-//! - [`config`]: [`ClientConfig`], its named defaults and `validate`;
-//! - `client`: [`Client`], deadlines, the reconnect state machine;
-//! - `connection`: the multiplexed connection, its tasks and pending map;
-//! - [`outcome`]: [`Outcome`], [`Undecided`] and the fail-open/closed mapping;
+//! - [`config`]: [`ClientConfig`] and its named defaults, `validate`;
+//! - `client`: the [`Client`] handle, the decide pipeline, admin calls;
+//! - `shard`: nodes, connection life cycle, primary rounds;
+//! - `connection`: the multiplexed connection (slots, writer, driver);
+//! - `breaker`: the per-node circuit breaker;
+//! - `fallback`, `lease`, `keymap`: the local limiters and their bounded map;
+//! - [`outcome`], [`decision`]: what a check comes to;
+//! - [`key`], [`policy`]: safe keys from untrusted identifiers;
+//! - [`rules`]: the rule table from the admin API;
+//! - `metrics`: Prometheus metrics on an injected registry;
 //! - [`error`]: the typed [`Error`].
 
 mod backoff;
+mod breaker;
 mod client;
 pub mod config;
 mod connection;
+pub mod decision;
 pub mod error;
+mod fallback;
+pub mod key;
+mod keymap;
+mod lease;
+mod metrics;
 pub mod outcome;
+pub mod policy;
+pub mod rules;
+mod shard;
 
+pub use breaker::BreakerState;
 pub use client::Client;
-pub use config::{ClientConfig, ConfigError, FailMode, UnknownFailMode};
+pub use config::{
+    BreakerConfig, ClientConfig, ConfigError, FailMode, FallbackConfig, LeaseConfig,
+    UnknownFailMode,
+};
 pub use connection::ServerInfo;
+pub use decision::{Binding, Decision, LimitName, Source};
 pub use error::Error;
-pub use outcome::{Outcome, Undecided};
+pub use key::{KeyBuilder, KeyError};
+pub use outcome::{Outcome, Rejection, Undecided};
+pub use policy::{Policy, PolicyError};
+pub use rules::{RuleInfo, RuleTable};
 
 /// The protocol types a caller needs, so a gateway depends on this crate
-/// alone.
+/// alone. The wire decision is `WireDecision`; [`Decision`] is the client's.
 pub use tollgate_protocol::{
-    Algorithm, Announce, CheckBatch, CheckResult, Decision, ErrorCode, LeaseRef, Limit, LimitRef,
-    NodeStatus, Pair, Role, RuleName, ServerLimits, RETRY_NEVER,
+    units::{Rate, UnitError},
+    Algorithm, Announce, CheckBatch, CheckResult, Decision as WireDecision, ErrorCode, LeaseRef,
+    Limit, LimitRef, NodeStatus, Pair, Role, RuleName, ServerLimits,
 };

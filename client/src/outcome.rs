@@ -1,38 +1,45 @@
-//! The answer to a rate-limit question: a server decision, or the reason
-//! there is none.
+//! The answer to a rate-limit question, and the one way to act on it.
 //!
-//! Invariants: an [`Outcome`] never hides a failure as a decision, and never
-//! turns one into a panic or an `Err` the caller must unwrap on the request
-//! path. What an undecided outcome means for the request is the caller's
-//! policy, given as a [`FailMode`]; the default is fail-open.
-//!
-//! Undecided reasons come in two kinds, kept apart so that dashboards do not
-//! mix them: availability ([`DeadlineExceeded`](Undecided::DeadlineExceeded),
-//! [`Unavailable`](Undecided::Unavailable),
-//! [`ConnectionLost`](Undecided::ConnectionLost),
-//! [`ServerError`](Undecided::ServerError),
-//! [`Protocol`](Undecided::Protocol)) and caller bugs
-//! ([`Rejected`](Undecided::Rejected): an invalid limit, keys of a group in
-//! different slots, a key or batch over the server's limits).
+//! Invariants:
+//! - [`Outcome::is_allowed`] is the only decision a gateway needs: a
+//!   decision says itself, an undecided outcome carries the fail mode that
+//!   applied to it (the call's, the rule's from the rule table, or the
+//!   client's default), a rejected request is **never** allowed;
+//! - a request the server (or the client, from the server's announced
+//!   limits) refused as invalid is [`Outcome::Rejected`], never undecided:
+//!   a key the caller let grow past the limit, keys of a group in two slots
+//!   or an unknown rule would otherwise pass under fail-open forever;
+//! - an outcome never hides a failure as a server decision, and never turns
+//!   one into a panic or an `Err` on the request path.
 
 use std::fmt;
 
-use tollgate_protocol::{CheckResult, Decision, ErrorCode};
+use tollgate_protocol::ErrorCode;
 
 use crate::config::FailMode;
+use crate::decision::Decision;
 use crate::error::Error;
 
-/// What a check or peek came to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a check came to.
+#[derive(Debug, Clone)]
 pub enum Outcome {
-    /// The server decided (allowed or denied, with the numbers for the
-    /// rate-limit headers).
+    /// A decision: the server's, or spent from a lease (see
+    /// [`Decision::source`]).
     Decided(Decision),
-    /// No decision could be had; the caller's [`FailMode`] decides.
-    Undecided(Undecided),
+    /// The server could not decide (`why`) and the check fails open, so the
+    /// local fallback limiter decided it.
+    Fallback { decision: Decision, why: Undecided },
+    /// The server could not decide, and there is no fallback for this check
+    /// (fail-closed, no local limiter, or a rule the client does not know):
+    /// `fail_mode` says what it means.
+    Undecided { why: Undecided, fail_mode: FailMode },
+    /// The request is invalid and will stay so: never allowed, whatever the
+    /// fail mode. A bug in the caller (or an attack on its key scheme).
+    Rejected(Rejection),
 }
 
-/// Why an [`Outcome`] carries no decision.
+/// Why the server could not decide. All of these are about availability;
+/// a request that is wrong is [`Outcome::Rejected`] instead.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Undecided {
@@ -42,41 +49,47 @@ pub enum Undecided {
     /// The server cannot be reached: connecting failed, or the client is
     /// backing off after failures (or was closed).
     Unavailable,
+    /// The node's circuit breaker is open; nothing was sent.
+    BreakerOpen,
     /// The connection closed while the call waited for its answer.
     ConnectionLost,
+    /// Too many requests already wait for the connection; nothing was sent.
+    Overloaded,
     /// The server could not serve the request (shutting down, not primary,
-    /// internal error, refused handshake).
+    /// at its memory cap, internal error, refused handshake).
     ServerError(ErrorCode),
-    /// The request is wrong and will stay wrong: invalid limit or cost,
-    /// keys of a group in different slots, a key or batch over the server's
-    /// limits. A bug in the caller; log it.
-    Rejected(ErrorCode),
     /// The server's answer could not be understood (version skew or a bug).
     Protocol,
 }
 
+/// Why a request was refused as invalid.
+#[derive(Debug, Clone)]
+pub struct Rejection {
+    /// The server's code, or the code the server would have answered for a
+    /// request refused locally (KeyTooLong, BatchTooLarge, Malformed, ...).
+    pub code: ErrorCode,
+    /// The client's own error, for requests refused before sending (it
+    /// carries the numbers, e.g. the key length and the limit).
+    pub error: Option<Error>,
+}
+
 impl Outcome {
-    /// Whether to let the request through, given what an undecided outcome
-    /// should mean.
-    pub fn allowed(&self, mode: FailMode) -> bool {
+    /// Whether to let the request through. Decisions say so themselves;
+    /// an undecided outcome follows the fail mode it carries; a rejected
+    /// request never passes.
+    pub fn is_allowed(&self) -> bool {
         match self {
-            Self::Decided(decision) => decision.allowed,
-            Self::Undecided(_) => mode == FailMode::Open,
+            Self::Decided(decision) | Self::Fallback { decision, .. } => decision.allowed,
+            Self::Undecided { fail_mode, .. } => *fail_mode == FailMode::Open,
+            Self::Rejected(_) => false,
         }
     }
 
-    /// Whether to let the request through, **failing open**: an undecided
-    /// outcome allows. Same as `allowed(FailMode::Open)`; for the client's
-    /// configured mode use [`Client::allows`](crate::Client::allows).
-    pub fn is_allowed(&self) -> bool {
-        self.allowed(FailMode::Open)
-    }
-
-    /// The server's decision, if there is one.
+    /// The decision (the server's, a lease's or the fallback's), if any.
     pub fn decision(&self) -> Option<&Decision> {
         match self {
-            Self::Decided(decision) => Some(decision),
-            Self::Undecided(_) => None,
+            Self::Decided(decision) | Self::Fallback { decision, .. } => Some(decision),
+            Self::Undecided { .. } | Self::Rejected(_) => None,
         }
     }
 
@@ -86,28 +99,98 @@ impl Outcome {
         self.decision().and_then(|d| d.lease)
     }
 
-    /// Why there is no decision, if there is none.
+    /// Why the server could not decide, if it could not (the fallback may
+    /// still have decided).
     pub fn undecided(&self) -> Option<Undecided> {
         match self {
-            Self::Decided(_) => None,
-            Self::Undecided(why) => Some(*why),
+            Self::Fallback { why, .. } | Self::Undecided { why, .. } => Some(*why),
+            Self::Decided(_) | Self::Rejected(_) => None,
         }
     }
 
-    /// The outcome of one check's result.
-    pub fn from_result(result: CheckResult) -> Self {
-        match result {
-            CheckResult::Decision(decision) => Self::Decided(decision),
-            CheckResult::Error(code) => Self::Undecided(Undecided::from_code(code)),
+    /// The rejection, if the request was invalid.
+    pub fn rejection(&self) -> Option<&Rejection> {
+        match self {
+            Self::Rejected(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// A short label for metrics and logs: `allowed`, `denied`, `undecided`,
+    /// `rejected`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Decided(d) | Self::Fallback { decision: d, .. } if d.allowed => "allowed",
+            Self::Decided(_) | Self::Fallback { .. } => "denied",
+            Self::Undecided { .. } => "undecided",
+            Self::Rejected(_) => "rejected",
+        }
+    }
+}
+
+/// How a failed call reads: no decision for an availability reason, or a
+/// request that is wrong.
+#[derive(Debug, Clone)]
+pub(crate) enum Failure {
+    Undecided(Undecided),
+    Rejected(Rejection),
+}
+
+impl Failure {
+    /// Classifies a per-check or per-request server error code.
+    pub(crate) fn from_code(code: ErrorCode) -> Self {
+        match Undecided::from_code(code) {
+            Some(why) => Self::Undecided(why),
+            None => Self::Rejected(Rejection { code, error: None }),
+        }
+    }
+
+    /// Classifies a client error. Requests refused locally (checked against
+    /// the limits the server announced) are rejected with the code the
+    /// server would have answered.
+    pub(crate) fn from_error(error: &Error) -> Self {
+        let rejected = |code| {
+            Self::Rejected(Rejection {
+                code,
+                error: Some(error.clone()),
+            })
+        };
+        match error {
+            Error::Timeout { .. } => Self::Undecided(Undecided::DeadlineExceeded),
+            Error::Config(_)
+            | Error::Connect { .. }
+            | Error::ConnectTimeout { .. }
+            | Error::Unavailable { .. }
+            | Error::NoPrimary { .. }
+            | Error::Rules { .. }
+            | Error::Closed => Self::Undecided(Undecided::Unavailable),
+            Error::BreakerOpen { .. } => Self::Undecided(Undecided::BreakerOpen),
+            Error::Overloaded { .. } => Self::Undecided(Undecided::Overloaded),
+            Error::Io(_) | Error::ConnectionLost => Self::Undecided(Undecided::ConnectionLost),
+            Error::Handshake { code, .. } => Self::Undecided(Undecided::ServerError(*code)),
+            Error::Server { code, .. } => Self::from_code(*code),
+            Error::Protocol(_) | Error::UnexpectedResponse { .. } | Error::ResultCount { .. } => {
+                Self::Undecided(Undecided::Protocol)
+            }
+            Error::BatchTooLarge { .. } | Error::GroupTooLarge { .. } => {
+                rejected(ErrorCode::BatchTooLarge)
+            }
+            Error::KeyTooLong { .. } | Error::Key(crate::key::KeyError::KeyTooLong { .. }) => {
+                rejected(ErrorCode::KeyTooLong)
+            }
+            Error::Key(_) => rejected(ErrorCode::Malformed),
+            Error::FrameTooLarge { .. } => rejected(ErrorCode::FrameTooLarge),
+            Error::EmptyKey | Error::EmptyGroup { .. } | Error::Encode(_) => {
+                rejected(ErrorCode::Malformed)
+            }
         }
     }
 }
 
 impl Undecided {
-    /// Classifies a server error code: request problems are
-    /// [`Rejected`](Self::Rejected), everything else a
-    /// [`ServerError`](Self::ServerError).
-    pub fn from_code(code: ErrorCode) -> Self {
+    /// The availability reason of a server error code; `None` for codes that
+    /// say the request itself is wrong (those are rejections).
+    pub fn from_code(code: ErrorCode) -> Option<Self> {
         match code {
             ErrorCode::InvalidLimit
             | ErrorCode::CrossSlot
@@ -116,7 +199,7 @@ impl Undecided {
             | ErrorCode::Malformed
             | ErrorCode::FrameTooLarge
             | ErrorCode::UnknownOpcode
-            | ErrorCode::UnknownRule => Self::Rejected(code),
+            | ErrorCode::UnknownRule => None,
             ErrorCode::UnsupportedVersion
             | ErrorCode::AuthFailed
             | ErrorCode::HandshakeRequired
@@ -125,43 +208,24 @@ impl Undecided {
             | ErrorCode::StaleEpoch
             | ErrorCode::Internal
             | ErrorCode::StoreFull
-            | ErrorCode::Unknown(_) => Self::ServerError(code),
+            | ErrorCode::TryAgain
+            | ErrorCode::Unknown(_) => Some(Self::ServerError(code)),
         }
     }
 
-    /// Classifies a client error. Requests refused locally (checked against
-    /// the limits the server announced) map to the code the server would
-    /// have answered, so they read the same in logs.
-    pub fn from_error(error: &Error) -> Self {
-        match error {
-            Error::Timeout { .. } => Self::DeadlineExceeded,
-            Error::Config(_)
-            | Error::Connect { .. }
-            | Error::ConnectTimeout { .. }
-            | Error::Unavailable { .. }
-            | Error::NoPrimary { .. }
-            | Error::Closed => Self::Unavailable,
-            Error::Io(_) | Error::ConnectionLost => Self::ConnectionLost,
-            Error::Handshake { code, .. } => Self::ServerError(*code),
-            Error::Server { code, .. } => Self::from_code(*code),
-            Error::Protocol(_) | Error::UnexpectedResponse { .. } | Error::ResultCount { .. } => {
-                Self::Protocol
-            }
-            Error::BatchTooLarge { .. } | Error::GroupTooLarge { .. } => {
-                Self::Rejected(ErrorCode::BatchTooLarge)
-            }
-            Error::KeyTooLong { .. } => Self::Rejected(ErrorCode::KeyTooLong),
-            Error::FrameTooLarge { .. } => Self::Rejected(ErrorCode::FrameTooLarge),
-            Error::EmptyKey | Error::EmptyGroup { .. } | Error::Encode(_) => {
-                Self::Rejected(ErrorCode::Malformed)
-            }
+    /// The metric label of the reason: `deadline`, `unavailable`,
+    /// `breaker_open`, `connection_lost`, `overloaded`, `server_error`,
+    /// `protocol`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::DeadlineExceeded => "deadline",
+            Self::Unavailable => "unavailable",
+            Self::BreakerOpen => "breaker_open",
+            Self::ConnectionLost => "connection_lost",
+            Self::Overloaded => "overloaded",
+            Self::ServerError(_) => "server_error",
+            Self::Protocol => "protocol",
         }
-    }
-
-    /// True for [`Rejected`](Self::Rejected): the caller sent a request
-    /// that can never be decided; retrying will not help.
-    pub fn is_caller_error(&self) -> bool {
-        matches!(self, Self::Rejected(_))
     }
 }
 
@@ -170,10 +234,20 @@ impl fmt::Display for Undecided {
         match self {
             Self::DeadlineExceeded => f.write_str("deadline exceeded"),
             Self::Unavailable => f.write_str("server unavailable"),
+            Self::BreakerOpen => f.write_str("circuit breaker open"),
             Self::ConnectionLost => f.write_str("connection lost"),
+            Self::Overloaded => f.write_str("connection overloaded"),
             Self::ServerError(code) => write!(f, "server error: {code}"),
-            Self::Rejected(code) => write!(f, "request rejected: {code}"),
             Self::Protocol => f.write_str("undecodable answer"),
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.error {
+            Some(e) => write!(f, "request rejected: {e}"),
+            None => write!(f, "request rejected: {}", self.code),
         }
     }
 }
@@ -182,93 +256,109 @@ impl fmt::Display for Undecided {
 mod tests {
     use std::time::Duration;
 
+    use tollgate_protocol::{Limit, LimitRef};
+
     use super::*;
+    use crate::decision::{Binding, Source};
 
     fn decision(allowed: bool) -> Decision {
+        let limit = Limit::token_bucket(tollgate_protocol::units::Rate::per_second(5), 10);
         Decision {
             allowed,
             shadow_denied: false,
-            pair: 0,
+            source: Source::Server,
+            binding: Binding::of(0, &LimitRef::Inline(limit), None, |_| None),
             limit: 10,
-            remaining: if allowed { 9 } else { 0 },
-            reset_after_ms: 100,
-            retry_after_ms: if allowed { 0 } else { 100 },
+            remaining: 0,
+            reset_after: Duration::from_millis(100),
+            full_after: Duration::from_millis(100),
+            retry_after: Some(Duration::ZERO),
             lease: None,
         }
     }
 
     #[test]
-    fn decided_outcomes_ignore_the_fail_mode() {
-        for mode in [FailMode::Open, FailMode::Closed] {
-            assert!(Outcome::Decided(decision(true)).allowed(mode));
-            assert!(!Outcome::Decided(decision(false)).allowed(mode));
+    fn one_way_to_decide() {
+        assert!(Outcome::Decided(decision(true)).is_allowed());
+        assert!(!Outcome::Decided(decision(false)).is_allowed());
+        let open = Outcome::Undecided {
+            why: Undecided::DeadlineExceeded,
+            fail_mode: FailMode::Open,
+        };
+        assert!(open.is_allowed());
+        assert_eq!(open.undecided(), Some(Undecided::DeadlineExceeded));
+        let closed = Outcome::Undecided {
+            why: Undecided::BreakerOpen,
+            fail_mode: FailMode::Closed,
+        };
+        assert!(!closed.is_allowed());
+        let fallback = Outcome::Fallback {
+            decision: decision(false),
+            why: Undecided::BreakerOpen,
+        };
+        assert!(!fallback.is_allowed());
+        assert_eq!(fallback.label(), "denied");
+    }
+
+    #[test]
+    fn rejected_requests_never_pass() {
+        for code in [
+            ErrorCode::CrossSlot,
+            ErrorCode::KeyTooLong,
+            ErrorCode::Malformed,
+            ErrorCode::UnknownRule,
+            ErrorCode::InvalidLimit,
+        ] {
+            let Failure::Rejected(r) = Failure::from_code(code) else {
+                panic!("{code:?} is a rejection");
+            };
+            let outcome = Outcome::Rejected(r);
+            assert!(!outcome.is_allowed(), "{code:?}");
+            assert_eq!(outcome.label(), "rejected");
         }
+        let local = Failure::from_error(&Error::KeyTooLong { len: 300, max: 256 });
+        assert!(matches!(
+            local,
+            Failure::Rejected(Rejection {
+                code: ErrorCode::KeyTooLong,
+                error: Some(Error::KeyTooLong { len: 300, max: 256 })
+            })
+        ));
+        assert!(matches!(
+            Failure::from_error(&Error::EmptyKey),
+            Failure::Rejected(Rejection {
+                code: ErrorCode::Malformed,
+                ..
+            })
+        ));
     }
 
     #[test]
-    fn undecided_outcomes_follow_the_fail_mode_and_default_open() {
-        let outcome = Outcome::Undecided(Undecided::DeadlineExceeded);
-        assert!(outcome.allowed(FailMode::Open));
-        assert!(!outcome.allowed(FailMode::Closed));
-        assert!(outcome.is_allowed());
-        assert_eq!(outcome.decision(), None);
-        assert_eq!(outcome.undecided(), Some(Undecided::DeadlineExceeded));
-        assert_eq!(outcome.lease(), None);
-    }
-
-    #[test]
-    fn the_lease_of_an_allowed_acquire() {
-        let leased = Decision {
-            lease: Some(42),
-            ..decision(true)
+    fn availability_errors_are_undecided() {
+        let undecided = |f: Failure| match f {
+            Failure::Undecided(why) => why,
+            Failure::Rejected(r) => panic!("rejected: {r}"),
         };
-        assert_eq!(Outcome::Decided(leased).lease(), Some(42));
-        assert_eq!(Outcome::Decided(decision(true)).lease(), None);
-    }
-
-    #[test]
-    fn caller_bugs_are_kept_apart_from_availability() {
         assert_eq!(
-            Undecided::from_code(ErrorCode::InvalidLimit),
-            Undecided::Rejected(ErrorCode::InvalidLimit)
+            undecided(Failure::from_code(ErrorCode::NotPrimary)),
+            Undecided::ServerError(ErrorCode::NotPrimary)
         );
         assert_eq!(
-            Undecided::from_code(ErrorCode::CrossSlot),
-            Undecided::Rejected(ErrorCode::CrossSlot)
+            undecided(Failure::from_error(&Error::Timeout {
+                after: Duration::from_millis(5)
+            })),
+            Undecided::DeadlineExceeded
         );
         assert_eq!(
-            Undecided::from_code(ErrorCode::ShuttingDown),
-            Undecided::ServerError(ErrorCode::ShuttingDown)
+            undecided(Failure::from_error(&Error::BreakerOpen {
+                addr: "a:1".into(),
+                retry_in: Duration::from_millis(5)
+            })),
+            Undecided::BreakerOpen
         );
-        assert!(Undecided::from_code(ErrorCode::CrossSlot).is_caller_error());
-        assert!(!Undecided::from_code(ErrorCode::NotPrimary).is_caller_error());
-    }
-
-    #[test]
-    fn errors_map_to_their_reason() {
-        let timeout = Error::Timeout {
-            after: Duration::from_millis(5),
-        };
-        assert_eq!(Undecided::from_error(&timeout), Undecided::DeadlineExceeded);
-        let unavailable = Error::Unavailable {
-            retry_in: Duration::from_millis(40),
-            cause: std::sync::Arc::new(Error::ConnectionLost),
-        };
-        assert_eq!(Undecided::from_error(&unavailable), Undecided::Unavailable);
         assert_eq!(
-            Undecided::from_error(&Error::ConnectionLost),
+            undecided(Failure::from_error(&Error::ConnectionLost)),
             Undecided::ConnectionLost
-        );
-        assert_eq!(
-            Undecided::from_error(&Error::KeyTooLong { len: 300, max: 256 }),
-            Undecided::Rejected(ErrorCode::KeyTooLong)
-        );
-        assert_eq!(
-            Undecided::from_error(&Error::Server {
-                code: ErrorCode::InvalidLimit,
-                message: String::new(),
-            }),
-            Undecided::Rejected(ErrorCode::InvalidLimit)
         );
     }
 }

@@ -11,8 +11,8 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tollgate_client::{
-    Algorithm, CheckResult, Client, ClientConfig, Decision, ErrorCode, Limit, Outcome, Role,
-    ServerLimits, Undecided,
+    Algorithm, CheckResult, Client, ClientConfig, ErrorCode, Limit, Outcome, Role, ServerLimits,
+    Undecided, WireDecision as Decision,
 };
 use tollgate_protocol::{decode_request, encode_response, Request, Response, PROTOCOL_VERSION};
 
@@ -115,9 +115,11 @@ fn shard(nodes: &[&FakeNode]) -> Client {
             connect_timeout: Duration::from_secs(1),
             backoff_min: Duration::from_millis(10),
             backoff_max: Duration::from_millis(50),
+            fallback: None,
             ..ClientConfig::default()
         },
     )
+    .expect("valid config")
 }
 
 /// Which node answered a check (its id is the decision's `remaining`).
@@ -158,9 +160,14 @@ async fn without_a_primary_checks_are_undecided_until_one_appears() {
     let b = FakeNode::start(2, Role::Standby, 1).await;
     let client = shard(&[&a, &b]);
     let outcome = client.check("k", limit(), 1).await;
-    assert_eq!(
-        outcome,
-        Outcome::Undecided(Undecided::Unavailable),
+    assert!(
+        matches!(
+            outcome,
+            Outcome::Undecided {
+                why: Undecided::Unavailable,
+                ..
+            }
+        ),
         "no primary: fail open or closed"
     );
     b.set(Role::Primary, 2);

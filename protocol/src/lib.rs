@@ -1,7 +1,10 @@
 //! Tollgate wire protocol v1.
 //!
 //! Byte layout: `PROTOCOL.md` beside this crate (the normative spec).
-//! - [`message`]: requests, responses and their parts as Rust values;
+//! - [`message`]: requests, responses and their parts as Rust values
+//!   ([`replication`] and [`cluster`] hold those of §13 and §14);
+//! - [`units`]: the `5/s` rate and `250ms` duration parsers everyone shares;
+//! - `limits`: [`Limit`] constructors and the reading of a rule's fields;
 //! - [`codec`]: pure encode/decode functions over `BytesMut`, bounded by
 //!   [`ServerLimits`], plus thin tokio-util `Encoder`/`Decoder` wrappers.
 //!
@@ -14,10 +17,15 @@
 //!              -> encode_response / encode_checked -> BytesMut -> socket
 //! ```
 
+pub mod cluster;
 pub mod codec;
+mod limits;
 pub mod message;
 pub mod replication;
+pub mod units;
 
+pub use cluster::*;
 pub use codec::*;
+pub use limits::RuleFieldError;
 pub use message::*;
 pub use replication::*;

@@ -15,7 +15,24 @@
 
 use bytes::Bytes;
 
-use crate::message::Role;
+/// Role of the answering node (replication fills in `Standby`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Role {
+    Primary = 1,
+    Standby = 2,
+}
+
+impl Role {
+    /// Decodes a wire value.
+    pub fn from_wire(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Primary),
+            2 => Some(Self::Standby),
+            _ => None,
+        }
+    }
+}
 
 /// Requests of replication and operations.
 #[derive(Debug, Clone, PartialEq, Eq)]

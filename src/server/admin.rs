@@ -9,40 +9,52 @@
 //! Edits made here (`PUT`, `DELETE`) live in memory: the next reload of the
 //! rules file (a change to it, SIGHUP, `POST /v1/rules/reload`) replaces the
 //! whole set with the file's content.
+//!
+//! With `--admin-token` every endpoint but `/healthz` and `/readyz` (and
+//! `/metrics` with `--admin-open-metrics`) answers 401 unless the request
+//! carries `Authorization: Bearer <token>`; unknown paths too, so the
+//! answer tells nothing without the token. `POST /v1/promote` is the
+//! operator's promotion (the protocol's PROMOTE is for nodes only).
+//! The listener (TLS, HTTP/1, graceful stop) is `admin_listener.rs`.
 
+use super::auth::AdminAuth;
 use super::Shared;
 use crate::algorithm::Policy;
+use crate::node::status;
 use crate::rules::{EditError, ReloadError, ReloadSource};
 use crate::slot::Slot;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State as AxumState};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use prometheus::Registry;
 use serde_json::{json, Value};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tollgate_protocol::RETRY_NEVER;
 
-type AppState = AxumState<Arc<Shared>>;
-
-/// Serves the admin API on `listener` until `stop`.
-pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
-    let addr = listener.local_addr().ok();
-    tracing::info!(admin = ?addr, "admin API serving");
-    let result = axum::serve(listener, router(shared))
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "admin API failed");
-    }
+/// What the admin API reads: what connections see, and the server's own
+/// state.
+pub(super) struct AdminState {
+    pub shared: Arc<Shared>,
+    /// Every metric of the server, for `/metrics`.
+    pub registry: Registry,
+    /// Set once the server serves (listener and rules in place); read by
+    /// `/readyz` together with draining.
+    pub serving: AtomicBool,
+    /// `--max-log-entries`: usage is computed under the bound checks see.
+    pub max_log_entries: u64,
+    /// Who may call which endpoint.
+    pub auth: AdminAuth,
 }
 
-fn router(shared: Arc<Shared>) -> Router {
+type AppState = AxumState<Arc<AdminState>>;
+
+pub(super) fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -56,6 +68,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/limits/{key}", get(limits))
         .route("/v1/throttled", get(throttled))
         .route("/v1/replication", get(replication))
+        .route("/v1/promote", post(promote))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint") })
         .method_not_allowed_fallback(|| async {
             error(
@@ -63,7 +76,50 @@ fn router(shared: Arc<Shared>) -> Router {
                 "method not allowed on this endpoint",
             )
         })
-        .with_state(shared)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_token,
+        ))
+        .with_state(state)
+}
+
+/// 401 for a request the admin token does not cover.
+async fn require_token(
+    AxumState(state): AppState,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    if state.auth.allows(request.uri().path(), given) {
+        return next.run(request).await;
+    }
+    let mut refused = error(
+        StatusCode::UNAUTHORIZED,
+        "missing or wrong admin token: send `Authorization: Bearer <token>` (--admin-token)",
+    );
+    refused
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    refused
+}
+
+/// An operator's promotion: this node becomes primary at
+/// `max(every epoch it knows) + 1` (a primary stays as it is).
+async fn promote(AxumState(state): AppState) -> Response {
+    tracing::info!("promotion requested through the admin API");
+    match state.shared.node.promote() {
+        Ok((epoch, was_primary)) => Json(json!({
+            "role": "primary",
+            "epoch": epoch,
+            "was_primary": was_primary,
+            "addr": state.shared.node.status().addr,
+        }))
+        .into_response(),
+        Err(refusal) => error(StatusCode::CONFLICT, refusal),
+    }
 }
 
 fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
@@ -72,8 +128,8 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
 
 /// Role, epoch, offsets and replication counters (what `tollgate status`
 /// prints).
-async fn replication(AxumState(shared): AppState) -> Response {
-    Json(crate::repl::status_json(&crate::repl::status(&shared))).into_response()
+async fn replication(AxumState(state): AppState) -> Response {
+    Json(status::to_json(&state.shared.node.status())).into_response()
 }
 
 async fn healthz() -> Response {
@@ -82,23 +138,23 @@ async fn healthz() -> Response {
 
 /// Ready once serving (listener bound, rules loaded); not ready once
 /// draining, so load balancers stop sending new clients first.
-async fn readyz(AxumState(shared): AppState) -> Response {
-    if shared.draining.is_cancelled() {
+async fn readyz(AxumState(state): AppState) -> Response {
+    if state.shared.lifecycle.draining.is_cancelled() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "draining");
     }
     // Acquire: pairs with the Release store once the server serves.
-    if !shared.serving.load(Ordering::Acquire) {
+    if !state.serving.load(Ordering::Acquire) {
         return error(StatusCode::SERVICE_UNAVAILABLE, "starting");
     }
-    Json(json!({ "status": "ready", "rules": shared.rules.current().len() })).into_response()
+    Json(json!({ "status": "ready", "rules": state.shared.rules.current().len() })).into_response()
 }
 
-async fn metrics(AxumState(shared): AppState) -> Response {
+async fn metrics(AxumState(state): AppState) -> Response {
     use prometheus::Encoder;
     let encoder = prometheus::TextEncoder::new();
     let mut out = Vec::new();
-    shared.metrics.repl.refresh(&shared);
-    if let Err(e) = encoder.encode(&shared.metrics.registry.gather(), &mut out) {
+    state.shared.node.refresh_metrics();
+    if let Err(e) = encoder.encode(&state.registry.gather(), &mut out) {
         return error(StatusCode::INTERNAL_SERVER_ERROR, e);
     }
     (
@@ -108,7 +164,8 @@ async fn metrics(AxumState(shared): AppState) -> Response {
         .into_response()
 }
 
-async fn list_rules(AxumState(shared): AppState) -> Response {
+async fn list_rules(AxumState(state): AppState) -> Response {
+    let shared = &state.shared;
     let set = shared.rules.current();
     let rules: Vec<_> = set.sorted().into_iter().map(|r| &r.spec).collect();
     Json(json!({
@@ -120,9 +177,10 @@ async fn list_rules(AxumState(shared): AppState) -> Response {
 }
 
 async fn get_rule(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     name: Result<Path<String>, PathRejection>,
 ) -> Response {
+    let shared = &state.shared;
     let name = match name {
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -134,10 +192,11 @@ async fn get_rule(
 }
 
 async fn put_rule(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     name: Result<Path<String>, PathRejection>,
     body: Bytes,
 ) -> Response {
+    let shared = &state.shared;
     let name = match name {
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -164,9 +223,10 @@ async fn put_rule(
 }
 
 async fn delete_rule(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     name: Result<Path<String>, PathRejection>,
 ) -> Response {
+    let shared = &state.shared;
     let name = match name {
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -178,7 +238,8 @@ async fn delete_rule(
     }
 }
 
-async fn reload(AxumState(shared): AppState) -> Response {
+async fn reload(AxumState(state): AppState) -> Response {
+    let shared = &state.shared;
     match shared.rules.reload(ReloadSource::AdminApi).await {
         Ok(n) => Json(json!({
             "status": "reloaded",
@@ -213,10 +274,11 @@ struct LimitsQuery {
 /// The usage of one key under every rule of its state's algorithm (or the
 /// one `?rule=` names), computed from the stored state without charging.
 async fn limits(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     key: Result<Path<String>, PathRejection>,
     query: Result<Query<LimitsQuery>, QueryRejection>,
 ) -> Response {
+    let shared = &state.shared;
     let key = match key {
         Ok(Path(k)) => k,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -225,10 +287,11 @@ async fn limits(
         Ok(Query(q)) => q.rule,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    if key.is_empty() || key.len() > usize::from(shared.config.max_key_len) {
+    let max_key_len = shared.limits.max_key_len;
+    if key.is_empty() || key.len() > usize::from(max_key_len) {
         return error(
             StatusCode::BAD_REQUEST,
-            format!("keys are 1 to {} bytes", shared.config.max_key_len),
+            format!("keys are 1 to {max_key_len} bytes"),
         );
     }
     let rules = shared.rules.current();
@@ -251,8 +314,7 @@ async fn limits(
                 continue;
             }
             // Rules are validated at load; an error here cannot happen.
-            let Ok(policy) = Policy::from_limit_with(&rule.limit, shared.config.max_log_entries)
-            else {
+            let Ok(policy) = Policy::from_limit_with(&rule.limit, state.max_log_entries) else {
                 continue;
             };
             // Cost 0: what is available now, nothing taken, nothing stored.
@@ -300,9 +362,10 @@ struct TopQuery {
 }
 
 async fn throttled(
-    AxumState(shared): AppState,
+    AxumState(state): AppState,
     query: Result<Query<TopQuery>, QueryRejection>,
 ) -> Response {
+    let shared = &state.shared;
     let top = match query {
         Ok(Query(q)) => q.top.unwrap_or(10),
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -347,7 +410,13 @@ mod tests {
     async fn readyz_follows_serving_then_draining() {
         let config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
         let server = Server::with_clock(config, Arc::new(ManualClock::new(0))).unwrap();
-        let shared = server.shared.clone();
+        let shared = Arc::new(AdminState {
+            shared: server.shared.clone(),
+            registry: Registry::new(),
+            serving: AtomicBool::new(false),
+            max_log_entries: 1000,
+            auth: AdminAuth::new(&Default::default()),
+        });
 
         let r = readyz(AxumState(shared.clone())).await;
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -359,7 +428,7 @@ mod tests {
             StatusCode::OK
         );
 
-        shared.draining.cancel();
+        shared.shared.lifecycle.draining.cancel();
         let r = readyz(AxumState(shared.clone())).await;
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(body(r).await["error"], "draining");

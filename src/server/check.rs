@@ -85,9 +85,9 @@ impl CheckMetrics {
     }
 }
 
-/// What a CHECK-shaped frame does with its checks.
+/// The verb of a CHECK-shaped frame: what it does with its checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Op {
+pub(super) enum Verb {
     /// CHECK (charge) or PEEK.
     Check(Mode),
     /// REFUND: give each pair's cost back.
@@ -99,19 +99,19 @@ pub(super) fn answer(
     shared: &Shared,
     id: RequestId,
     batch: &CheckBatch,
-    op: Op,
+    verb: Verb,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     let started = Instant::now();
     let rules = shared.rules.current();
-    let frame = Frame {
+    let evaluation = Evaluation {
         shared,
         rules: &rules,
         now: shared.clock.now(),
-        op,
+        verb,
     };
-    let encoded = encode_checked(id, batch.iter().map(|pairs| frame.check(pairs)), dst);
-    if let Op::Check(_) = op {
+    let encoded = encode_checked(id, batch.iter().map(|pairs| evaluation.check(pairs)), dst);
+    if let Verb::Check(_) = verb {
         let metrics = &shared.metrics.checks;
         metrics.batch_size.observe(batch.len() as f64);
         metrics.latency.observe(started.elapsed().as_secs_f64());
@@ -135,12 +135,13 @@ pub(super) fn release(
     encode_response(id, &Response::Released(released as u32), dst)
 }
 
-/// One frame's view: the rules and the time every check of it sees.
-struct Frame<'a> {
+/// The evaluation of one frame's checks: the rules and the time every
+/// check of it sees.
+struct Evaluation<'a> {
     shared: &'a Shared,
     rules: &'a RuleSet,
     now: Nanos,
-    op: Op,
+    verb: Verb,
 }
 
 /// A check's pairs with their rules resolved to inline limits, and the rule
@@ -177,11 +178,11 @@ impl<'r> Decided<'r> {
     }
 }
 
-impl Frame<'_> {
+impl Evaluation<'_> {
     fn check(&self, pairs: &[Pair]) -> CheckResult {
-        let decided = match self.op {
-            Op::Check(mode) => self.evaluate(pairs, mode),
-            Op::Refund => self.refund(pairs),
+        let decided = match self.verb {
+            Verb::Check(mode) => self.evaluate(pairs, mode),
+            Verb::Refund => self.refund(pairs),
         };
         match decided {
             Decided::Decision {

@@ -11,15 +11,25 @@
 //! a failed handshake or a timeout ends this connection only. No path here
 //! touches the store before a request has decoded completely.
 //!
-//! Roles: a standby refuses every write (and PEEK unless it serves stale
-//! reads) with NotPrimary naming its primary; a REPLICATE accepted by a
-//! primary ends this task and hands the socket, with whatever was read past
-//! the REPLICATE, to the replication task.
+//! Roles: every request that touches the counters is first admitted by the
+//! node (a standby refuses writes, and PEEK unless it serves stale reads,
+//! with NotPrimary naming its primary); a REPLICATE accepted by a primary
+//! ends this task and hands the socket, with whatever was read past the
+//! REPLICATE, to the node.
+//!
+//! Privilege: HELLO's token makes the connection a client or a node
+//! (`auth.rs`). Node-to-node control (REPLICATE, PROMOTE, a STATUS that
+//! announces a role) from a client connection is answered AuthFailed and
+//! changes nothing; the connection stays open for what a client may do.
+//! TLS, when the port speaks it, is negotiated before the first byte of
+//! the protocol, within the handshake timeout.
 
-use super::check::{self, Op};
+use super::auth::Privilege;
+use super::check::{self, Verb};
 use super::Shared;
-use crate::repl::primary::Handover;
+use crate::node::{Access, Handover, Refusal};
 use crate::store::Mode;
+use crate::tls::Socket;
 use bytes::BytesMut;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use std::net::SocketAddr;
@@ -80,6 +90,8 @@ impl ErrorCounters {
 pub(crate) struct ConnMetrics {
     pub open: IntGauge,
     pub accepted: IntCounter,
+    /// TLS handshakes that failed (`tollgate_tls_handshake_failures_total`).
+    pub tls_failures: IntCounter,
 }
 
 impl ConnMetrics {
@@ -89,9 +101,19 @@ impl ConnMetrics {
             "tollgate_connections_accepted_total",
             "Client connections accepted since the start.",
         )?;
+        let tls_failures = IntCounter::new(
+            "tollgate_tls_handshake_failures_total",
+            "TLS handshakes on the protocol port that failed or timed out \
+             (no certificate under mTLS, an untrusted one, not TLS at all).",
+        )?;
         registry.register(Box::new(open.clone()))?;
         registry.register(Box::new(accepted.clone()))?;
-        Ok(Self { open, accepted })
+        registry.register(Box::new(tls_failures.clone()))?;
+        Ok(Self {
+            open,
+            accepted,
+            tls_failures,
+        })
     }
 }
 
@@ -142,13 +164,15 @@ enum ConnError {
 }
 
 struct Connection {
-    stream: TcpStream,
+    stream: Socket,
     peer: SocketAddr,
     shared: Arc<Shared>,
     rbuf: BytesMut,
     wbuf: BytesMut,
     /// Set by a valid HELLO; before it only HELLO is accepted.
     ready: bool,
+    /// What the HELLO proved (a client until then).
+    privilege: Privilege,
     client_name: String,
     /// When the partial frame now in `rbuf` started arriving.
     partial_since: Option<Instant>,
@@ -163,6 +187,10 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
     }
     shared.metrics.conns.accepted.inc();
     let _open = OpenConnection::new(&shared.metrics.conns.open);
+    let opened = Instant::now();
+    let Some(stream) = secure(stream, peer, &shared).await else {
+        return;
+    };
     let mut conn = Connection {
         stream,
         peer,
@@ -170,17 +198,42 @@ pub(super) async fn serve(stream: TcpStream, peer: SocketAddr, shared: Arc<Share
         rbuf: BytesMut::with_capacity(READ_BUFFER),
         wbuf: BytesMut::with_capacity(WRITE_BUFFER),
         ready: false,
+        privilege: Privilege::Client,
         client_name: String::new(),
         partial_since: None,
         replicate: None,
     };
-    tracing::debug!(%peer, "connection opened");
-    match conn.run().await {
+    tracing::debug!(%peer, tls = conn.stream.is_tls(), "connection opened");
+    match conn.run(opened).await {
         Ok(()) => match conn.replicate.take() {
             Some(r) => hand_over(conn, r).await,
             None => tracing::debug!(%peer, client = %conn.client_name, "connection closed"),
         },
         Err(e) => tracing::info!(%peer, client = %conn.client_name, error = %e, "connection ended"),
+    }
+}
+
+/// The TLS handshake, when the port speaks TLS, within the handshake
+/// timeout (which also bounds the HELLO after it); None when it failed.
+async fn secure(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<Socket> {
+    let Some(tls) = &shared.tls else {
+        return Some(Socket::Plain(stream));
+    };
+    let acceptor = tls.protocol_acceptor();
+    let limit = shared.network.handshake_timeout;
+    let failed = |why: &dyn std::fmt::Display| {
+        shared.metrics.conns.tls_failures.inc();
+        tracing::debug!(%peer, error = %why, "TLS handshake failed");
+        None
+    };
+    let handshake = tokio::select! {
+        _ = shared.lifecycle.draining.cancelled() => return None,
+        h = tokio::time::timeout(limit, acceptor.accept(stream)) => h,
+    };
+    match handshake {
+        Ok(Ok(tls)) => Some(Socket::from(tls)),
+        Ok(Err(e)) => failed(&e),
+        Err(_) => failed(&format!("not done within {limit:?}")),
     }
 }
 
@@ -197,9 +250,9 @@ async fn hand_over(conn: Connection, r: Replicate) {
     tracing::debug!(peer = %conn.peer, client = %conn.client_name, "replication connection handed over");
     let shared = conn.shared;
     tokio::select! {
-        _ = shared.draining.cancelled() => {}
-        sent = shared.handovers.send(handover) => {
-            if sent.is_err() {
+        _ = shared.lifecycle.draining.cancelled() => {}
+        taken = shared.node.hand_over(handover) => {
+            if !taken {
                 tracing::debug!(peer = %conn.peer, "replication task gone; connection dropped");
             }
         }
@@ -207,8 +260,9 @@ async fn hand_over(conn: Connection, r: Replicate) {
 }
 
 impl Connection {
-    async fn run(&mut self) -> Result<(), ConnError> {
-        let opened = Instant::now();
+    /// Serves the connection; `opened` is when it was accepted (the
+    /// handshake timeout counts from it).
+    async fn run(&mut self, opened: Instant) -> Result<(), ConnError> {
         loop {
             if self.answer_buffered().await? != Flow::Continue {
                 return self.flush().await;
@@ -222,8 +276,8 @@ impl Connection {
             let shared = self.shared.clone();
             tokio::select! {
                 biased;
-                _ = shared.abort.cancelled() => return Ok(()),
-                _ = shared.draining.cancelled() => return self.drain().await,
+                _ = shared.lifecycle.abort.cancelled() => return Ok(()),
+                _ = shared.lifecycle.draining.cancelled() => return self.drain().await,
                 read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf)) => {
                     match read {
                         Ok(Ok(0)) => return Ok(()),
@@ -239,7 +293,7 @@ impl Connection {
     /// The next read must complete by this instant; which timeout applies
     /// depends on where the connection stands.
     fn read_deadline(&mut self, opened: Instant) -> (Instant, ConnError) {
-        let c = &self.shared.config;
+        let c = &self.shared.network;
         if !self.ready {
             let t = c.handshake_timeout;
             return (opened + t, ConnError::HandshakeTimeout(t));
@@ -258,7 +312,7 @@ impl Connection {
 
     /// Answers every complete frame in the read buffer.
     async fn answer_buffered(&mut self) -> Result<Flow, ConnError> {
-        let limits = self.shared.config.limits();
+        let limits = self.shared.limits;
         loop {
             let flow = match decode_request(&mut self.rbuf, &limits) {
                 Ok(None) => return Ok(Flow::Continue),
@@ -295,16 +349,15 @@ impl Connection {
             return self.handshake(id, request);
         }
         let shared = &*self.shared;
-        let serves = match &request {
+        let access = match &request {
             Request::Check(_) | Request::Refund(_) | Request::Release(_) | Request::Reset(_) => {
-                shared.node.is_primary()
+                Some(Access::Write)
             }
-            Request::Peek(_) => shared.node.is_primary() || shared.config.serve_stale_reads,
-            _ => true,
+            Request::Peek(_) => Some(Access::Read),
+            _ => None,
         };
-        if !serves {
-            let message = shared.node.not_primary_message();
-            self.error(id, ErrorCode::NotPrimary, &message);
+        if let Some(Err(refusal)) = access.map(|a| shared.node.admit(a)) {
+            self.refuse(id, &refusal);
             return Flow::Continue;
         }
         let encoded = match request {
@@ -318,18 +371,30 @@ impl Connection {
             }
             Request::Ping => encode_response(id, &Response::Pong, &mut self.wbuf),
             Request::Repl(repl) => return self.replication(id, repl),
-            Request::Check(batch) => {
-                check::answer(shared, id, &batch, Op::Check(Mode::Charge), &mut self.wbuf)
+            // Outside a cluster: one shard owning every slot (PROTOCOL.md §14).
+            Request::Topology => {
+                let status = shared.node.status();
+                let topology = tollgate_protocol::ClusterTopology::single_node(&status);
+                encode_response(id, &Response::Topology(topology), &mut self.wbuf)
             }
+            Request::Check(batch) => check::answer(
+                shared,
+                id,
+                &batch,
+                Verb::Check(Mode::Charge),
+                &mut self.wbuf,
+            ),
             Request::Peek(batch) => {
-                check::answer(shared, id, &batch, Op::Check(Mode::Peek), &mut self.wbuf)
+                check::answer(shared, id, &batch, Verb::Check(Mode::Peek), &mut self.wbuf)
             }
             Request::Reset(keys) => {
                 let now = shared.clock.now();
                 let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
                 encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
             }
-            Request::Refund(batch) => check::answer(shared, id, &batch, Op::Refund, &mut self.wbuf),
+            Request::Refund(batch) => {
+                check::answer(shared, id, &batch, Verb::Refund, &mut self.wbuf)
+            }
             Request::Release(leases) => check::release(shared, id, &leases, &mut self.wbuf),
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
@@ -344,6 +409,22 @@ impl Connection {
     fn replication(&mut self, id: RequestId, request: ReplRequest) -> Flow {
         let shared = self.shared.clone();
         let node = &shared.node;
+        let control = match &request {
+            ReplRequest::Replicate { .. } => Some("REPLICATE"),
+            ReplRequest::Promote => Some("PROMOTE"),
+            ReplRequest::Status { announce: Some(_) } => Some("a STATUS announce"),
+            ReplRequest::Status { announce: None } | ReplRequest::Ack { .. } => None,
+        };
+        if let (Some(what), Privilege::Client) = (control, self.privilege) {
+            tracing::warn!(
+                peer = %self.peer, client = %self.client_name, request = what,
+                "node-to-node request from a client connection refused"
+            );
+            // Operators promote through the admin API (POST /v1/promote).
+            let msg = format!("{what} needs a node connection (HELLO with the cluster secret)");
+            self.error(id, ErrorCode::AuthFailed, &msg);
+            return Flow::Continue;
+        }
         match request {
             ReplRequest::Replicate {
                 replid,
@@ -351,19 +432,8 @@ impl Connection {
                 epoch,
                 advertise,
             } => {
-                node.heard_of_epoch(epoch);
-                if !node.is_primary() {
-                    let message = node.not_primary_message();
-                    self.error(id, ErrorCode::NotPrimary, &message);
-                    return Flow::Continue;
-                }
-                if epoch > node.epoch() {
-                    let message = format!(
-                        "this primary is at epoch {}, the standby knows epoch {epoch}: \
-                         this node has been replaced",
-                        node.epoch()
-                    );
-                    self.error(id, ErrorCode::StaleEpoch, &message);
+                if let Err(refusal) = node.accept_replica(epoch) {
+                    self.refuse(id, &refusal);
                     return Flow::Continue;
                 }
                 self.replicate = Some(Replicate {
@@ -384,19 +454,24 @@ impl Connection {
             }
             ReplRequest::Promote => {
                 tracing::info!(peer = %self.peer, client = %self.client_name, "PROMOTE requested");
-                let (epoch, was_primary) = node.promote("PROMOTE request");
-                self.respond(
-                    id,
-                    &Response::Repl(ReplResponse::Promoted { epoch, was_primary }),
-                );
+                match node.promote() {
+                    Ok((epoch, was_primary)) => self.respond(
+                        id,
+                        &Response::Repl(ReplResponse::Promoted { epoch, was_primary }),
+                    ),
+                    Err(refusal) => self.refuse(id, &refusal),
+                }
                 Flow::Continue
             }
             ReplRequest::Status { announce } => {
-                if let Some(announce) = &announce {
-                    crate::repl::peer::on_announce(&shared, announce);
+                let status = match &announce {
+                    Some(announce) => node.announced(announce),
+                    None => Ok(node.status()),
+                };
+                match status {
+                    Ok(s) => self.respond(id, &Response::Repl(ReplResponse::Status(s))),
+                    Err(refusal) => self.refuse(id, &refusal),
                 }
-                let status = crate::repl::status(&shared);
-                self.respond(id, &Response::Repl(ReplResponse::Status(status)));
                 Flow::Continue
             }
         }
@@ -423,26 +498,30 @@ impl Connection {
             self.error(id, ErrorCode::UnsupportedVersion, &msg);
             return Flow::Close;
         }
-        if let Some(expected) = &self.shared.config.auth_token {
-            let given = auth_token.as_deref().unwrap_or_default();
-            if !constant_time_eq(given, expected.as_bytes()) {
-                self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
-                return Flow::Close;
-            }
-        }
-        tracing::debug!(peer = %self.peer, client = %client_name, "handshake done");
+        let given = auth_token.as_deref().unwrap_or_default();
+        let Some(privilege) = self.shared.auth.hello(given) else {
+            self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
+            return Flow::Close;
+        };
+        tracing::debug!(peer = %self.peer, client = %client_name, ?privilege, "handshake done");
         self.ready = true;
+        self.privilege = privilege;
         self.client_name = client_name;
-        let node = &self.shared.node;
+        let greeting = self.shared.node.greeting();
         let hello = Response::HelloOk {
             version: PROTOCOL_VERSION,
-            role: node.role(),
-            epoch: node.epoch(),
-            offset: node.offset(),
-            limits: self.shared.config.limits(),
+            role: greeting.role,
+            epoch: greeting.epoch,
+            offset: greeting.offset,
+            limits: self.shared.limits,
         };
         self.respond(id, &hello);
         Flow::Continue
+    }
+
+    /// The node would not serve this request here and now.
+    fn refuse(&mut self, id: RequestId, refusal: &Refusal) {
+        self.error(id, refusal.code(), &refusal.to_string());
     }
 
     fn error(&mut self, id: RequestId, code: ErrorCode, message: &str) {
@@ -465,12 +544,14 @@ impl Connection {
         if self.wbuf.is_empty() {
             return Ok(());
         }
-        let t = self.shared.config.write_timeout;
+        let t = self.shared.network.write_timeout;
         let shared = self.shared.clone();
         tokio::select! {
             biased;
-            _ = shared.abort.cancelled() => return Ok(()),
-            r = tokio::time::timeout(t, self.stream.write_all(&self.wbuf)) => match r {
+            _ = shared.lifecycle.abort.cancelled() => return Ok(()),
+            // Flushed: TLS may keep the tail of a write in its buffer when
+            // the socket is full (a no-op on plain TCP).
+            r = tokio::time::timeout(t, write_flushed(&mut self.stream, &self.wbuf)) => match r {
                 Ok(r) => r?,
                 Err(_) => return Err(ConnError::WriteTimeout(t)),
             },
@@ -495,7 +576,7 @@ impl Connection {
             }
             tokio::select! {
                 biased;
-                _ = shared.abort.cancelled() => return Ok(()),
+                _ = shared.lifecycle.abort.cancelled() => return Ok(()),
                 read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf)) => {
                     match read {
                         Ok(Ok(0)) | Err(_) => break,
@@ -512,11 +593,8 @@ impl Connection {
     }
 }
 
-/// Compares secrets without an early exit, so timing does not reveal how
-/// much of a guessed token was right.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Writes `bytes` whole and flushes them out of any TLS buffer.
+async fn write_flushed(stream: &mut Socket, bytes: &[u8]) -> std::io::Result<()> {
+    stream.write_all(bytes).await?;
+    stream.flush().await
 }

@@ -13,37 +13,60 @@
 //!   last;
 //! - one metrics [`Registry`] per server; each part registers the metrics it
 //!   bumps, next to the code that bumps them.
-//! - one replication task (`repl::supervise`) runs beside the listener for
+//! - the node's supervisor (`crate::node`) runs beside the listener for
 //!   the server's whole life; a connection that sends REPLICATE is handed
-//!   over to it whole (socket and unread bytes).
+//!   over to it whole (socket and unread bytes);
+//! - a connection sees only what it needs (`Shared`): its settings, the
+//!   store, the clock, the rules, its metric handles and the node handle;
+//! - protected mode: `run` refuses a listener bound beyond loopback that
+//!   asks for no credentials, unless `--insecure` (the same check as the
+//!   settings', on the address actually bound);
+//! - with TLS configured every port speaks only TLS, and the certificates
+//!   are reloaded (SIGHUP, a file change) without touching open
+//!   connections (`tls.rs`).
 
 pub mod admin;
+mod admin_listener;
+mod auth;
 mod check;
 mod connection;
+mod sweeper;
+mod tls;
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::config::ServerConfig;
-use crate::repl::node::Node;
-use crate::repl::primary::Handover;
+use crate::config::{protected_mode, ConfigError, NetworkSettings, ServerConfig};
+use crate::node::{Node, NodeParts, Supervisor};
 use crate::rules::{LoadError, Rules};
-use crate::store::{Store, StoreConfig};
+use crate::store::Store;
 use crate::throttled::TopThrottled;
+use admin::AdminState;
+use auth::{AdminAuth, Authenticator};
 use check::CheckMetrics;
 use connection::{ConnMetrics, ErrorCounters};
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::Registry;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use sweeper::{KeyMetrics, Sweeper};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tollgate_protocol::Role;
+use tollgate_protocol::ServerLimits;
+
+pub use tls::{TlsReloadSource, TlsReloader};
 
 /// What every connection task shares.
 pub(crate) struct Shared {
-    pub config: ServerConfig,
+    /// Timeouts of the protocol port.
+    pub network: NetworkSettings,
+    /// What a HELLO's token proves.
+    pub auth: Authenticator,
+    /// TLS of the protocol port (None: plain TCP).
+    pub tls: Option<Arc<crate::tls::Tls>>,
+    /// Frame limits, as told to clients in HELLO_OK.
+    pub limits: ServerLimits,
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
     /// The named rules in force; swapped whole on reload.
@@ -51,13 +74,20 @@ pub(crate) struct Shared {
     pub metrics: Metrics,
     /// Keys denied most recently, for `GET /v1/throttled`.
     pub throttled: TopThrottled,
-    /// Set once the server serves (listener and rules in place); read by
-    /// `/readyz` together with `draining`.
-    pub serving: AtomicBool,
-    /// Role, epoch and replication state of this node.
+    /// Who is primary; refusals, status, handovers.
     pub node: Node,
-    /// REPLICATE connections, to the replication task.
-    pub handovers: mpsc::Sender<Handover>,
+    pub lifecycle: Lifecycle,
+}
+
+/// The metric handles connections bump.
+pub(crate) struct Metrics {
+    pub checks: CheckMetrics,
+    pub conns: ConnMetrics,
+    pub errors: ErrorCounters,
+}
+
+/// Where the server stands in its shutdown.
+pub(crate) struct Lifecycle {
     /// Cancelled when the server starts draining: connections stop reading
     /// new work after answering what they hold.
     pub draining: CancellationToken,
@@ -65,21 +95,17 @@ pub(crate) struct Shared {
     pub abort: CancellationToken,
 }
 
-/// The server's metrics: one registry, and the handles each part bumps.
-pub(crate) struct Metrics {
-    pub registry: Registry,
-    pub checks: CheckMetrics,
-    pub conns: ConnMetrics,
-    pub errors: ErrorCounters,
-    pub keys: KeyMetrics,
-    pub repl: crate::repl::metrics::ReplMetrics,
-}
-
 /// A configured server, ready to run on a listener.
 pub struct Server {
+    config: ServerConfig,
     shared: Arc<Shared>,
+    supervisor: Supervisor,
+    sweeper: Sweeper,
+    /// One registry per server; each part registered what it bumps.
+    registry: Registry,
     admin: Option<TcpListener>,
-    handovers: mpsc::Receiver<Handover>,
+    /// Reloads the certificates (None without TLS).
+    tls: Option<TlsReloader>,
 }
 
 /// Why a server could not be built.
@@ -89,6 +115,8 @@ pub enum StartError {
     Rules(#[from] LoadError),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 impl Server {
@@ -101,19 +129,12 @@ impl Server {
 
     /// A server whose time comes from `clock` (tests pass a manual clock).
     pub fn with_clock(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<Self, StartError> {
-        let store = Arc::new(Store::new(StoreConfig {
-            stripes: config.stripes,
-            max_group: usize::from(config.max_group),
-            max_log_entries: config.max_log_entries,
-            max_memory: config.max_memory,
-            on_full: config.on_full.into(),
-            change_buffer_cap: config.repl_buffer_cap,
-        }));
+        let store = Arc::new(Store::new(config.store_config()));
         let registry = Registry::new();
         let checks = CheckMetrics::register(&registry)?;
         let rules = Rules::load(
-            config.rules.clone(),
-            config.max_log_entries,
+            config.rules.file.clone(),
+            config.store.max_log_entries,
             checks.checks.clone(),
             &registry,
         )?;
@@ -121,42 +142,80 @@ impl Server {
             checks,
             conns: ConnMetrics::register(&registry)?,
             errors: ErrorCounters::register(&registry)?,
-            keys: KeyMetrics::register(&registry)?,
-            repl: crate::repl::metrics::ReplMetrics::register(&registry)?,
-            registry,
         };
+        let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
+            (Some(cert), Some(key)) => {
+                Some(Arc::new(crate::tls::Tls::load(crate::tls::TlsPaths {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: config.tls.tls_client_ca.clone(),
+                    ca: config.tls.tls_ca.clone(),
+                })?))
+            }
+            _ => None,
+        };
+        let tls_reloader = tls
+            .as_ref()
+            .map(|t| TlsReloader::register(t.clone(), &registry))
+            .transpose()?;
+        let sweeper = Sweeper {
+            store: store.clone(),
+            clock: clock.clone(),
+            metrics: KeyMetrics::register(&registry)?,
+            interval: config.store.sweep_interval,
+            stripes: config.store.sweep_stripes,
+            max_memory: config.store.max_memory,
+        };
+        let (node, supervisor) = Node::new(
+            NodeParts {
+                settings: config.replication.clone(),
+                // Without a cluster secret (only with --insecure) the
+                // client token, if any, gets this node through HELLO.
+                secret: config
+                    .auth
+                    .cluster_secret
+                    .clone()
+                    .or_else(|| config.auth.auth_token.clone()),
+                tls: tls.clone(),
+                limits: config.limits.server_limits(),
+                advertise: config
+                    .replication
+                    .advertise
+                    .clone()
+                    .unwrap_or_else(|| config.network.listen.to_string()),
+                store: store.clone(),
+                clock: clock.clone(),
+            },
+            &registry,
+        )?;
         let throttled = TopThrottled::new(
-            config.throttled_keys,
-            config.throttled_window.as_nanos() as u64,
+            config.admin.throttled_keys,
+            config.admin.throttled_window.as_nanos() as u64,
         );
-        // A node with a peer asks it before taking any role (repl::peer).
-        let (role, primary) = match (&config.replica_of, &config.peer) {
-            (Some(p), _) => (Role::Standby, Some(p.clone())),
-            (None, Some(_)) => (Role::Standby, None),
-            (None, None) => (Role::Primary, None),
-        };
-        let advertise = config
-            .advertise
-            .clone()
-            .unwrap_or_else(|| config.listen.to_string());
-        let node = Node::new(role, primary, advertise);
-        let (handover_tx, handovers) = mpsc::channel(4);
-        Ok(Self {
-            shared: Arc::new(Shared {
-                config,
-                store,
-                clock,
-                rules: Arc::new(rules),
-                metrics,
-                throttled,
-                serving: AtomicBool::new(false),
-                node,
-                handovers: handover_tx,
+        let shared = Arc::new(Shared {
+            network: config.network.clone(),
+            auth: Authenticator::new(&config.auth),
+            tls,
+            limits: config.limits.server_limits(),
+            store,
+            clock,
+            rules: Arc::new(rules),
+            metrics,
+            throttled,
+            node,
+            lifecycle: Lifecycle {
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
-            }),
+            },
+        });
+        Ok(Self {
+            config,
+            shared,
+            supervisor,
+            sweeper,
+            registry,
             admin: None,
-            handovers,
+            tls: tls_reloader,
         })
     }
 
@@ -176,38 +235,79 @@ impl Server {
         self.shared.rules.clone()
     }
 
+    /// The certificates, to reload them (the CLI's SIGHUP handler, tests);
+    /// None without TLS.
+    pub fn tls(&self) -> Option<TlsReloader> {
+        self.tls.clone()
+    }
+
+    /// Protected mode on the addresses actually bound (see the module
+    /// docs).
+    fn check_exposure(&self, listener: &TcpListener) -> io::Result<()> {
+        let refuse =
+            |e: ConfigError| io::Error::new(io::ErrorKind::PermissionDenied, e.to_string());
+        let insecure = self.config.auth.insecure;
+        let addr = listener.local_addr()?;
+        protected_mode(&self.config.protocol_exposure(addr), insecure).map_err(refuse)?;
+        if let Some(admin) = &self.admin {
+            let addr = admin.local_addr()?;
+            protected_mode(&self.config.admin_exposure(addr), insecure).map_err(refuse)?;
+        }
+        Ok(())
+    }
+
     /// Serves `listener` until `shutdown` is cancelled, then drains.
     pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
-        let shared = self.shared;
-        if shared.config.advertise.is_none() {
-            if let Ok(addr) = listener.local_addr() {
-                shared.node.set_advertise(addr.to_string());
-            }
+        self.check_exposure(&listener)?;
+        let Self {
+            config,
+            shared,
+            supervisor,
+            sweeper,
+            registry,
+            admin,
+            tls,
+        } = self;
+        if let Ok(addr) = listener.local_addr() {
+            shared.node.set_advertise(addr.to_string());
         }
         let tracker = TaskTracker::new();
-        tracker.spawn(sweep(shared.clone(), shutdown.clone()));
-        tracker.spawn(crate::repl::supervise(
-            shared.clone(),
-            self.handovers,
-            shutdown.clone(),
-        ));
-        if !shared.config.rules_poll.is_zero() {
+        tracker.spawn(sweeper.run(shutdown.clone()));
+        tracker.spawn(supervisor.run(shutdown.clone()));
+        if !config.rules.poll.is_zero() {
             tracker.spawn(crate::rules::watch::watch(
                 shared.rules.clone(),
-                shared.config.rules_poll,
+                config.rules.poll,
                 shutdown.clone(),
             ));
+        }
+        if let Some(tls) = tls.filter(|_| !config.tls.tls_poll.is_zero()) {
+            tracker.spawn(tls.watch(config.tls.tls_poll, shutdown.clone()));
         }
         // The admin server outlives the drain (readyz says "draining"), so
         // it has its own stop signal, given after the connections are done.
         let admin_stop = CancellationToken::new();
-        let admin = self
-            .admin
-            .map(|l| tokio::spawn(admin::serve(l, shared.clone(), admin_stop.clone())));
+        let admin_state = Arc::new(AdminState {
+            shared: shared.clone(),
+            registry,
+            serving: AtomicBool::new(false),
+            max_log_entries: config.store.max_log_entries,
+            auth: AdminAuth::new(&config.auth),
+        });
+        let admin = admin.map(|l| {
+            let acceptor = shared.tls.clone();
+            tokio::spawn(admin_listener::serve(
+                l,
+                acceptor,
+                admin_state.clone(),
+                admin_stop.clone(),
+            ))
+        });
         // Release: pairs with the Acquire in readyz, after the set-up above.
-        shared.serving.store(true, Ordering::Release);
+        admin_state.serving.store(true, Ordering::Release);
 
-        let permits = Arc::new(Semaphore::new(shared.config.max_connections));
+        let grace = config.network.shutdown_grace;
+        let permits = Arc::new(Semaphore::new(config.network.max_connections));
         let mut accept_backoff = Duration::from_millis(5);
         loop {
             let permit = tokio::select! {
@@ -237,149 +337,25 @@ impl Server {
         }
 
         drop(listener);
-        // The sweeper and the replication task are not connections.
-        tracing::info!(connections = tracker.len().saturating_sub(2), "draining");
-        shared.draining.cancel();
+        tracing::info!(connections = shared.metrics.conns.open.get(), "draining");
+        let lifecycle = &shared.lifecycle;
+        lifecycle.draining.cancel();
         tracker.close();
-        if tokio::time::timeout(shared.config.shutdown_grace, tracker.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
             tracing::warn!(
                 remaining = tracker.len(),
                 "shutdown grace period over, closing remaining connections"
             );
-            shared.abort.cancel();
+            lifecycle.abort.cancel();
             tracker.wait().await;
         }
         admin_stop.cancel();
         if let Some(admin) = admin {
-            if tokio::time::timeout(shared.config.shutdown_grace, admin)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(grace, admin).await.is_err() {
                 tracing::warn!("admin server did not stop in time");
             }
         }
         tracing::info!("stopped");
         Ok(())
-    }
-}
-
-/// Keys held and keys expired (`by` = `sweeper` or `access`). Updated by
-/// the sweeper tick: `Store::len` visits every stripe, too slow per check.
-pub(crate) struct KeyMetrics {
-    live: IntGauge,
-    expired_swept: prometheus::IntCounter,
-    expired_on_access: prometheus::IntCounter,
-    /// Live keys evicted and new keys refused at the memory cap.
-    evicted: prometheus::IntCounter,
-    refused: prometheus::IntCounter,
-    /// Bytes the tables reserve, and the cap (0: none).
-    memory: IntGauge,
-    memory_limit: IntGauge,
-    /// Wall clock minus server clock at the last sweeper tick's re-check.
-    clock_offset: prometheus::Gauge,
-}
-
-impl KeyMetrics {
-    fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let live = IntGauge::new(
-            "tollgate_keys",
-            "Keys held by the store (expired ones not yet dropped included); \
-             updated every sweeper tick.",
-        )?;
-        let expired = IntCounterVec::new(
-            Opts::new(
-                "tollgate_keys_expired_total",
-                "Keys dropped because their state expired, by who dropped them.",
-            ),
-            &["by"],
-        )?;
-        let evicted = prometheus::IntCounter::new(
-            "tollgate_keys_evicted_total",
-            "Live keys evicted to stay within --max-memory (--on-full evict).",
-        )?;
-        let refused = prometheus::IntCounter::new(
-            "tollgate_keys_refused_total",
-            "New keys refused with StoreFull at --max-memory (--on-full refuse).",
-        )?;
-        let memory = IntGauge::new(
-            "tollgate_memory_bytes",
-            "Bytes the counter tables reserve (slots, control bytes, heap keys, logs, leases); \
-             updated every sweeper tick.",
-        )?;
-        let memory_limit = IntGauge::new(
-            "tollgate_memory_limit_bytes",
-            "The --max-memory cap on tollgate_memory_bytes (0: no cap).",
-        )?;
-        registry.register(Box::new(live.clone()))?;
-        registry.register(Box::new(expired.clone()))?;
-        registry.register(Box::new(evicted.clone()))?;
-        registry.register(Box::new(refused.clone()))?;
-        registry.register(Box::new(memory.clone()))?;
-        registry.register(Box::new(memory_limit.clone()))?;
-        let clock_offset = prometheus::Gauge::new(
-            "tollgate_clock_offset_seconds",
-            "Wall clock minus server clock, re-checked every sweeper tick: positive is \
-             stepped forward at once, negative is absorbed by running 1/16 slow.",
-        )?;
-        registry.register(Box::new(clock_offset.clone()))?;
-        Ok(Self {
-            live,
-            expired_swept: expired.with_label_values(&["sweeper"]),
-            expired_on_access: expired.with_label_values(&["access"]),
-            evicted,
-            refused,
-            memory,
-            memory_limit,
-            clock_offset,
-        })
-    }
-}
-
-/// Drops expired keys a few stripes per tick, so no tick holds locks long.
-async fn sweep(shared: Arc<Shared>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(shared.config.sweep_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let removed = shared
-            .store
-            .sweep(shared.config.sweep_stripes, shared.clock.now());
-        if removed > 0 {
-            tracing::trace!(removed, "swept expired keys");
-        }
-        let keys = &shared.metrics.keys;
-        if let Some(check) = shared.clock.check_wall() {
-            keys.clock_offset.set(check.offset as f64 / 1e9);
-        }
-        keys.expired_swept.inc_by(removed as u64);
-        // The store counts expiries met by checks; the counter follows it.
-        let on_access = shared.store.expired_on_access();
-        keys.expired_on_access
-            .inc_by(on_access.saturating_sub(keys.expired_on_access.get()));
-        keys.live.set(shared.store.len() as i64);
-        keys.memory.set(shared.store.memory_bytes() as i64);
-        keys.memory_limit
-            .set(shared.config.max_memory.unwrap_or(0) as i64);
-        // The cap at work is worth a log line, once per tick at most.
-        let (evicted, refused) = (shared.store.evicted(), shared.store.refused());
-        let new_evicted = evicted.saturating_sub(keys.evicted.get());
-        let new_refused = refused.saturating_sub(keys.refused.get());
-        if new_evicted + new_refused > 0 {
-            tracing::warn!(
-                evicted = new_evicted,
-                refused = new_refused,
-                memory = shared.store.memory_bytes(),
-                max_memory = shared.config.max_memory,
-                "memory cap reached"
-            );
-        }
-        keys.evicted.inc_by(new_evicted);
-        keys.refused.inc_by(new_refused);
     }
 }

@@ -70,6 +70,9 @@ impl std::ops::DerefMut for Locked {
     }
 }
 
+/// Default [`StoreConfig::stripes`].
+pub const DEFAULT_STRIPES: usize = 1024;
+
 /// Default [`StoreConfig::change_buffer_cap`]: with 1024 stripes, at most
 /// a million keys (about 24 MiB) wait for the sender in all.
 pub const DEFAULT_CHANGE_BUFFER_CAP: usize = 1024;
@@ -97,8 +100,8 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
-            stripes: 1024,
-            max_group: 16,
+            stripes: DEFAULT_STRIPES,
+            max_group: usize::from(tollgate_protocol::DEFAULT_MAX_GROUP),
             max_log_entries: crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
             change_buffer_cap: DEFAULT_CHANGE_BUFFER_CAP,
             max_memory: None,

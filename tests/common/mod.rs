@@ -12,7 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tollgate::clock::ManualClock;
 use tollgate::config::ServerConfig;
 use tollgate::server::Server;
+use tollgate::server::TlsReloader;
 use tollgate::store::Store;
+use tollgate::tls::Socket;
 use tollgate_protocol::{
     decode_response, encode_request, Algorithm, CheckBatch, Limit, Pair, Request, RequestId,
     Response, PROTOCOL_VERSION,
@@ -29,6 +31,8 @@ pub struct TestServer {
     pub rules: Arc<tollgate::rules::Rules>,
     pub store: Arc<Store>,
     pub clock: Arc<ManualClock>,
+    /// Reloads the certificates, when the server runs TLS.
+    pub tls: Option<TlsReloader>,
     pub shutdown: CancellationToken,
     pub join: JoinHandle<std::io::Result<()>>,
 }
@@ -53,7 +57,7 @@ impl TestServer {
         let mut config = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
         tune(&mut config);
         config.validate().expect("test config is valid");
-        let listener = TcpListener::bind(config.listen).await.unwrap();
+        let listener = TcpListener::bind(config.network.listen).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let clock = Arc::new(ManualClock::new(1000 * S));
         let mut server = Server::with_clock(config, clock.clone()).expect("server starts");
@@ -65,6 +69,7 @@ impl TestServer {
         }
         let store = server.store();
         let rules = server.rules();
+        let tls = server.tls();
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(server.run(listener, shutdown.clone()));
         TestServer {
@@ -73,6 +78,7 @@ impl TestServer {
             rules,
             store,
             clock,
+            tls,
             shutdown,
             join,
         }
@@ -190,9 +196,10 @@ pub fn batch_of(checks: Vec<Vec<Pair>>) -> CheckBatch {
     b
 }
 
-/// A protocol connection driven by hand, frame by frame.
+/// A protocol connection driven by hand, frame by frame (plain TCP, or
+/// TLS made by the test).
 pub struct RawConn {
-    pub stream: TcpStream,
+    pub stream: Socket,
     rbuf: BytesMut,
 }
 
@@ -200,6 +207,11 @@ impl RawConn {
     pub async fn connect(addr: SocketAddr) -> Self {
         let stream = TcpStream::connect(addr).await.unwrap();
         stream.set_nodelay(true).unwrap();
+        Self::over(Socket::Plain(stream))
+    }
+
+    /// A connection over a socket the test opened (a TLS one).
+    pub fn over(stream: Socket) -> Self {
         RawConn {
             stream,
             rbuf: BytesMut::new(),
@@ -209,19 +221,24 @@ impl RawConn {
     /// Connects and completes the handshake.
     pub async fn ready(addr: SocketAddr) -> Self {
         let mut c = Self::connect(addr).await;
-        c.send(
-            0,
-            &Request::Hello {
-                version: PROTOCOL_VERSION,
-                client_name: "test".into(),
-                auth_token: None,
-            },
-        )
-        .await;
-        match c.recv().await {
-            (0, Response::HelloOk { .. }) => c,
+        match c.hello(None).await {
+            Some(Response::HelloOk { .. }) => c,
             other => panic!("handshake failed: {other:?}"),
         }
+    }
+
+    /// Sends HELLO (request id 1) with `token`, if any: the answer, or None
+    /// when the server closed the connection instead.
+    pub async fn hello(&mut self, token: Option<&str>) -> Option<Response> {
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: "test".into(),
+            auth_token: token.map(|t| Bytes::copy_from_slice(t.as_bytes())),
+        };
+        self.send(1, &hello).await;
+        let (id, answer) = self.try_recv().await?;
+        assert_eq!(id, 1, "{answer:?}");
+        Some(answer)
     }
 
     pub async fn send(&mut self, id: RequestId, req: &Request) {

@@ -14,6 +14,10 @@ use tollgate_client::{
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tollgate");
 
+/// The pair's cluster secret: every node of these tests gets it (through
+/// the environment, as a deployment would pass it).
+pub const CLUSTER_SECRET: &str = "replication-tests-cluster-secret";
+
 /// Generous bound for anything that should take well under a second, so a
 /// broken build fails instead of hanging; never a pass/fail timing.
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -63,6 +67,7 @@ impl Node {
             ])
             .args(&self.args)
             .env("RUST_LOG", "info")
+            .env("TOLLGATE_CLUSTER_SECRET", CLUSTER_SECRET)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -87,12 +92,38 @@ impl Node {
         self.child = Some(child);
     }
 
+    /// The process id (to send it signals; the security tests do).
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// SIGKILL: no drain, no goodbye.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             child.kill().expect("SIGKILL");
             child.wait().expect("reaped");
         }
+    }
+
+    /// SIGSTOP: the process keeps its sockets and answers nothing (its
+    /// peers' frames queue up unread) until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("node running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid}");
     }
 
     /// Starts the process again with exactly the same flags.
@@ -131,13 +162,27 @@ pub fn config(deadline: Duration) -> ClientConfig {
         backoff_min: Duration::from_millis(20),
         backoff_max: Duration::from_millis(200),
         client_name: "replication-test".into(),
+        fallback: None,
         ..ClientConfig::default()
     }
 }
 
 /// A client for one node.
 pub fn client(addr: &str) -> Client {
-    Client::new(addr.to_owned(), config(Duration::from_secs(2)))
+    Client::new(addr.to_owned(), config(Duration::from_secs(2))).expect("valid config")
+}
+
+/// A client that presents the cluster secret: what another node (or a
+/// tool acting as one) uses for node-to-node requests.
+pub fn node_client(addr: &str) -> Client {
+    Client::new(
+        addr.to_owned(),
+        ClientConfig {
+            auth_token: Some(CLUSTER_SECRET.as_bytes().to_vec()),
+            ..config(Duration::from_secs(2))
+        },
+    )
+    .expect("valid config")
 }
 
 /// The node's STATUS, or None while it cannot be reached.
@@ -171,6 +216,22 @@ pub async fn role_is(addr: &str, role: Role) -> NodeStatus {
         status(addr).await.filter(|s| s.role == role)
     })
     .await
+}
+
+/// Starts a pair as the README says: A primary, B its standby, each the
+/// other's peer, failover after `failover_after`; returns once B holds a
+/// complete copy (only a standby that has been in sync promotes itself).
+pub async fn start_pair(failover_after: &str) -> (Node, Node) {
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let common = ["--failover-after", failover_after];
+    let a = Node::start(&a_addr, &[&["--peer", &b_addr][..], &common].concat());
+    role_is(&a_addr, Role::Primary).await;
+    let b = Node::start(
+        &b_addr,
+        &[&["--replica-of", &a_addr, "--peer", &a_addr][..], &common].concat(),
+    );
+    caught_up(&a_addr, &b_addr).await;
+    (a, b)
 }
 
 /// Waits until the standby at `standby` is in sync and holds every change

@@ -6,6 +6,7 @@
 //! deadline.
 
 mod harness;
+mod pause;
 mod proxy;
 
 use harness::*;
@@ -176,7 +177,10 @@ async fn a_standby_started_later_holds_the_same_counters_after_a_full_sync() {
     caught_up(&a.addr, &c.addr).await;
     assert!(matches!(
         client(&c.addr).peek(keys[0].0.clone(), keys[0].1, 1).await,
-        Outcome::Undecided(Undecided::ServerError(ErrorCode::NotPrimary))
+        Outcome::Undecided {
+            why: Undecided::ServerError(ErrorCode::NotPrimary),
+            ..
+        }
     ));
 }
 
@@ -195,7 +199,8 @@ async fn sigkill_of_the_primary_promotes_the_standby_and_the_old_primary_returns
     let shard = Client::new_shard(
         vec![a_addr.clone(), b_addr.clone()],
         config(Duration::from_millis(500)),
-    );
+    )
+    .expect("valid config");
     // A key exhausted on the primary: 5 pass, then it is denied for a minute.
     let hot = Limit {
         algorithm: Algorithm::TokenBucket,
@@ -267,7 +272,10 @@ async fn sigkill_of_the_primary_promotes_the_standby_and_the_old_primary_returns
     );
     assert!(matches!(
         client(&a_addr).check(hot_key, hot, 1).await,
-        Outcome::Undecided(Undecided::ServerError(ErrorCode::NotPrimary))
+        Outcome::Undecided {
+            why: Undecided::ServerError(ErrorCode::NotPrimary),
+            ..
+        }
     ));
     // The returning node holds the exhausted key too, and B stays primary.
     assert_eq!(peek(&client(&a_addr), hot_key, hot).await.remaining, 0);
@@ -472,11 +480,12 @@ async fn promote_by_command_keeps_leases_and_windows() {
     }
     caught_up(&a.addr, &b.addr).await;
 
+    // Promotion is an operator's action, through the admin API.
     let out = std::process::Command::new(BIN)
-        .args(["promote", "--server", &b.addr])
+        .args(["promote", "--admin", &b.admin])
         .output()
         .unwrap();
-    assert!(out.status.success());
+    assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("promoted to primary at epoch 2"), "{text}");
     // (A PEEK answers as a check would: `remaining` after one more unit.)
@@ -501,14 +510,25 @@ async fn promote_by_command_keeps_leases_and_windows() {
     assert_eq!(v["epoch"], 2);
     // The old primary has no peer configured, so it still thinks it is
     // primary (epoch 1) until told: a STATUS announce (what a peer probe
-    // sends) makes it step down and resync from the new primary.
+    // sends) makes it step down and resync from the new primary. Only from
+    // a connection that proved the cluster secret: a plain client's
+    // announce is refused.
     assert_eq!(status(&a.addr).await.unwrap().role, Role::Primary);
-    let told = client(&a.addr)
-        .status_announcing(Announce {
-            role: Role::Primary,
-            epoch: 2,
-            addr: b.addr.clone(),
-        })
+    let b_primary = Announce {
+        role: Role::Primary,
+        epoch: 2,
+        addr: b.addr.clone(),
+    };
+    match client(&a.addr).status_announcing(b_primary.clone()).await {
+        Err(Error::Server {
+            code: ErrorCode::AuthFailed,
+            ..
+        }) => {}
+        other => panic!("a plain client's announce must be refused: {other:?}"),
+    }
+    assert_eq!(status(&a.addr).await.unwrap().role, Role::Primary);
+    let told = node_client(&a.addr)
+        .status_announcing(b_primary)
         .await
         .unwrap();
     assert_eq!((told.role, told.epoch), (Role::Standby, 2));

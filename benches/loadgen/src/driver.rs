@@ -24,7 +24,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::sync::Notify;
 
-use crate::report::{Recorder, Window};
+use crate::recorder::{Recorder, Window};
 use crate::targets::{Connection, Target, TargetError};
 use crate::workload::{KeyDistribution, KeyPicker, Schedule};
 
@@ -44,6 +44,8 @@ pub struct Plan {
     pub rate: Option<f64>,
     /// Draw a progress bar on stderr.
     pub progress: bool,
+    /// Keep per-interval samples of this length (`--plot`).
+    pub sample_every: Option<Duration>,
 }
 
 /// Checks answered by one connection, for the progress bar. Padded so two
@@ -96,7 +98,7 @@ pub async fn run<T: Target>(target: Arc<T>, plan: Plan) -> Result<Recorder, Targ
                     pickers.next().expect("one picker per connection"),
                     plan.pipeline as usize,
                     start,
-                    window,
+                    Recorder::new(window).sampled(plan.sample_every),
                     counter,
                 )));
             }
@@ -121,7 +123,7 @@ pub async fn run<T: Target>(target: Arc<T>, plan: Plan) -> Result<Recorder, Targ
                     conn,
                     pickers.next().expect("one picker per connection"),
                     plan.pipeline as usize,
-                    window,
+                    Recorder::new(window).sampled(plan.sample_every),
                     open,
                     counter,
                 )));
@@ -158,7 +160,7 @@ pub async fn run<T: Target>(target: Arc<T>, plan: Plan) -> Result<Recorder, Targ
     }
     bar.finish_and_clear();
 
-    let mut merged = Recorder::new(window);
+    let mut merged = Recorder::new(window).sampled(plan.sample_every);
     for worker in workers {
         merged.merge(worker.await.expect("a worker task panicked"));
     }
@@ -204,10 +206,10 @@ async fn closed_loop<C: Connection>(
     mut picker: KeyPicker,
     pipeline: usize,
     start: Instant,
-    window: Window,
+    mut recorder: Recorder,
     counter: Arc<Counter>,
 ) -> Recorder {
-    let mut recorder = Recorder::new(window);
+    let window = recorder.window();
     tokio::time::sleep_until(start.into()).await;
     let conn = &conn;
     let mut in_flight = FuturesUnordered::new();
@@ -249,11 +251,11 @@ async fn open_loop<C: Connection>(
     conn: C,
     mut picker: KeyPicker,
     pipeline: usize,
-    window: Window,
+    mut recorder: Recorder,
     open: OpenLoop,
     counter: Arc<Counter>,
 ) -> Recorder {
-    let mut recorder = Recorder::new(window);
+    let window = recorder.window();
     let conn = &conn;
     let mut in_flight = FuturesUnordered::new();
     let mut next = 0u64; // our next request, j-th of this connection

@@ -16,22 +16,30 @@
 //!             or released by a pacer on a fixed schedule (open loop)
 //!       -> targets::{tollgate, redis}: build a request of `batch` checks
 //!          (keys from workload::KeyPicker), send it, count the answer
-//!       -> report::Recorder (HDR histogram, counters, error reasons)
-//!  -> report: table, ratios, `--json` lines
+//!       -> recorder::Recorder (HDR histogram, counters, error reasons,
+//!          per-interval timeline::Timeline with --plot)
+//!  -> report: table, ratios, `--json` lines; plot: `--plot` SVG/HTML
 //! ```
 //!
 //! - [`workload`]: key names, uniform/zipf pickers, the limit, the open-loop
 //!   schedule;
 //! - [`targets`]: the `Target`/`Connection` trait and its implementations;
 //! - [`driver`]: closed and open loops, the pacer, the progress bar;
-//! - [`report`]: recorders, summaries, the table and the JSON line.
+//! - [`recorder`]: what each connection records;
+//! - [`timeline`]: per-interval samples for `--plot`;
+//! - [`report`]: summaries, the table and the JSON line;
+//! - [`plot`]: throughput and latency over time as SVG or an HTML page.
 
 mod driver;
+mod plot;
+mod recorder;
 mod report;
 mod targets;
+mod timeline;
 mod workload;
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -154,6 +162,16 @@ struct Args {
     /// No progress bar (it is also hidden when stderr is not a terminal).
     #[arg(long, short)]
     quiet: bool,
+
+    /// Draw throughput and latency percentiles (p50, p99, p99.9) over time
+    /// for every target into this file: .svg, or .html (the SVG in a
+    /// self-contained page with the command, the table and the ratios).
+    #[arg(long, value_name = "FILE.svg|FILE.html")]
+    plot: Option<PathBuf>,
+
+    /// Length of each plotted sample (with --plot).
+    #[arg(long, default_value = timeline::DEFAULT_PLOT_INTERVAL, value_parser = humantime::parse_duration)]
+    plot_interval: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -206,6 +224,22 @@ impl Args {
         }
         if self.threads == Some(0) {
             return Err("--threads must be at least 1".to_owned());
+        }
+        if let Some(path) = &self.plot {
+            plot::Format::of(path).map_err(|e| e.to_string())?;
+            if self.plot_interval.is_zero() {
+                return Err("--plot-interval must be more than 0".to_owned());
+            }
+            let samples = self.duration.as_nanos() / self.plot_interval.as_nanos();
+            if samples > timeline::MAX_SAMPLES as u128 {
+                return Err(format!(
+                    "--plot-interval {:?} gives {samples} samples over --duration {:?}; \
+                     at most {} are kept",
+                    self.plot_interval,
+                    self.duration,
+                    timeline::MAX_SAMPLES
+                ));
+            }
         }
         Ok(())
     }
@@ -277,6 +311,7 @@ fn main() -> ExitCode {
         duration: args.duration,
         rate: args.rate,
         progress: !args.quiet && std::io::stderr().is_terminal(),
+        sample_every: args.plot.as_ref().map(|_| args.plot_interval),
     };
     let workload = args.workload_fields(threads);
 
@@ -321,12 +356,33 @@ fn main() -> ExitCode {
             print!("{table}");
         }
     }
+    if let Some(path) = &args.plot {
+        let command: Vec<String> = std::env::args().map(|a| shell_word(&a)).collect();
+        match plot::write(path, &summaries, &command.join(" ")) {
+            Ok(()) if !args.quiet => eprintln!("tollgate-bench: plot in {}", path.display()),
+            Ok(()) => {}
+            Err(e) => {
+                eprintln!("tollgate-bench: {e}");
+                failed = true;
+            }
+        }
+    }
     // Connections and their tasks end with the runtime.
     runtime.shutdown_timeout(Duration::from_secs(1));
     if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// An argument as a shell would need it to read it back.
+fn shell_word(arg: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_=.,:/@%+".contains(c);
+    if !arg.is_empty() && arg.chars().all(plain) {
+        arg.to_owned()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
     }
 }
 

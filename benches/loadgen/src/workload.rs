@@ -4,7 +4,7 @@
 //!
 //! Invariants:
 //! - every target sees the same key names (`rl:{000000000042}`, the 12-digit
-//!   hash-tagged form `shared/bench/redis-baseline.sh` uses), the same
+//!   hash-tagged form `benches/redis/redis-baseline.sh` uses), the same
 //!   distribution and the same limit, so their figures compare;
 //! - key picking allocates nothing and reads no table: a key's name is
 //!   formatted from its index when the request is built ([`KeySpace`]);

@@ -1,7 +1,10 @@
 //! Smoke tests: the built `tollgate-bench` binary runs for about a second
 //! against a real Tollgate server started in-process on 127.0.0.1:0 (and
-//! against a redis-server on a free loopback port when one is installed),
-//! and prints a JSON line with decided checks and no errors.
+//! against a redis-server on a free loopback port),
+//! and prints a JSON line with decided checks and no errors. `--plot` runs
+//! against both and must write an SVG, or an HTML page, naming each target
+//! and drawing its samples. redis-server is required (scripts/test.sh
+//! installs it): without it the Redis tests fail.
 //!
 //! No timing is asserted: only that checks were decided and none failed.
 
@@ -267,38 +270,56 @@ impl Drop for RedisServer {
     }
 }
 
+/// A short run of 2 connections x pipeline 2 x batch 4 over 1000 keys
+/// against `compare` (KIND=ADDR,...), measured for `duration`; `extra`
+/// flags appended. Its JSON lines.
+async fn small_compare_run(
+    compare: String,
+    duration: &str,
+    extra: &[&str],
+) -> Vec<serde_json::Value> {
+    let mut args: Vec<String> = [
+        "--compare",
+        &compare,
+        "--connections",
+        "2",
+        "--pipeline",
+        "2",
+        "--batch",
+        "4",
+        "--keys",
+        "1000",
+        "--duration",
+        duration,
+        "--warmup",
+        "100ms",
+        "--threads",
+        "1",
+        "--json",
+        "--quiet",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    tokio::task::spawn_blocking(move || bench(&args.iter().map(String::as_str).collect::<Vec<_>>()))
+        .await
+        .unwrap()
+}
+
+/// A redis-server, which scripts/test.sh installs: its absence fails the
+/// test rather than skipping it.
+fn redis() -> RedisServer {
+    RedisServer::start()
+        .expect("redis-server is not installed (scripts/test.sh installs it with apt-get)")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compare_against_redis_when_installed() {
-    let Some(redis) = RedisServer::start() else {
-        eprintln!("note: redis-server not on PATH; the Redis smoke test is skipped");
-        return;
-    };
+async fn compare_against_redis() {
+    let redis = redis();
     let server = TollgateServer::start().await;
     let compare = format!("tollgate={},redis=127.0.0.1:{}", server.addr, redis.port);
-    let lines = tokio::task::spawn_blocking(move || {
-        bench(&[
-            "--compare",
-            &compare,
-            "--connections",
-            "2",
-            "--pipeline",
-            "2",
-            "--batch",
-            "4",
-            "--keys",
-            "1000",
-            "--duration",
-            "1s",
-            "--warmup",
-            "100ms",
-            "--threads",
-            "1",
-            "--json",
-            "--quiet",
-        ])
-    })
-    .await
-    .unwrap();
+    let lines = small_compare_run(compare, "1s", &[]).await;
     drop(redis);
     assert_eq!(lines.len(), 2, "{lines:?}");
     assert_decided_without_errors(&lines[0], "tollgate");
@@ -308,4 +329,106 @@ async fn compare_against_redis_when_installed() {
         "{}",
         lines[1]
     );
+}
+
+/// The `points` of every `<polyline>` drawn in `colour` (plotters draws a
+/// line series as one polyline).
+fn polylines(svg: &roxmltree::Document<'_>, colour: &str) -> Vec<usize> {
+    svg.descendants()
+        .filter(|n| n.has_tag_name("polyline"))
+        .filter(|n| n.attribute("stroke") == Some(colour))
+        .map(|n| {
+            n.attribute("points")
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
+        })
+        .collect()
+}
+
+/// Checks a plot of a tollgate-and-redis run: an SVG document naming each
+/// target, with a throughput line per target of one point per interval.
+fn assert_plot_of_both(svg_text: &str, tollgate: &str, redis: &str) {
+    let svg = roxmltree::Document::parse(svg_text)
+        .unwrap_or_else(|e| panic!("not well-formed SVG ({e}):\n{svg_text}"));
+    assert!(svg.root_element().has_tag_name("svg"));
+    let text: String = svg
+        .descendants()
+        .filter_map(|n| n.text())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for expected in [
+        format!("tollgate {tollgate}"),
+        format!("redis {redis}"),
+        "tollgate p99.9".to_owned(),
+        "redis p50".to_owned(),
+        "checks/s".to_owned(),
+    ] {
+        assert!(
+            text.contains(&expected),
+            "no {expected:?} in the text:\n{text}"
+        );
+    }
+    // 1.2 s in 200 ms intervals: 6 samples each. The first two colours of
+    // the palette are the two targets, in run order.
+    for colour in ["#1F77B4", "#D62728"] {
+        let lines = polylines(&svg, colour);
+        assert!(
+            lines.iter().filter(|&&points| points == 6).count() >= 2,
+            "{colour}: throughput and p50 lines of 6 points, got {lines:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plot_draws_every_target_as_svg_and_html() {
+    let redis = redis();
+    let server = TollgateServer::start().await;
+    let (tollgate, redis_addr) = (server.addr.to_string(), format!("127.0.0.1:{}", redis.port));
+    let dir = std::env::temp_dir().join(format!("tollgate-bench-plot-{}", redis.port));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (svg_path, html_path) = (dir.join("run.svg"), dir.join("run.html"));
+    let compare = format!("tollgate={tollgate},redis={redis_addr}");
+    for path in [&svg_path, &html_path] {
+        let plot = ["--plot", path.to_str().unwrap(), "--plot-interval", "200ms"];
+        let lines = small_compare_run(compare.clone(), "1200ms", &plot).await;
+        assert_decided_without_errors(&lines[0], "tollgate");
+        assert_decided_without_errors(&lines[1], "redis");
+    }
+    drop(redis);
+
+    assert_plot_of_both(
+        &std::fs::read_to_string(&svg_path).unwrap(),
+        &tollgate,
+        &redis_addr,
+    );
+    let page = std::fs::read_to_string(&html_path).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>"), "{page}");
+    assert!(page.trim_end().ends_with("</html>"), "{page}");
+    let svg_start = page.find("<svg").expect("the page holds the SVG");
+    let svg_end = page.find("</svg>").expect("the SVG ends") + "</svg>".len();
+    assert_plot_of_both(&page[svg_start..svg_end], &tollgate, &redis_addr);
+    for expected in [
+        format!("<td>tollgate</td><td>{tollgate}</td>"),
+        format!("<td>redis</td><td>{redis_addr}</td>"),
+        "--plot-interval 200ms".to_owned(),
+        "tollgate / redis:".to_owned(),
+    ] {
+        assert!(page.contains(&expected), "no {expected:?} in the page");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn plot_refuses_a_file_it_cannot_write_before_running() {
+    // A wrong extension is refused up front (exit 2), before any target
+    // is measured: nothing listens on this port.
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate-bench"))
+        .args(["--target", &format!("tollgate=127.0.0.1:{}", free_port())])
+        .args(["--plot", "run.png", "--quiet"])
+        .output()
+        .expect("run tollgate-bench");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(".svg or .html"), "{stderr}");
 }

@@ -12,7 +12,8 @@
 //! - a decoded message re-encodes to the exact bytes of its frame (the
 //!   encoding is canonical) and decodes back to an equal value;
 //! - a decoded request respects the limits it was decoded under (and rule
-//!   names their 1..=64-byte UTF-8 form).
+//!   names their 1..=64-byte UTF-8 form); a decoded cluster answer holds
+//!   only real slots and ranges that are not reversed.
 //!
 //! The protocol crate's tests include this file by path and replay the seed
 //! corpus (and proptest inputs) through it, so CI runs these checks on
@@ -21,8 +22,8 @@
 use bytes::BytesMut;
 use tollgate_protocol::{
     decode_request, decode_response, encode_request, encode_response, DecodeError, ErrorCode,
-    LimitRef, Request, RequestId, Response, ServerLimits, FRAME_HEADER_LEN, MAX_ERROR_MESSAGE_LEN,
-    MAX_RULE_NAME_LEN, PROTOCOL_VERSION,
+    LimitRef, Request, RequestId, Response, ServerLimits, SlotSpan, FRAME_HEADER_LEN,
+    MAX_ERROR_MESSAGE_LEN, MAX_RULE_NAME_LEN, PROTOCOL_VERSION, SLOT_COUNT,
 };
 
 /// Small limits, so short fuzz inputs reach every limit check. The seed
@@ -84,6 +85,7 @@ pub fn check_decode_response(data: &[u8], max_frame: u32) -> Replay {
                 }
                 _ => None,
             };
+            check_response_shape(&response);
             let mut out = BytesMut::new();
             encode_response(id, &response, &mut out).expect("a decoded response re-encodes");
             if cut_message.is_none() {
@@ -176,6 +178,24 @@ fn check_stream<M>(
     }
 }
 
+/// Slots in decoded cluster answers are real slots, ranges not reversed.
+fn check_response_shape(response: &Response) {
+    let check_span = |s: &SlotSpan| {
+        assert!(
+            s.first <= s.last && s.last < SLOT_COUNT,
+            "bad slot range decoded: {s:?}"
+        );
+    };
+    match response {
+        Response::Topology(t) => {
+            t.shards.iter().flat_map(|s| &s.slots).for_each(check_span);
+            t.moving.iter().for_each(|m| check_span(&m.slots));
+        }
+        Response::Moved(m) => assert!(m.slot < SLOT_COUNT, "bad slot decoded: {}", m.slot),
+        _ => {}
+    }
+}
+
 fn check_request_limits(request: &Request, limits: &ServerLimits) {
     let check_key = |key: &[u8]| {
         assert!(!key.is_empty(), "empty key decoded");
@@ -227,6 +247,6 @@ fn check_request_limits(request: &Request, limits: &ServerLimits) {
             }
         }
         // No batch limits apply: sizes are bounded by the frame alone.
-        Request::Repl(_) => {}
+        Request::Repl(_) | Request::Topology => {}
     }
 }

@@ -192,6 +192,35 @@ pub(crate) fn encode_frame(
     Ok(())
 }
 
+/// The error for a field whose value its layout does not allow.
+pub(crate) fn invalid(r: &PayloadReader, field: &'static str, value: u64) -> DecodeError {
+    DecodeError::InvalidValue {
+        request_id: r.request_id,
+        opcode: r.opcode,
+        field,
+        value,
+    }
+}
+
+/// A `u8`-length-prefixed UTF-8 string.
+pub(crate) fn short_string(
+    r: &mut PayloadReader,
+    field: &'static str,
+) -> Result<String, DecodeError> {
+    let len = r.u8()?;
+    r.string(len.into(), field)
+}
+
+pub(crate) fn put_short_string(
+    dst: &mut BytesMut,
+    s: &str,
+    field: &'static str,
+) -> Result<(), EncodeError> {
+    dst.put_u8(wire_len(s.len(), field, u8::MAX)?);
+    dst.put_slice(s.as_bytes());
+    Ok(())
+}
+
 /// Converts a length or count to its wire type, or names the field that
 /// overflowed.
 pub(crate) fn wire_len<T: TryFrom<usize> + Into<u64>>(

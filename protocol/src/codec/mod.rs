@@ -25,6 +25,7 @@
 //! The encoding is canonical: re-encoding a decoded request gives back the
 //! exact bytes of its frame (the fuzz targets check this).
 
+mod cluster;
 mod error;
 mod frame;
 mod framed;
@@ -70,6 +71,8 @@ pub mod opcode {
     pub const REPL_ACK: u8 = 0x09;
     pub const PROMOTE: u8 = 0x0A;
     pub const STATUS: u8 = 0x0B;
+    /// Cluster (PROTOCOL.md §14): the slot map.
+    pub const TOPOLOGY: u8 = 0x10;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
@@ -86,5 +89,9 @@ pub mod opcode {
     pub const STATUS_OK: u8 = 0x8C;
     /// Answers PROMOTE.
     pub const PROMOTED: u8 = 0x8D;
+    /// Answers TOPOLOGY.
+    pub const TOPOLOGY_OK: u8 = 0x90;
+    /// Answers any request whose slot another node serves.
+    pub const MOVED: u8 = 0x91;
     pub const ERROR: u8 = 0xFF;
 }

@@ -8,9 +8,12 @@
 
 use bytes::{BufMut, BytesMut};
 
-use super::frame::{encode_frame, wire_len, PayloadReader};
+use super::frame::{
+    encode_frame, invalid, put_short_string, short_string, wire_len, PayloadReader,
+};
 use super::{opcode, DecodeError, EncodeError};
-use crate::message::{RequestId, Role};
+use crate::message::RequestId;
+use crate::replication::Role;
 use crate::replication::{
     Announce, ChangeBatch, LeaseState, NodeStatus, Record, ReplRequest, ReplResponse, SnapshotPart,
     StateEntry, StateValue, TableState,
@@ -259,15 +262,6 @@ pub(crate) fn encode_repl_response(
     }
 }
 
-fn invalid(r: &PayloadReader, field: &'static str, value: u64) -> DecodeError {
-    DecodeError::InvalidValue {
-        request_id: r.request_id,
-        opcode: r.opcode,
-        field,
-        value,
-    }
-}
-
 /// A boolean byte: exactly 0 or 1.
 fn flag(r: &mut PayloadReader, field: &'static str) -> Result<bool, DecodeError> {
     match r.u8()? {
@@ -283,18 +277,6 @@ fn role(r: &mut PayloadReader) -> Result<Role, DecodeError> {
         request_id: r.request_id,
         role,
     })
-}
-
-/// A `u8`-length-prefixed UTF-8 string.
-fn short_string(r: &mut PayloadReader, field: &'static str) -> Result<String, DecodeError> {
-    let len = r.u8()?;
-    r.string(len.into(), field)
-}
-
-fn put_short_string(dst: &mut BytesMut, s: &str, field: &'static str) -> Result<(), EncodeError> {
-    dst.put_u8(wire_len(s.len(), field, u8::MAX)?);
-    dst.put_slice(s.as_bytes());
-    Ok(())
 }
 
 /// Bounds a `u32` count by what the rest of the payload can hold.

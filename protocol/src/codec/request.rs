@@ -53,6 +53,7 @@ pub fn decode_request(
         opcode::RESET => Request::Reset(decode_reset(&mut r, limits)?),
         opcode::REFUND => Request::Refund(decode_batch(&mut r, limits)?),
         opcode::RELEASE => Request::Release(decode_release(&mut r, limits)?),
+        opcode::TOPOLOGY => Request::Topology,
         other => match super::replication::decode_repl_request(&mut r) {
             Some(decoded) => Request::Repl(decoded?),
             None => {
@@ -284,6 +285,7 @@ pub fn encode_request(
             })
         }
         Request::Repl(repl) => super::replication::encode_repl_request(request_id, repl, dst),
+        Request::Topology => encode_frame(dst, opcode::TOPOLOGY, request_id, 0, |_| Ok(())),
         Request::Reset(keys) => {
             let hint = 2 + keys.len() * MIN_KEY_LEN;
             encode_frame(dst, opcode::RESET, request_id, hint, |dst| {

@@ -15,7 +15,8 @@ use bytes::{BufMut, BytesMut};
 
 use super::frame::{encode_frame, take_frame, wire_len, PayloadReader};
 use super::{opcode, DecodeError, EncodeError, MAX_ERROR_MESSAGE_LEN};
-use crate::message::{CheckResult, Decision, ErrorCode, RequestId, Response, Role, ServerLimits};
+use crate::message::{CheckResult, Decision, ErrorCode, RequestId, Response, ServerLimits};
+use crate::replication::Role;
 
 /// Result statuses in a CHECKED payload.
 const STATUS_ALLOWED: u8 = 0;
@@ -62,6 +63,8 @@ pub fn decode_response(
             let message = r.string(len.into(), "error message")?;
             Response::Error { code, message }
         }
+        opcode::TOPOLOGY_OK => Response::Topology(super::cluster::decode_topology(&mut r)?),
+        opcode::MOVED => Response::Moved(super::cluster::decode_moved(&mut r)?),
         other => match super::replication::decode_repl_response(&mut r) {
             Some(decoded) => Response::Repl(decoded?),
             None => {
@@ -172,6 +175,8 @@ pub fn encode_response(
         ),
         Response::Pong => encode_frame(dst, opcode::PONG, request_id, 0, |_| Ok(())),
         Response::Repl(repl) => super::replication::encode_repl_response(request_id, repl, dst),
+        Response::Topology(topology) => super::cluster::encode_topology(request_id, topology, dst),
+        Response::Moved(moved) => super::cluster::encode_moved(request_id, moved, dst),
         Response::Checked(results) => encode_checked(request_id, results.iter().copied(), dst),
         Response::ResetDone(removed) => {
             encode_frame(dst, opcode::RESET_DONE, request_id, 4, |dst| {

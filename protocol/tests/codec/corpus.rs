@@ -178,7 +178,7 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
     pipelined.extend_from_slice(&refund);
     pipelined.extend_from_slice(&release);
 
-    let unknown_opcode = raw_frame(0x10, 8, b"");
+    let unknown_opcode = raw_frame(0x11, 8, b"");
     let unknown_algorithm = raw_frame(
         opcode::CHECK,
         13,
@@ -290,6 +290,11 @@ fn request_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
             raw_frame(opcode::STATUS, 9, &[2]),
             outcome(0, &[Malformed], None, 0),
         ),
+        (
+            "cluster.bin",
+            crate::cluster::request_stream(),
+            outcome(crate::cluster::requests().len(), &[], None, 0),
+        ),
     ]
 }
 
@@ -355,6 +360,16 @@ fn response_seeds() -> Vec<(&'static str, BytesMut, Replay)> {
             "replication.bin",
             crate::replication::response_stream(),
             outcome(crate::replication::responses().len(), &[], None, 0),
+        ),
+        (
+            "cluster.bin",
+            crate::cluster::response_stream(),
+            outcome(crate::cluster::responses().len(), &[], None, 0),
+        ),
+        (
+            "broken_moved_slot.bin",
+            raw_frame(opcode::MOVED, 9, &[0x40, 0x00, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
+            outcome(0, &[ErrorCode::Malformed], None, 0),
         ),
     ]
 }

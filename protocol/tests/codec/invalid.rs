@@ -47,7 +47,7 @@ fn check_frame(opcode: u8, write: impl FnOnce(&mut BytesMut)) -> BytesMut {
 fn unknown_opcodes() {
     for op in [
         0x00,
-        0x10,
+        0x11,
         0x7F,
         opcode::HELLO_OK,
         opcode::CHECKED,

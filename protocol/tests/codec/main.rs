@@ -4,6 +4,7 @@
 //!
 //! One test binary (modules below) to keep link time down.
 
+mod cluster;
 mod corpus;
 mod framed;
 mod invalid;

@@ -192,6 +192,7 @@ pub fn requests() -> Vec<(RequestId, Request)> {
     ]
     .into_iter()
     .chain(crate::replication::requests())
+    .chain(crate::cluster::requests())
     .collect()
 }
 
@@ -329,6 +330,7 @@ pub fn responses() -> Vec<(RequestId, Response)> {
         ));
     }
     out.extend(crate::replication::responses());
+    out.extend(crate::cluster::responses());
     out
 }
 

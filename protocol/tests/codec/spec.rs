@@ -7,7 +7,7 @@ use tollgate_protocol::*;
 
 use crate::samples::*;
 
-fn protocol_md() -> String {
+pub fn protocol_md() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/PROTOCOL.md");
     std::fs::read_to_string(path).expect("PROTOCOL.md beside the crate")
 }
@@ -28,7 +28,7 @@ fn hex_dump(bytes: &[u8]) -> String {
 
 /// Checks that `rows` (hex, meaning) concatenate to `frame`, and that the
 /// document holds both the annotated table and the plain dump.
-fn assert_documented(doc: &str, frame: &[u8], rows: &[(&str, &str)]) {
+pub fn assert_documented(doc: &str, frame: &[u8], rows: &[(&str, &str)]) {
     let from_rows: Vec<u8> = rows
         .iter()
         .flat_map(|(hex, _)| {
@@ -463,7 +463,7 @@ fn slot_numbers_quoted_in_the_spec() {
 #[test]
 fn error_code_table_matches_to_wire() {
     let doc = protocol_md();
-    for wire in 1..=15u16 {
+    for wire in 1..=17u16 {
         let code = ErrorCode::from_wire(wire);
         let row = format!("| {wire} | {code:?} |");
         assert!(

@@ -1,18 +1,22 @@
 //! Tollgate through its own client crate, as a gateway would call it.
 //!
 //! One [`Client`] per connection (each holds one multiplexed TCP
-//! connection). A request is one CHECK frame of `batch` independent
-//! single-pair checks, sent with [`Client::check_batch`]; `--pipeline`
-//! requests are in flight at once on each connection, multiplexed by the
-//! client's request ids. Per-call work in the client (a pending-map entry,
-//! a oneshot, a queue hop to its writer task, a deadline timer) is part of
-//! what is measured: it is what a gateway pays too.
+//! connection). With `--batch 1` a request is one [`Client::check`], the
+//! call a gateway makes per API request; concurrent calls on a connection
+//! may leave in one CHECK frame (the client coalesces what is queued at the
+//! same moment, with no timer). With a larger `--batch` a request is one
+//! CHECK frame of `batch` independent checks, sent with
+//! [`Client::check_batch`]. `--pipeline` requests are in flight at once on
+//! each connection. Per-call work in the client is part of what is
+//! measured: it is what a gateway pays too. The client's local fallback is
+//! off, so a failure counts as an error, never as a local decision.
 
 use std::sync::Mutex;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
+use tollgate_client::error::code_summary;
 use tollgate_client::{
-    Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Pair, Undecided,
+    Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Outcome, Pair,
 };
 
 use super::{Answer, Connection, RequestShape, Target, TargetError};
@@ -48,6 +52,7 @@ impl Target for TollgateTarget {
         let config = ClientConfig {
             deadline: self.shape.deadline,
             client_name: "tollgate-bench".to_owned(),
+            fallback: None,
             ..ClientConfig::default()
         };
         let client = Client::connect(self.addr.clone(), config)
@@ -108,12 +113,27 @@ pub struct TollgateConn {
     limit: Limit,
 }
 
-impl Connection for TollgateConn {
-    type Request = CheckBatch;
+/// A request: one check (a gateway's call per API request), or a batch.
+pub enum Request {
+    One(Pair),
+    Batch(CheckBatch),
+}
 
-    fn build(&self, picker: &mut KeyPicker) -> CheckBatch {
+impl Connection for TollgateConn {
+    type Request = Request;
+
+    fn build(&self, picker: &mut KeyPicker) -> Request {
         const LEN: usize = KeySpace::KEY_LEN;
         let checks = self.shape.batch as usize;
+        if checks == 1 {
+            let mut key = [0; LEN];
+            self.shape.keys.write_key(picker.next_index(), &mut key);
+            return Request::One(Pair {
+                key: Bytes::copy_from_slice(&key),
+                limit: self.limit.into(),
+                cost: self.shape.rule.cost,
+            });
+        }
         // All key names of the request in one buffer, each pair a slice of
         // it: one allocation per request, not one per key.
         let mut names = BytesMut::with_capacity(checks * LEN);
@@ -131,16 +151,35 @@ impl Connection for TollgateConn {
                 cost: self.shape.rule.cost,
             });
         }
-        batch
+        Request::Batch(batch)
     }
 
-    async fn send(&self, request: CheckBatch) -> Answer {
-        let checks = request.len() as u32;
-        match self.client.check_batch(request).await {
-            Ok(results) => fold(&results),
-            Err(e) => Answer::failed(checks, Undecided::from_error(&e).to_string()),
+    async fn send(&self, request: Request) -> Answer {
+        match request {
+            Request::One(pair) => count(&self.client.check(pair.key, pair.limit, pair.cost).await),
+            Request::Batch(batch) => {
+                let checks = batch.len() as u32;
+                match self.client.check_batch(batch).await {
+                    Ok(results) => fold(&results),
+                    Err(e) => Answer::failed(checks, e.summary()),
+                }
+            }
         }
     }
+}
+
+/// Counts one check's outcome.
+fn count(outcome: &Outcome) -> Answer {
+    let mut answer = Answer::default();
+    match outcome {
+        Outcome::Decided(d) if d.allowed => answer.allowed += 1,
+        Outcome::Decided(_) => answer.denied += 1,
+        Outcome::Rejected(r) => answer.add_error(format!("request rejected: {}", r.code)),
+        Outcome::Undecided { why, .. } | Outcome::Fallback { why, .. } => {
+            answer.add_error(why.to_string())
+        }
+    }
+    answer
 }
 
 /// Counts a CHECKED answer, check by check.
@@ -150,7 +189,7 @@ fn fold(results: &[CheckResult]) -> Answer {
         match result {
             CheckResult::Decision(d) if d.allowed => answer.allowed += 1,
             CheckResult::Decision(_) => answer.denied += 1,
-            CheckResult::Error(code) => answer.add_error(Undecided::from_code(*code).to_string()),
+            CheckResult::Error(code) => answer.add_error(code_summary(*code)),
         }
     }
     answer
@@ -158,7 +197,7 @@ fn fold(results: &[CheckResult]) -> Answer {
 
 #[cfg(test)]
 mod tests {
-    use tollgate_client::{Decision, ErrorCode};
+    use tollgate_client::{ErrorCode, WireDecision as Decision};
 
     use super::*;
 

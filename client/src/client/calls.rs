@@ -1,0 +1,219 @@
+//! Sending requests through a shard: local checks against the server's
+//! announced limits, the call, and the retry after NotPrimary. Free
+//! functions over the shard so background tasks (lease refunds) share them
+//! with the client handle.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tollgate_protocol::{ErrorCode, Pair, Request, Response, ServerLimits};
+
+use crate::connection::pending::{Answer, BatchKind, Checks, Outgoing};
+use crate::connection::{response_name, Connection, Deadline};
+use crate::error::Error;
+use crate::shard::{Shard, Wait};
+
+/// Sends checks of `kind` and returns their answer.
+pub(crate) async fn checks(
+    shard: &Arc<Shard>,
+    kind: BatchKind,
+    checks: Checks,
+    deadline: Deadline,
+) -> Result<Answer, Error> {
+    let conn = match shard.ready() {
+        Some(ready) => ready?,
+        None => Box::pin(shard.connection(Wait::Until(deadline))).await?,
+    };
+    check_limits(&checks, &conn.info().limits)?;
+    // A shard of several nodes may need to resend after NotPrimary; the
+    // copy is cheap (`Bytes` and rule names are reference counted). One
+    // await of the exchange, so a call's future holds one exchange's state.
+    let retry = (shard.node_count() > 1).then(|| checks.clone());
+    let answer = conn
+        .exchange(Outgoing::Checks { kind, checks }, deadline)
+        .await?;
+    match (answer, retry) {
+        (
+            Answer::Response(Response::Error {
+                code: ErrorCode::NotPrimary,
+                message,
+            }),
+            Some(checks),
+        ) => {
+            tracing::info!(%message, "node is not primary; looking for the primary again");
+            shard.invalidate(&conn);
+            // Boxed: a rare path whose state need not weigh on every call.
+            Box::pin(async move {
+                let conn = shard.connection(Wait::Until(deadline)).await?;
+                conn.exchange(Outgoing::Checks { kind, checks }, deadline)
+                    .await
+            })
+            .await
+        }
+        (other, _) => Ok(other),
+    }
+}
+
+/// Sends a request only a primary serves (RESET, RELEASE, ...). For a shard
+/// of several nodes an ERROR NotPrimary (nothing was applied) drops the
+/// connection and sends the request once more, within the same deadline.
+pub(crate) async fn primary(
+    shard: &Arc<Shard>,
+    conn: Arc<Connection>,
+    request: Request,
+    deadline: Deadline,
+) -> Result<Response, Error> {
+    if shard.node_count() < 2 {
+        return conn.call(request, deadline).await;
+    }
+    let answer = conn.call(request.clone(), deadline).await?;
+    let Response::Error {
+        code: ErrorCode::NotPrimary,
+        message,
+    } = &answer
+    else {
+        return Ok(answer);
+    };
+    tracing::info!(%message, "node is not primary; looking for the primary again");
+    shard.invalidate(&conn);
+    let conn = shard.connection(Wait::Until(deadline)).await?;
+    conn.call(request, deadline).await
+}
+
+/// The results of a batch answer, or the error it stands for.
+pub(crate) fn results(
+    answer: Answer,
+    name: &'static str,
+) -> Result<Vec<tollgate_protocol::CheckResult>, Error> {
+    match answer {
+        Answer::Results(results) => Ok(results),
+        Answer::One(result) => Ok(vec![result]),
+        Answer::Response(Response::Error { code, message }) => Err(Error::Server { code, message }),
+        Answer::Response(other) => Err(Error::UnexpectedResponse {
+            request: name,
+            got: response_name(&other),
+        }),
+    }
+}
+
+/// Refuses locally what the server would refuse, using the limits it
+/// announced: no round trip for a request that cannot succeed.
+pub(crate) fn check_limits(checks: &Checks, limits: &ServerLimits) -> Result<(), Error> {
+    let check_group = |index: usize, pairs: &[Pair]| -> Result<(), Error> {
+        if pairs.is_empty() {
+            return Err(Error::EmptyGroup { check: index });
+        }
+        if pairs.len() > usize::from(limits.max_group) {
+            return Err(Error::GroupTooLarge {
+                check: index,
+                pairs: pairs.len(),
+                max: limits.max_group,
+            });
+        }
+        pairs.iter().try_for_each(|p| check_key(&p.key, limits))
+    };
+    match checks {
+        Checks::One(p) => check_key(&p.key, limits),
+        Checks::Group(g) => check_group(0, g),
+        Checks::Batch(batch) => {
+            if batch.len() > usize::from(limits.max_batch) {
+                return Err(Error::BatchTooLarge {
+                    checks: batch.len(),
+                    max: limits.max_batch,
+                });
+            }
+            batch
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, c)| check_group(i, c))
+        }
+    }
+}
+
+pub(crate) fn check_key(key: &[u8], limits: &ServerLimits) -> Result<(), Error> {
+    if key.is_empty() {
+        return Err(Error::EmptyKey);
+    }
+    if key.len() > usize::from(limits.max_key_len) {
+        return Err(Error::KeyTooLong {
+            len: key.len(),
+            max: limits.max_key_len,
+        });
+    }
+    Ok(())
+}
+
+/// Keys (RESET) or leases (RELEASE) within the server's batch and key limits.
+pub(crate) fn check_keys<'a>(
+    keys: impl ExactSizeIterator<Item = &'a Bytes>,
+    limits: &ServerLimits,
+) -> Result<(), Error> {
+    if keys.len() > usize::from(limits.max_batch) {
+        return Err(Error::BatchTooLarge {
+            checks: keys.len(),
+            max: limits.max_batch,
+        });
+    }
+    keys.into_iter().try_for_each(|k| check_key(k, limits))
+}
+
+#[cfg(test)]
+mod tests {
+    use tollgate_protocol::units::Rate;
+    use tollgate_protocol::{CheckBatch, Limit};
+
+    use super::*;
+
+    fn pair(key: &'static [u8]) -> Pair {
+        Pair::inline(
+            Bytes::from_static(key),
+            Limit::token_bucket(Rate::per_second(5), 10),
+            1,
+        )
+    }
+
+    fn limits() -> ServerLimits {
+        ServerLimits {
+            max_frame: 4096,
+            max_batch: 2,
+            max_group: 2,
+            max_key_len: 4,
+        }
+    }
+
+    #[test]
+    fn local_limits_carry_the_numbers() {
+        let mut batch = CheckBatch::default();
+        for _ in 0..3 {
+            batch.push(pair(b"k"));
+        }
+        assert!(matches!(
+            check_limits(&Checks::Batch(batch), &limits()),
+            Err(Error::BatchTooLarge { checks: 3, max: 2 })
+        ));
+        let mut batch = CheckBatch::default();
+        batch.push(pair(b"k"));
+        batch.push_check([pair(b"a"), pair(b"b"), pair(b"c")]);
+        assert!(matches!(
+            check_limits(&Checks::Batch(batch), &limits()),
+            Err(Error::GroupTooLarge {
+                check: 1,
+                pairs: 3,
+                max: 2
+            })
+        ));
+        assert!(matches!(
+            check_limits(&Checks::One(pair(b"toolong")), &limits()),
+            Err(Error::KeyTooLong { len: 7, max: 4 })
+        ));
+        assert!(matches!(
+            check_limits(&Checks::Group(Vec::new()), &limits()),
+            Err(Error::EmptyGroup { check: 0 })
+        ));
+        assert!(matches!(
+            check_limits(&Checks::One(pair(b"")), &limits()),
+            Err(Error::EmptyKey)
+        ));
+        assert!(check_limits(&Checks::Group(vec![pair(b"a"), pair(b"four")]), &limits()).is_ok());
+    }
+}

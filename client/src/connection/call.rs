@@ -1,0 +1,186 @@
+//! The state a connection's calls, writer and driver share, and the future
+//! a call waits on: it submits on its first poll (one lock: slot, queue,
+//! maybe a wakeup of the parked writer and of the deadline sweep) and takes
+//! its answer on a later one (one lock). No timer, no channel per call.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tollgate_protocol::{Request, RequestId};
+
+use super::pending::{Answer, Outgoing, Pending, Shape, Wakers};
+use crate::error::Error;
+
+/// The state a connection's calls, writer and driver share.
+pub(crate) struct Shared {
+    pub(crate) pending: Mutex<Pending>,
+    /// Wakes the parked writer.
+    pub(crate) writer_wake: Notify,
+    /// Wakes the driver to re-arm its deadline sweep.
+    pub(crate) sweep_wake: Notify,
+    /// Most requests waiting for the writer.
+    pub(crate) max_queued: usize,
+}
+
+impl Shared {
+    pub(crate) fn new(max_queued: usize, idle_rearm: Duration) -> Self {
+        Self {
+            pending: Mutex::new(Pending::new(Instant::now() + idle_rearm)),
+            writer_wake: Notify::new(),
+            sweep_wake: Notify::new(),
+            max_queued,
+        }
+    }
+
+    /// Queues `outgoing` for a call due by `deadline`.
+    fn submit(
+        &self,
+        outgoing: Outgoing,
+        deadline: Instant,
+        budget: Duration,
+        waker: Waker,
+    ) -> Result<RequestId, Error> {
+        let (shape, name) = match &outgoing {
+            Outgoing::Checks { kind, checks } => (checks.shape(), kind.name()),
+            Outgoing::Request(r) => (Shape::Response, request_name(r)),
+        };
+        let (id, wake_writer, wake_sweep) = {
+            let mut p = self.pending.lock();
+            if p.closed {
+                return Err(Error::ConnectionLost);
+            }
+            if p.queue.len() >= self.max_queued {
+                return Err(Error::Overloaded {
+                    queued: p.queue.len(),
+                });
+            }
+            let queued = p.queue.len();
+            let id = p
+                .wait(waker, deadline, budget, shape, name)
+                .ok_or(Error::Overloaded { queued })?;
+            p.queue.push((id, outgoing));
+            let wake_writer = std::mem::replace(&mut p.writer_parked, false);
+            let wake_sweep = deadline < p.armed;
+            if wake_sweep {
+                p.armed = deadline;
+            }
+            (id, wake_writer, wake_sweep)
+        };
+        if wake_writer {
+            self.writer_wake.notify_one();
+        }
+        if wake_sweep {
+            self.sweep_wake.notify_one();
+        }
+        Ok(id)
+    }
+
+    /// Closes the map and fails every waiting call. Idempotent.
+    pub(crate) fn close(&self) {
+        let mut wakers = Wakers::new();
+        self.pending.lock().close(&mut wakers);
+        wakers.into_iter().for_each(Waker::wake);
+        // A parked writer must see `closed` and stop.
+        self.writer_wake.notify_one();
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.pending.lock().waiting()
+    }
+}
+
+/// The name of a request, for errors.
+pub(crate) fn request_name(request: &Request) -> &'static str {
+    match request {
+        Request::Hello { .. } => "HELLO",
+        Request::Ping => "PING",
+        Request::Check(_) => "CHECK",
+        Request::Peek(_) => "PEEK",
+        Request::Reset(_) => "RESET",
+        Request::Refund(_) => "REFUND",
+        Request::Release(_) => "RELEASE",
+        Request::Repl(_) => "REPL",
+        Request::Topology => "TOPOLOGY",
+    }
+}
+
+/// A call in flight: submits on first poll, then waits for its slot.
+pub(crate) struct Call<'a> {
+    shared: &'a Shared,
+    state: CallState,
+}
+
+enum CallState {
+    Start {
+        outgoing: Outgoing,
+        deadline: Instant,
+        budget: Duration,
+    },
+    Waiting(RequestId),
+    Finished,
+}
+
+impl<'a> Call<'a> {
+    pub(crate) fn new(
+        shared: &'a Shared,
+        outgoing: Outgoing,
+        deadline: Instant,
+        budget: Duration,
+    ) -> Self {
+        Self {
+            shared,
+            state: CallState::Start {
+                outgoing,
+                deadline,
+                budget,
+            },
+        }
+    }
+}
+
+impl Future for Call<'_> {
+    type Output = Result<Answer, Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match std::mem::replace(&mut this.state, CallState::Finished) {
+            CallState::Start {
+                outgoing,
+                deadline,
+                budget,
+            } => match this
+                .shared
+                .submit(outgoing, deadline, budget, cx.waker().clone())
+            {
+                Ok(id) => {
+                    this.state = CallState::Waiting(id);
+                    Poll::Pending
+                }
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            CallState::Waiting(id) => {
+                let polled = this.shared.pending.lock().poll_answer(id, cx.waker());
+                if polled.is_pending() {
+                    this.state = CallState::Waiting(id);
+                }
+                polled
+            }
+            CallState::Finished => Poll::Ready(Err(Error::ConnectionLost)),
+        }
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        // A call dropped before its answer frees its slot: a queued request
+        // is then not sent, a late answer finds nothing.
+        if let CallState::Waiting(id) = self.state {
+            self.shared.pending.lock().release(id);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! The driver task: reads answers, sweeps deadlines, probes a suspect
+//! connection, and feeds the node's circuit breaker.
+//!
+//! - Answers: every frame of a socket read is decoded first, then handed to
+//!   its call(s) under one lock, and the callers are woken after it
+//!   (batched wakeups: one lock and one pass per read, not per answer).
+//! - Deadlines: no timer per call. The driver sleeps until the earliest
+//!   deadline (`armed`) and fails the calls past theirs; a read also sweeps
+//!   when `armed` has passed. With nothing waiting it re-arms one default
+//!   deadline ahead, so calls with the default budget never need to wake it.
+//! - Suspect: a sweep that timed a call out sends one PING; if the PING is
+//!   not answered within `probe_timeout` the connection is dropped (a hung
+//!   server is abandoned; the next call reconnects, to the standby when the
+//!   shard has one).
+//! - Breaker: the answers and timeouts of each pass are reported to the
+//!   node's breaker in one go.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::AsyncReadExt;
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::time::Instant;
+use tollgate_protocol::{decode_response, RequestId, Response};
+
+use super::call::Shared;
+use super::pending::{Swept, Wakers};
+use super::{StopOnExit, READ_CHUNK};
+use crate::error::Error;
+use crate::shard::Node;
+
+/// What the driver needs besides the socket.
+pub(super) struct DriverSettings {
+    /// Largest response frame body accepted.
+    pub max_frame: u32,
+    /// How far ahead to re-arm when nothing waits: the default deadline.
+    pub idle_rearm: Duration,
+    pub probe_timeout: Duration,
+}
+
+pub(super) async fn drive(
+    mut socket: OwnedReadHalf,
+    mut buf: BytesMut,
+    shared: Arc<Shared>,
+    exit: StopOnExit,
+    node: Arc<Node>,
+    settings: DriverSettings,
+) {
+    let mut armed = shared.pending.lock().armed;
+    let sleep = tokio::time::sleep_until(armed);
+    tokio::pin!(sleep);
+    let mut decoded: Vec<(RequestId, Result<Response, Error>)> = Vec::new();
+    'drive: loop {
+        let mut wakers = Wakers::new();
+        let mut answered = 0u32;
+        let mut swept = Swept::default();
+        let mut probe_answered = false;
+        tokio::select! {
+            biased;
+            () = exit.stop.cancelled() => break,
+            read = socket.read_buf(&mut buf) => {
+                match read {
+                    Ok(0) => {
+                        tracing::debug!(addr = %node.addr, buffered = buf.len(), "server closed the connection");
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(addr = %node.addr, error = %e, "read failed; closing the connection");
+                        break;
+                    }
+                }
+                let mut fatal = false;
+                loop {
+                    match decode_response(&mut buf, settings.max_frame) {
+                        Ok(Some((id, response))) => decoded.push((id, Ok(response))),
+                        Ok(None) => break,
+                        Err(e) if e.is_fatal() => {
+                            tracing::warn!(addr = %node.addr, error = %e, "undecodable response stream; closing the connection");
+                            fatal = true;
+                            break;
+                        }
+                        // The bad frame was consumed whole; only its call fails.
+                        Err(e) => match e.request_id() {
+                            Some(id) => decoded.push((id, Err(e.into()))),
+                            None => tracing::warn!(error = %e, "undecodable response"),
+                        },
+                    }
+                }
+                let now = Instant::now();
+                {
+                    let mut p = shared.pending.lock();
+                    for (id, answer) in decoded.drain(..) {
+                        let (n, probe) = p.deliver(id, answer, &mut wakers);
+                        answered += n;
+                        probe_answered |= probe;
+                    }
+                    if p.armed <= now {
+                        swept = p.sweep(now, settings.idle_rearm, &mut wakers);
+                    }
+                    armed = p.armed;
+                }
+                if fatal {
+                    wakers.into_iter().for_each(std::task::Waker::wake);
+                    break 'drive;
+                }
+                if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+                    buf.reserve(READ_CHUNK);
+                }
+            }
+            () = &mut sleep => {
+                let mut p = shared.pending.lock();
+                swept = p.sweep(Instant::now(), settings.idle_rearm, &mut wakers);
+                armed = p.armed;
+            }
+            () = shared.sweep_wake.notified() => {
+                armed = shared.pending.lock().armed;
+            }
+        }
+        wakers.into_iter().for_each(std::task::Waker::wake);
+        if probe_answered {
+            tracing::debug!(addr = %node.addr, "suspect connection answered its probe");
+        }
+        node.record(answered + u32::from(probe_answered), swept.timed_out);
+        if swept.probe_failed {
+            tracing::warn!(
+                addr = %node.addr,
+                probe_timeout = ?settings.probe_timeout,
+                "connection let calls time out and did not answer a probe; dropping it"
+            );
+            break;
+        }
+        if swept.timed_out > 0 {
+            let queued = {
+                let mut p = shared.pending.lock();
+                let deadline = Instant::now() + settings.probe_timeout;
+                let queued = !p.probing && p.probe(deadline);
+                armed = p.armed;
+                queued && std::mem::replace(&mut p.writer_parked, false)
+            };
+            if queued {
+                shared.writer_wake.notify_one();
+            }
+        }
+        if sleep.deadline() != armed {
+            sleep.as_mut().reset(armed);
+        }
+    }
+    // Calls still waiting on a connection that died count as one failure
+    // of the node (not one per call: they all saw the same event).
+    if !exit.stop.is_cancelled() && shared.in_flight() > 0 {
+        node.record(0, 1);
+    }
+    drop(exit);
+}

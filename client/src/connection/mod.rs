@@ -1,0 +1,328 @@
+//! One multiplexed, pipelined connection to a node.
+//!
+//! ```text
+//!  call ── submit (slot + queue, one lock) ──> writer task: take queue, merge CHECKs,
+//!    │                                          encode, one write ──────────────> socket
+//!    └─ Call future <── slot Done <── driver task: decode a read's frames, deliver
+//!                                      under one lock, wake; sweep deadlines ◄── socket
+//! ```
+//!
+//! Invariants (the slot rules are in [`pending`]):
+//! - answers may come in any order; they are matched by request id alone;
+//! - either task ending (socket error, EOF, undecodable stream, a suspect
+//!   connection that did not answer its probe, the [`Connection`] dropped)
+//!   stops the other one and fails every waiting call at once;
+//! - a request whose caller gave up (deadline, dropped future) before the
+//!   writer took it is not sent, hence not charged.
+
+mod call;
+mod driver;
+pub(crate) mod pending;
+mod writer;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tollgate_protocol::{
+    decode_response, encode_request, Request, RequestId, Response, Role, ServerLimits,
+    PROTOCOL_VERSION,
+};
+
+use crate::config::ClientConfig;
+use crate::error::Error;
+use crate::shard::Node;
+use call::{Call, Shared};
+use pending::{Answer, Outgoing};
+
+/// Request id of HELLO. Slot ids are never 0.
+const HELLO_ID: RequestId = 0;
+
+/// Spare room kept in the read buffer before each read.
+pub(crate) const READ_CHUNK: usize = 16 * 1024;
+
+/// What the handshake told us about the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// Protocol version the server speaks.
+    pub version: u16,
+    pub role: Role,
+    /// Replication epoch: the node with the highest epoch is the primary.
+    pub epoch: u64,
+    /// Replication offset at handshake time (0 when replication is off).
+    pub offset: u64,
+    /// The server's limits; requests over them are refused locally.
+    pub limits: ServerLimits,
+}
+
+/// A call's time budget: the instant it ends, and its length for errors.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    pub at: Instant,
+    pub budget: Duration,
+}
+
+impl Deadline {
+    pub fn after(budget: Duration) -> Self {
+        Self {
+            at: Instant::now() + budget,
+            budget,
+        }
+    }
+
+    pub fn exceeded(&self) -> Error {
+        Error::Timeout { after: self.budget }
+    }
+}
+
+/// Run by each task however it ends (including its runtime shutting down):
+/// stops the sibling task and fails the waiting calls.
+pub(crate) struct StopOnExit {
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    alive: Arc<AtomicBool>,
+}
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        self.alive.store(false, Ordering::Relaxed);
+        self.stop.cancel();
+        self.shared.close();
+    }
+}
+
+/// An open, handshaken connection and the handle its calls go through.
+/// Dropping it stops both tasks and closes the socket.
+pub(crate) struct Connection {
+    shared: Arc<Shared>,
+    /// Mirrors "not closed" without the lock, for the call fast path.
+    /// Relaxed: a stale `true` only sends a call to a connection that then
+    /// fails it with ConnectionLost, as if it had died a moment later.
+    alive: Arc<AtomicBool>,
+    info: ServerInfo,
+    node: Arc<Node>,
+    stop: CancellationToken,
+    /// Cancels `stop` when the last handle goes, ending both tasks.
+    _stop_on_drop: DropGuard,
+}
+
+impl Connection {
+    /// Connects, handshakes and starts the writer and driver tasks, all
+    /// within `config.connect_timeout`.
+    pub(crate) async fn open(node: Arc<Node>, config: &ClientConfig) -> Result<Self, Error> {
+        match tokio::time::timeout(config.connect_timeout, Self::open_unbounded(&node, config))
+            .await
+        {
+            Ok(Ok(conn)) => Ok(conn.with_node(node)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::ConnectTimeout {
+                addr: node.addr.clone(),
+                after: config.connect_timeout,
+            }),
+        }
+    }
+
+    fn with_node(mut self, node: Arc<Node>) -> Self {
+        self.node = node;
+        self
+    }
+
+    async fn open_unbounded(node: &Arc<Node>, config: &ClientConfig) -> Result<Self, Error> {
+        let addr = node.addr.as_str();
+        let connect_error = |e: std::io::Error| Error::Connect {
+            addr: addr.to_owned(),
+            source: Arc::new(e),
+        };
+        let mut stream = TcpStream::connect(addr).await.map_err(connect_error)?;
+        // Requests are small and latency-bound; the writer already batches,
+        // so Nagle's algorithm would only add delay.
+        stream.set_nodelay(true).map_err(connect_error)?;
+        if let Some(idle) = config.keepalive {
+            set_keepalive(&stream, idle).map_err(connect_error)?;
+        }
+
+        let (info, leftover) = handshake(&mut stream, config).await?;
+        tracing::debug!(
+            addr,
+            version = info.version,
+            epoch = info.epoch,
+            role = ?info.role,
+            "connected"
+        );
+
+        let (reader, writer) = stream.into_split();
+        let shared = Arc::new(Shared::new(config.max_queued, config.deadline));
+        let stop = CancellationToken::new();
+        let alive = Arc::new(AtomicBool::new(true));
+        let exit = || StopOnExit {
+            shared: Arc::clone(&shared),
+            stop: stop.clone(),
+            alive: Arc::clone(&alive),
+        };
+        tokio::spawn(writer::write_loop(
+            writer,
+            Arc::clone(&shared),
+            exit(),
+            info.limits,
+        ));
+        tokio::spawn(driver::drive(
+            reader,
+            leftover,
+            Arc::clone(&shared),
+            exit(),
+            Arc::clone(node),
+            driver::DriverSettings {
+                max_frame: config.max_frame,
+                idle_rearm: config.deadline,
+                probe_timeout: config.probe_timeout,
+            },
+        ));
+        Ok(Self {
+            shared,
+            alive,
+            info,
+            node: Arc::clone(node),
+            _stop_on_drop: stop.clone().drop_guard(),
+            stop,
+        })
+    }
+
+    pub(crate) fn info(&self) -> &ServerInfo {
+        &self.info
+    }
+
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// False once either task has stopped; the next call then reconnects.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.shared.in_flight()
+    }
+
+    /// Stops both tasks now; waiting calls fail with `ConnectionLost`.
+    pub(crate) fn shut_down(&self) {
+        self.alive.store(false, Ordering::Relaxed);
+        self.stop.cancel();
+        self.shared.close();
+    }
+
+    /// Sends `outgoing` and waits for its answer until `deadline`. No timer:
+    /// the driver's sweep ends the call at its deadline.
+    pub(crate) fn exchange(&self, outgoing: Outgoing, deadline: Deadline) -> Call<'_> {
+        Call::new(&self.shared, outgoing, deadline.at, deadline.budget)
+    }
+
+    /// Sends a plain request and returns the response.
+    pub(crate) async fn call(
+        &self,
+        request: Request,
+        deadline: Deadline,
+    ) -> Result<Response, Error> {
+        match self.exchange(Outgoing::Request(request), deadline).await? {
+            Answer::Response(r) => Ok(r),
+            Answer::One(_) | Answer::Results(_) => Err(Error::UnexpectedResponse {
+                request: "request",
+                got: "CHECKED",
+            }),
+        }
+    }
+}
+
+fn set_keepalive(stream: &TcpStream, idle: Duration) -> std::io::Result<()> {
+    let keepalive = socket2::TcpKeepalive::new().with_time(idle);
+    #[cfg(any(target_os = "linux", target_os = "macos", target_os = "freebsd"))]
+    let keepalive = keepalive.with_interval(idle / 3).with_retries(3);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive)
+}
+
+/// Sends HELLO and reads its answer. Returns what the server told us and
+/// any bytes read past the answer (they belong to the driver task).
+async fn handshake(
+    stream: &mut TcpStream,
+    config: &ClientConfig,
+) -> Result<(ServerInfo, BytesMut), Error> {
+    let hello = Request::Hello {
+        version: PROTOCOL_VERSION,
+        client_name: config.client_name.clone(),
+        auth_token: config.auth_token.clone().map(Into::into),
+    };
+    let mut buf = BytesMut::with_capacity(64);
+    encode_request(HELLO_ID, &hello, &mut buf)?;
+    stream.write_all(&buf).await?;
+    buf.clear();
+
+    // HELLO is the only request in flight, so the first frame answers it
+    // whatever id it carries.
+    let response = loop {
+        if let Some((_, response)) = decode_response(&mut buf, config.max_frame)? {
+            break response;
+        }
+        if stream.read_buf(&mut buf).await? == 0 {
+            return Err(Error::Io(Arc::new(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "server closed the connection during the handshake",
+            ))));
+        }
+    };
+    match response {
+        Response::HelloOk {
+            version,
+            role,
+            epoch,
+            offset,
+            limits,
+        } if version == PROTOCOL_VERSION => Ok((
+            ServerInfo {
+                version,
+                role,
+                epoch,
+                offset,
+                limits,
+            },
+            buf,
+        )),
+        Response::HelloOk { version, .. } => Err(Error::Handshake {
+            code: tollgate_protocol::ErrorCode::UnsupportedVersion,
+            message: format!(
+                "server answered with protocol version {version}, this client speaks {PROTOCOL_VERSION}"
+            ),
+        }),
+        Response::Error { code, message } => Err(Error::Handshake { code, message }),
+        other => Err(Error::UnexpectedResponse {
+            request: "HELLO",
+            got: response_name(&other),
+        }),
+    }
+}
+
+/// Names a response for [`Error::UnexpectedResponse`].
+pub(crate) fn response_name(response: &Response) -> &'static str {
+    match response {
+        Response::HelloOk { .. } => "HELLO_OK",
+        Response::Pong => "PONG",
+        Response::Checked(_) => "CHECKED",
+        Response::ResetDone(_) => "RESET_DONE",
+        Response::Released(_) => "RELEASED",
+        Response::Error { .. } => "ERROR",
+        Response::Topology(_) => "TOPOLOGY_OK",
+        Response::Moved(_) => "MOVED",
+        Response::Repl(repl) => match repl {
+            tollgate_protocol::ReplResponse::Stream { .. } => "REPL_STREAM",
+            tollgate_protocol::ReplResponse::Snapshot(_) => "REPL_SNAPSHOT",
+            tollgate_protocol::ReplResponse::Changes(_) => "REPL_CHANGES",
+            tollgate_protocol::ReplResponse::Heartbeat { .. } => "REPL_HEARTBEAT",
+            tollgate_protocol::ReplResponse::Status(_) => "STATUS_OK",
+            tollgate_protocol::ReplResponse::Promoted { .. } => "PROMOTED",
+        },
+    }
+}

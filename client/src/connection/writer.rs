@@ -1,0 +1,388 @@
+//! The writer task: takes everything queued, merges what can share a
+//! frame, and writes it all with one syscall.
+//!
+//! Automatic coalescing: consecutive CHECK (or PEEK, or REFUND) calls found
+//! in the queue together leave as **one** frame whose checks are the calls'
+//! checks in order, up to the server's `max_batch` and `max_frame`. A
+//! merged frame gets its own slot, which cuts the CHECKED answer back into
+//! each call's results. There is no timer and no waiting for company: the
+//! writer takes only what is already queued when it runs, so a lone call
+//! leaves at once, and under load calls that arrived during the previous
+//! write share the next frame.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use smallvec::SmallVec;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tollgate_protocol::{encode_request, CheckBatch, Request, RequestId, ServerLimits};
+
+use super::call::Shared;
+use super::pending::{BatchKind, Checks, Member, Outgoing, Pending, Wakers};
+use super::{StopOnExit, READ_CHUNK};
+use crate::error::Error;
+
+/// Payload bytes of a CHECK frame besides its checks: opcode, request id
+/// and the check count.
+const CHECK_FRAME_OVERHEAD: usize = 1 + 4 + 2;
+
+/// A merge in progress: calls of one kind whose checks share a frame.
+struct Merge {
+    kind: BatchKind,
+    checks: usize,
+    body: usize,
+    calls: SmallVec<[(RequestId, Checks); 8]>,
+}
+
+/// Turns the taken queue into frames (under the lock, which merged frames
+/// need for their slot). Calls whose caller gave up are dropped here.
+fn plan(
+    p: &mut Pending,
+    taken: &mut Vec<(RequestId, Outgoing)>,
+    frames: &mut Vec<(RequestId, Request)>,
+    limits: &ServerLimits,
+    wakers: &mut Wakers,
+) {
+    let max_body = limits.max_frame as usize;
+    let mut merge: Option<Merge> = None;
+    for (id, outgoing) in taken.drain(..) {
+        if !p.wanted(id) {
+            continue;
+        }
+        match outgoing {
+            Outgoing::Request(request) => {
+                flush(p, merge.take(), frames, wakers);
+                frames.push((id, request));
+            }
+            Outgoing::Checks { kind, checks } => {
+                let (n, len) = (checks.len(), checks.wire_len());
+                let body = CHECK_FRAME_OVERHEAD + len;
+                if body > max_body {
+                    // Refused here, where the size is known exactly: an
+                    // oversized frame would make the server close the
+                    // connection under every other call.
+                    p.complete(
+                        id,
+                        Err(Error::FrameTooLarge {
+                            len: body,
+                            max: limits.max_frame,
+                        }),
+                        wakers,
+                    );
+                    continue;
+                }
+                let fits = merge.as_ref().is_some_and(|m| {
+                    m.kind == kind
+                        && m.checks + n <= usize::from(limits.max_batch)
+                        && m.body + len <= max_body
+                });
+                if !fits {
+                    flush(p, merge.take(), frames, wakers);
+                    merge = Some(Merge {
+                        kind,
+                        checks: 0,
+                        body: CHECK_FRAME_OVERHEAD,
+                        calls: SmallVec::new(),
+                    });
+                }
+                if let Some(m) = merge.as_mut() {
+                    m.checks += n;
+                    m.body += len;
+                    m.calls.push((id, checks));
+                }
+            }
+        }
+    }
+    flush(p, merge, frames, wakers);
+}
+
+/// Emits a merge as one frame: the call's own id when it is alone, a
+/// merged slot otherwise.
+fn flush(
+    p: &mut Pending,
+    merge: Option<Merge>,
+    frames: &mut Vec<(RequestId, Request)>,
+    wakers: &mut Wakers,
+) {
+    let Some(merge) = merge else {
+        return;
+    };
+    let kind = merge.kind;
+    if merge.calls.len() == 1 {
+        let Some((id, checks)) = merge.calls.into_iter().next() else {
+            return;
+        };
+        let batch = match checks {
+            Checks::Batch(b) => b,
+            other => {
+                let mut b = CheckBatch::with_capacity(1);
+                other.append_to(&mut b);
+                b
+            }
+        };
+        frames.push((id, kind.request(batch)));
+        return;
+    }
+    let members: SmallVec<[Member; 8]> = merge
+        .calls
+        .iter()
+        .map(|(id, c)| Member {
+            id: *id,
+            shape: c.shape(),
+        })
+        .collect();
+    let Some(frame_id) = p.merged(members, kind.name()) else {
+        for (id, _) in merge.calls {
+            p.complete(id, Err(Error::Overloaded { queued: 0 }), wakers);
+        }
+        return;
+    };
+    let mut batch = CheckBatch::with_capacity(merge.checks);
+    for (_, checks) in merge.calls {
+        checks.append_to(&mut batch);
+    }
+    frames.push((frame_id, kind.request(batch)));
+}
+
+/// The writer task. Generic over the sink so a test can count its writes.
+pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
+    mut socket: W,
+    shared: Arc<Shared>,
+    exit: StopOnExit,
+    limits: ServerLimits,
+) {
+    let mut taken: Vec<(RequestId, Outgoing)> = Vec::new();
+    let mut frames: Vec<(RequestId, Request)> = Vec::new();
+    let mut buf = BytesMut::with_capacity(READ_CHUNK);
+    loop {
+        let mut wakers = Wakers::new();
+        let park = {
+            let mut p = shared.pending.lock();
+            if p.closed {
+                break;
+            }
+            if p.queue.is_empty() {
+                p.writer_parked = true;
+                true
+            } else {
+                std::mem::swap(&mut p.queue, &mut taken);
+                plan(&mut p, &mut taken, &mut frames, &limits, &mut wakers);
+                false
+            }
+        };
+        if park {
+            // A submit after the unlock stores a permit: not missed.
+            tokio::select! {
+                biased;
+                () = exit.stop.cancelled() => break,
+                () = shared.writer_wake.notified() => continue,
+            }
+        }
+        wakers.into_iter().for_each(std::task::Waker::wake);
+        for (id, request) in frames.drain(..) {
+            if let Err(e) = encode_request(id, &request, &mut buf) {
+                let mut wakers = Wakers::new();
+                shared
+                    .pending
+                    .lock()
+                    .deliver(id, Err(Error::from(e)), &mut wakers);
+                wakers.into_iter().for_each(std::task::Waker::wake);
+            }
+        }
+        if buf.is_empty() {
+            continue;
+        }
+        let written = tokio::select! {
+            biased;
+            () = exit.stop.cancelled() => break,
+            written = socket.write_all(&buf) => written,
+        };
+        if let Err(e) = written {
+            tracing::debug!(error = %e, "write failed; closing the connection");
+            break;
+        }
+        buf.clear();
+        // One huge batch must not pin its buffer for the connection's life.
+        if buf.capacity() > 64 * READ_CHUNK {
+            buf = BytesMut::with_capacity(READ_CHUNK);
+        }
+    }
+    // Dropping `exit` fails the waiting calls; dropping the write half then
+    // shuts down our side of the socket.
+    drop(exit);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Waker};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::time::Instant;
+    use tokio_util::sync::CancellationToken;
+    use tollgate_protocol::units::Rate;
+    use tollgate_protocol::{decode_request, Limit, Pair, Request, ServerLimits};
+
+    use super::*;
+    use crate::connection::pending::Shape;
+
+    /// A real socket's write half that counts the writes made on it.
+    struct CountingWriter<W> {
+        inner: W,
+        writes: Arc<AtomicUsize>,
+    }
+
+    impl<W: AsyncWrite + Unpin> AsyncWrite for CountingWriter<W> {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+            if let Poll::Ready(Ok(_)) = polled {
+                self.writes.fetch_add(1, Ordering::SeqCst);
+            }
+            polled
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<std::io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    fn check(key: &'static str) -> Outgoing {
+        Outgoing::Checks {
+            kind: BatchKind::Check,
+            checks: Checks::One(Pair::inline(
+                Bytes::from_static(key.as_bytes()),
+                Limit::token_bucket(Rate::per_second(5), 10),
+                1,
+            )),
+        }
+    }
+
+    /// Queues `outgoing` as a call waiting for an answer.
+    fn queue(shared: &Shared, outgoing: Outgoing) -> RequestId {
+        let shape = match &outgoing {
+            Outgoing::Checks { checks, .. } => checks.shape(),
+            Outgoing::Request(_) => Shape::Response,
+        };
+        let mut p = shared.pending.lock();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let id = p
+            .wait(
+                Waker::noop().clone(),
+                deadline,
+                Duration::from_secs(60),
+                shape,
+                "CHECK",
+            )
+            .expect("room");
+        p.queue.push((id, outgoing));
+        id
+    }
+
+    /// Calls queued while the writer is busy (here: not yet started) go
+    /// out in one write: the CHECKs merged into one frame, the PING on its
+    /// own; calls whose caller gave up are not sent at all, and a call too
+    /// large for the server's frame fails alone.
+    #[tokio::test]
+    async fn queued_calls_leave_in_one_write_checks_merged_abandoned_dropped() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client_side = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (mut server_side, _) = listener.accept().await.expect("accept");
+        let (_read_half, write_half) = client_side.into_split();
+
+        let shared = Arc::new(Shared::new(64, Duration::from_secs(60)));
+        let mut sent = Vec::new();
+        for i in 0..10 {
+            let id = queue(&shared, check(if i % 2 == 0 { "even" } else { "odd" }));
+            // Every fifth caller gave up before the writer ran.
+            if i % 5 == 4 {
+                shared.pending.lock().release(id);
+            } else {
+                sent.push(id);
+            }
+        }
+        let big = Outgoing::Checks {
+            kind: BatchKind::Check,
+            checks: Checks::One(Pair::inline(
+                Bytes::from(vec![b'k'; 500]),
+                Limit::token_bucket(Rate::per_second(5), 10),
+                1,
+            )),
+        };
+        let big_id = queue(&shared, big);
+        let ping = queue(&shared, Outgoing::Request(Request::Ping));
+
+        let writes = Arc::new(AtomicUsize::new(0));
+        let stop = CancellationToken::new();
+        let limits = ServerLimits {
+            max_frame: 400,
+            ..ServerLimits::default()
+        };
+        let writer = tokio::spawn(write_loop(
+            CountingWriter {
+                inner: write_half,
+                writes: Arc::clone(&writes),
+            },
+            Arc::clone(&shared),
+            StopOnExit {
+                shared: Arc::clone(&shared),
+                stop: stop.clone(),
+                alive: Arc::new(AtomicBool::new(true)),
+            },
+            limits,
+        ));
+
+        let mut buf = bytes::BytesMut::with_capacity(4096);
+        let mut frames = Vec::new();
+        while frames.len() < 2 {
+            assert_ne!(server_side.read_buf(&mut buf).await.expect("read"), 0);
+            while let Some(frame) =
+                decode_request(&mut buf, &ServerLimits::default()).expect("valid")
+            {
+                frames.push(frame);
+            }
+        }
+        // The 8 wanted checks in one CHECK frame (a merged slot's id), then
+        // the PING with its own id.
+        let Request::Check(batch) = &frames[0].1 else {
+            panic!("first frame: {:?}", frames[0]);
+        };
+        assert_eq!(batch.len(), sent.len());
+        assert!(
+            !sent.contains(&frames[0].0),
+            "a merged frame has its own id"
+        );
+        assert_eq!(frames[1], (ping, Request::Ping));
+        assert_eq!(writes.load(Ordering::SeqCst), 1, "one write for the lot");
+        // The oversized call failed alone, with the numbers.
+        let (big, waiting) = {
+            let mut p = shared.pending.lock();
+            (p.poll_answer(big_id, Waker::noop()), p.waiting())
+        };
+        match big {
+            Poll::Ready(Err(Error::FrameTooLarge { len, max: 400 })) => {
+                assert_eq!(len, 7 + 1 + 2 + 500 + 25 + 4);
+            }
+            other => panic!("expected FrameTooLarge, got {other:?}"),
+        }
+        assert_eq!(waiting, sent.len() + 1, "the others still wait");
+        stop.cancel();
+        writer.await.expect("writer task");
+    }
+}

@@ -1,0 +1,306 @@
+//! What a check names: the limits, rules and pairs of CHECK, PEEK and
+//! REFUND, the batch that carries them, and the leases of RELEASE.
+//!
+//! Keys are [`Bytes`] sliced out of the received frame (no copy).
+
+use bytes::Bytes;
+
+/// Limiting algorithm named by a [`Limit`]. Wire values are stable.
+///
+/// How each reads the limit's numbers (see `PROTOCOL.md` §8):
+///
+/// | algorithm | `count` | `period_ms` | `burst` |
+/// |---|---|---|---|
+/// | token bucket | tokens refilled per period | refill period | capacity, >= 1 |
+/// | sliding window | requests per window | window | 0 |
+/// | fixed window | requests per window | window | 0 |
+/// | sliding log | requests per window | window | 0 |
+/// | leaky bucket | requests per period (spacing `period / count`) | period | tolerance, >= 1 |
+/// | concurrency | most in flight | lease time to live | 0 |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Algorithm {
+    /// Token bucket (GCRA): `count` tokens per `period_ms` refill, up to `burst`.
+    TokenBucket = 1,
+    /// Sliding window counter: at most `count` per `period_ms` window,
+    /// previous window weighted by its overlap. `burst` must be 0.
+    SlidingWindow = 2,
+    /// Fixed window counter: at most `count` per window of `period_ms`
+    /// aligned on the server clock (2x across a boundary). `burst` must be 0.
+    FixedWindow = 3,
+    /// Sliding log: exactly at most `count` in any `period_ms`, for small
+    /// counts (server cap `max_log_entries`). `burst` must be 0.
+    SlidingLog = 4,
+    /// Leaky bucket as a meter: one unit per `period_ms / count`, up to
+    /// `burst` (>= 1) early.
+    LeakyBucket = 5,
+    /// Concurrency: at most `count` in flight, each allowed check holding a
+    /// lease that lives `period_ms` unless released first. `burst` must be 0.
+    Concurrency = 6,
+}
+
+impl Algorithm {
+    /// Every algorithm, in wire order.
+    pub const ALL: [Algorithm; 6] = [
+        Self::TokenBucket,
+        Self::SlidingWindow,
+        Self::FixedWindow,
+        Self::SlidingLog,
+        Self::LeakyBucket,
+        Self::Concurrency,
+    ];
+
+    /// Decodes a wire value.
+    pub fn from_wire(v: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| *a as u8 == v)
+    }
+
+    /// The name used on the command line, in rules files and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TokenBucket => "token-bucket",
+            Self::SlidingWindow => "sliding-window",
+            Self::FixedWindow => "fixed-window",
+            Self::SlidingLog => "sliding-log",
+            Self::LeakyBucket => "leaky-bucket",
+            Self::Concurrency => "concurrency",
+        }
+    }
+
+    /// The algorithm of a [`name`](Self::name) (exact, lowercase).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// An inline limit, as carried by one (key, limit) pair.
+///
+/// The codec checks only its shape; whether the numbers make sense
+/// (non-zero rate, no overflow) is checked by the server, which answers a bad
+/// limit with a per-check [`ErrorCode::InvalidLimit`](super::ErrorCode::InvalidLimit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Limit {
+    pub algorithm: Algorithm,
+    /// Tokens (token bucket), requests (windows, log, leaky bucket) per
+    /// `period_ms`, or units in flight (concurrency).
+    pub count: u64,
+    /// The refill period, window length or lease time to live, in
+    /// milliseconds.
+    pub period_ms: u64,
+    /// Bucket capacity (token bucket) or tolerance (leaky bucket); 0 for
+    /// the others.
+    pub burst: u64,
+}
+
+/// Longest rule name, in bytes (the wire's `name_len` is 1..=64).
+pub const MAX_RULE_NAME_LEN: usize = 64;
+
+/// `limit_kind` wire value of a pair that names a rule; values 1..=127 are
+/// inline algorithm codes.
+pub const LIMIT_KIND_RULE: u8 = 0x80;
+
+/// The name of a rule configured on the server: 1..=64 bytes of UTF-8.
+///
+/// Holds a slice of the received frame when decoded (no copy). The invariant
+/// (length and UTF-8) is checked by every constructor, so a `RuleName` always
+/// encodes.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RuleName(Bytes);
+
+/// Why a string is not a rule name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidRuleName {
+    #[error("rule name must be 1 to {MAX_RULE_NAME_LEN} bytes, got {0}")]
+    Length(usize),
+    #[error("rule name is not valid UTF-8")]
+    Utf8,
+}
+
+impl RuleName {
+    /// Checks `name` (1..=64 bytes of UTF-8) and wraps it without copying.
+    pub fn new(name: impl Into<Bytes>) -> Result<Self, InvalidRuleName> {
+        let name = name.into();
+        if name.is_empty() || name.len() > MAX_RULE_NAME_LEN {
+            return Err(InvalidRuleName::Length(name.len()));
+        }
+        if std::str::from_utf8(&name).is_err() {
+            return Err(InvalidRuleName::Utf8);
+        }
+        Ok(Self(name))
+    }
+
+    /// A rule name from a static string; panics if it is not one (for
+    /// constants in code and tests).
+    pub fn from_static(name: &'static str) -> Self {
+        match Self::new(Bytes::from_static(name.as_bytes())) {
+            Ok(n) => n,
+            Err(e) => panic!("{name:?}: {e}"),
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Checked by every constructor; the fallback is unreachable.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Always false: a rule name has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::fmt::Debug for RuleName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for RuleName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl TryFrom<&str> for RuleName {
+    type Error = InvalidRuleName;
+    fn try_from(s: &str) -> Result<Self, Self::Error> {
+        Self::new(Bytes::copy_from_slice(s.as_bytes()))
+    }
+}
+
+impl TryFrom<String> for RuleName {
+    type Error = InvalidRuleName;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::new(Bytes::from(s))
+    }
+}
+
+/// The limit of a pair: carried inline, or a rule configured on the server.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LimitRef {
+    Inline(Limit),
+    /// Resolved by the server against its current rules; an unknown name is
+    /// a per-check [`ErrorCode::UnknownRule`](super::ErrorCode::UnknownRule).
+    Rule(RuleName),
+}
+
+impl From<Limit> for LimitRef {
+    fn from(limit: Limit) -> Self {
+        Self::Inline(limit)
+    }
+}
+
+impl From<RuleName> for LimitRef {
+    fn from(name: RuleName) -> Self {
+        Self::Rule(name)
+    }
+}
+
+/// One (key, limit, cost) pair of a check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pair {
+    pub key: Bytes,
+    pub limit: LimitRef,
+    /// How many units this request takes (in a REFUND, how many units to
+    /// give back). Inline limits: >= 1 (validated by the server). Rule
+    /// references: 0 means the rule's default cost.
+    pub cost: u32,
+}
+
+impl Pair {
+    /// A pair with an inline limit.
+    pub fn inline(key: impl Into<Bytes>, limit: Limit, cost: u32) -> Self {
+        Self {
+            key: key.into(),
+            limit: LimitRef::Inline(limit),
+            cost,
+        }
+    }
+
+    /// A pair naming a rule; `cost` 0 takes the rule's default cost.
+    pub fn rule(key: impl Into<Bytes>, rule: RuleName, cost: u32) -> Self {
+        Self {
+            key: key.into(),
+            limit: LimitRef::Rule(rule),
+            cost,
+        }
+    }
+}
+
+/// One lease to release: the key it was acquired on and its id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRef {
+    pub key: Bytes,
+    /// The id from the allowed decision that acquired it.
+    pub lease: u64,
+}
+
+/// A batch of independent checks, each an atomic group of one or more pairs.
+///
+/// Stored flat (all pairs in one vector, each check a range of it) so that a
+/// decoded frame costs two allocations whatever its size.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CheckBatch {
+    pairs: Vec<Pair>,
+    /// End index (exclusive) into `pairs` of each check, ascending.
+    ends: Vec<u32>,
+}
+
+impl CheckBatch {
+    /// An empty batch with room for `checks` checks of about one pair each.
+    pub fn with_capacity(checks: usize) -> Self {
+        Self {
+            pairs: Vec::with_capacity(checks),
+            ends: Vec::with_capacity(checks),
+        }
+    }
+
+    /// Appends one check made of `pairs` (an atomic group when more than one).
+    pub fn push_check<I: IntoIterator<Item = Pair>>(&mut self, pairs: I) {
+        self.pairs.extend(pairs);
+        self.ends.push(self.pairs.len() as u32);
+    }
+
+    /// Appends a single-pair check.
+    pub fn push(&mut self, pair: Pair) {
+        self.push_check(std::iter::once(pair));
+    }
+
+    /// Number of checks.
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// Total number of pairs over all checks.
+    pub fn pair_count(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// The checks in order, each as the slice of its pairs.
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &[Pair]> + '_ {
+        let mut start = 0usize;
+        self.ends.iter().map(move |&end| {
+            let s = &self.pairs[start..end as usize];
+            start = end as usize;
+            s
+        })
+    }
+
+    /// Empties the batch, keeping its allocations.
+    pub fn clear(&mut self) {
+        self.pairs.clear();
+        self.ends.clear();
+    }
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The server crate's imports point one way:
+#
+#   cli -> server -> node -> config -> store -> algorithm
+#                 \-> rules --------------------^
+#                    node -> cluster (etcd control plane) -> store
+#   (clock, slot, sync, units, throttled, tls: leaves that import no layer)
+#
+# Each row below names a layer (a folder or file under src/) and the crate
+# modules it must never reach. A file breaks the rule when it names one of
+# them through `crate::` (a path, or a `use crate::{..}` group, on one line
+# or several) or through enough `super::` to climb to the crate root.
+# Comments are ignored. Exit 1 and one line per offence when the direction
+# is broken; run by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LEAVES="algorithm store node server cli config rules throttled admin_client cluster"
+RULES=(
+  "src/algorithm   store node server cli config rules throttled admin_client"
+  "src/store       node server cli config rules throttled admin_client"
+  "src/config      node server cli rules admin_client"
+  "src/node        server cli rules admin_client"
+  "src/cluster     node server cli config rules throttled admin_client"
+  "src/rules       store node server cli config throttled admin_client"
+  "src/server      cli"
+  "src/clock.rs    $LEAVES"
+  "src/slot.rs     $LEAVES"
+  "src/sync.rs     $LEAVES"
+  "src/units.rs    $LEAVES"
+  "src/throttled.rs $LEAVES"
+  "src/tls         $LEAVES"
+)
+
+status=0
+for rule in "${RULES[@]}"; do
+  read -r layer forbidden <<<"$rule"
+  [[ -e $layer ]] || { echo "check-layers: $layer does not exist (update scripts/check-layers.sh)"; status=1; continue; }
+  while IFS= read -r file; do
+    # Depth of the file's module below the crate root: src/node/x.rs is
+    # node::x (2), src/node/mod.rs is node (1).
+    rel=${file#src/}
+    depth=$(awk -F/ '{ n = NF; if ($NF == "mod.rs") n--; print n }' <<<"$rel")
+    FORBIDDEN="$forbidden" DEPTH="$depth" FILE="$file" perl -0777 -ne '
+      my @mods = split " ", $ENV{FORBIDDEN};
+      my $alt = join "|", @mods;
+      s{/\*.*?\*/}{}gs;          # block comments
+      s{//[^\n]*}{}g;            # line and doc comments
+      my $up = "(?:super::){$ENV{DEPTH}}";
+      my @found;
+      while (/\b(?:crate::|$up)($alt)\b/g) { push @found, $1 }
+      while (/\b(?:crate::|$up)\{([^;]*)/g) {
+        my $group = $1;
+        while ($group =~ /(?:^|[{,])\s*($alt)\b/g) { push @found, $1 }
+      }
+      push @found, "*" if /\bcrate::\*/;
+      my %seen;
+      for my $m (grep { !$seen{$_}++ } @found) {
+        print "$ENV{FILE}: imports crate::$m, which its layer must not reach\n";
+      }
+      exit(@found ? 1 : 0);
+    ' "$file" || status=1
+  done < <(find "$layer" -name '*.rs' | sort)
+done
+
+if [[ $status -ne 0 ]]; then
+  echo "check-layers: an import points the wrong way (see the table in scripts/check-layers.sh)"
+  exit 1
+fi
+echo "check-layers: every import points one way"

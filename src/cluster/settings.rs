@@ -1,0 +1,139 @@
+//! How a node talks to etcd and how long its lease lives. Every number is a
+//! setting with a named default; [`EtcdSettings::validate`] only checks.
+
+use std::time::Duration;
+
+use super::ClusterError;
+
+/// TTL of a node's etcd lease: how long after its last renewal etcd keeps
+/// the node's registration and primary key. A failover takes about this
+/// long. etcd grants whole seconds, and never less than its own minimum
+/// (1.5 x the election timeout, 2 s with etcd's defaults).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
+/// Taken off the lease's expiry when computing the node's deadline: covers
+/// the rate difference between the node's clock and the etcd leader's over
+/// one TTL, with room to spare.
+pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_millis(500);
+/// How often the lease is renewed while renewals succeed.
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Longest wait for one etcd request (a keepalive's answer included).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait for a TCP connection to an etcd member.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The etcd side of cluster mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdSettings {
+    /// etcd members, `HOST:PORT` (or full `http://` URLs).
+    pub endpoints: Vec<String>,
+    pub lease_ttl: Duration,
+    pub lease_margin: Duration,
+    pub keepalive_interval: Duration,
+    pub request_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl EtcdSettings {
+    /// The defaults, talking to `endpoints`.
+    pub fn new(endpoints: Vec<String>) -> Self {
+        Self {
+            endpoints,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            lease_margin: DEFAULT_LEASE_MARGIN,
+            keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+
+    /// Parses `HOST:PORT[,HOST:PORT...]` (the CLI's `--etcd`).
+    pub fn parse_endpoints(list: &str) -> Result<Vec<String>, ClusterError> {
+        let endpoints: Vec<String> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if endpoints.is_empty() {
+            return Err(ClusterError::Settings("no etcd endpoint given".into()));
+        }
+        Ok(endpoints)
+    }
+
+    pub fn validate(&self) -> Result<(), ClusterError> {
+        let bad = |why: String| Err(ClusterError::Settings(why));
+        if self.endpoints.is_empty() {
+            return bad("no etcd endpoint given".into());
+        }
+        if self.lease_ttl < Duration::from_secs(1) || self.lease_ttl.subsec_nanos() != 0 {
+            return bad(format!(
+                "lease TTL {:?}: etcd grants whole seconds, at least 1",
+                self.lease_ttl
+            ));
+        }
+        if self.lease_margin >= self.lease_ttl {
+            return bad(format!(
+                "lease margin {:?} must be below the TTL {:?}",
+                self.lease_margin, self.lease_ttl
+            ));
+        }
+        // A renewal must be able to land before the deadline it extends.
+        if self.keepalive_interval.is_zero()
+            || self.keepalive_interval + self.lease_margin >= self.lease_ttl
+        {
+            return bad(format!(
+                "keepalive interval {:?} plus margin {:?} must be below the TTL {:?}",
+                self.keepalive_interval, self.lease_margin, self.lease_ttl
+            ));
+        }
+        if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return bad("etcd timeouts must be above zero".into());
+        }
+        Ok(())
+    }
+
+    /// The endpoints as URLs etcd-client accepts.
+    pub(crate) fn urls(&self) -> Vec<String> {
+        self.endpoints
+            .iter()
+            .map(|e| {
+                if e.starts_with("http://") || e.starts_with("https://") {
+                    e.clone()
+                } else {
+                    format!("http://{e}")
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_numbers_are_named() {
+        let s = EtcdSettings::new(vec!["127.0.0.1:2379".into()]);
+        s.validate().unwrap();
+        assert_eq!(s.urls(), ["http://127.0.0.1:2379"]);
+        let ttl = EtcdSettings {
+            lease_ttl: Duration::from_millis(2500),
+            ..s.clone()
+        };
+        assert!(ttl
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("whole seconds"));
+        let interval = EtcdSettings {
+            keepalive_interval: Duration::from_secs(5),
+            ..s.clone()
+        };
+        assert!(interval.validate().is_err());
+        assert_eq!(
+            EtcdSettings::parse_endpoints("a:1, b:2,").unwrap(),
+            ["a:1", "b:2"]
+        );
+        assert!(EtcdSettings::parse_endpoints(" ,").is_err());
+    }
+}

@@ -1,0 +1,223 @@
+//! Server settings, grouped by concern: every limit has a named default, a
+//! flag, and the same name in the config file.
+//!
+//! `tollgate serve` runs on these defaults with no config file. Each
+//! section ([`NetworkSettings`], [`AuthSettings`], [`TlsSettings`],
+//! [`LimitSettings`], [`StoreSettings`], [`RuleSettings`],
+//! [`ReplicationSettings`], [`AdminSettings`], [`LogSettings`]) is flattened into the command line (`--kebab-case`
+//! flags, one `--help` heading each) and into one flat namespace of names
+//! shared by the flags, the config file and `--print-config`.
+//! [`ServerConfig::validate`] only checks and returns a typed error; an
+//! impossible combination stops the server at start with that message.
+//!
+//! Each layer reads its own section: the server the network and limits, the
+//! node its replication settings, the store a [`StoreConfig`] built here
+//! (the store does not know this module).
+
+mod file;
+mod sections;
+mod security;
+
+pub use file::{ConfigFile, FileError};
+pub use sections::*;
+pub use security::*;
+
+use crate::store::StoreConfig;
+use crate::units::{format_duration, UnitError};
+use clap::Args;
+use serde::{Serialize, Serializer};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Every setting of `tollgate serve`.
+#[derive(Debug, Clone, Args, Serialize)]
+pub struct ServerConfig {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub network: NetworkSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub auth: AuthSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub tls: TlsSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub limits: LimitSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub store: StoreSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub rules: RuleSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub replication: ReplicationSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub admin: AdminSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub logging: LogSettings,
+}
+
+/// A setting that cannot work, found before the server starts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name} must be at least {min}, got {value}")]
+    TooSmall {
+        name: &'static str,
+        value: u64,
+        min: u64,
+    },
+    #[error("{name} must be at most {max}, got {value}")]
+    TooLarge {
+        name: &'static str,
+        value: u64,
+        max: u64,
+    },
+    #[error("max-frame {max_frame} cannot hold one check of max-group {max_group} pairs with keys of max-key-len {max_key_len}: needs {needed}")]
+    FrameTooSmallForGroup {
+        max_frame: u32,
+        max_group: u8,
+        max_key_len: u16,
+        needed: u64,
+    },
+    #[error("max-memory {max_memory} gives each of the {stripes} stripes {share} bytes, under the {min} a stripe needs: raise --max-memory or lower --stripes")]
+    MemoryTooSmall {
+        max_memory: usize,
+        stripes: usize,
+        share: usize,
+        min: usize,
+    },
+    #[error("{name} must be non-zero")]
+    ZeroDuration { name: &'static str },
+    #[error("{name} ({value}) must be longer than {than} ({bound})")]
+    NotLongerThan {
+        name: &'static str,
+        value: String,
+        than: &'static str,
+        bound: String,
+    },
+    #[error(transparent)]
+    Unit(#[from] UnitError),
+    #[error("refusing to listen on {addr} for {port} without authentication: anyone who can reach it could {risk}. Set {fix}, listen on a loopback address such as 127.0.0.1, or pass --insecure to run it open on purpose")]
+    Unprotected {
+        port: &'static str,
+        addr: SocketAddr,
+        risk: &'static str,
+        fix: &'static str,
+    },
+    #[error("pair mode (--peer or --replica-of) needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same on both nodes, and different from the client tokens: without it the nodes could not replicate to each other. Generate one, e.g. `openssl rand -hex 32`; or pass --insecure to let any client replicate and change roles")]
+    PairWithoutSecret,
+    #[error("--cluster-secret must differ from the client tokens (--auth-token, --auth-token-next): a client holding the token could otherwise control the node")]
+    ClusterSecretIsAClientToken,
+    #[error("{name} must be 1 to {max} bytes, got {len}")]
+    SecretLength {
+        name: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("--{next} is the second secret accepted during a rotation: it needs --{current}")]
+    NextWithoutCurrent {
+        next: &'static str,
+        current: &'static str,
+    },
+    #[error("--tls-cert and --tls-key go together: give both, or neither")]
+    TlsHalf,
+    #[error("--{name} needs --tls-cert and --tls-key")]
+    TlsNeedsCert { name: &'static str },
+    #[error("pair mode with TLS needs --tls-ca: the CA that signed the other node's certificate, to verify it")]
+    PairTlsWithoutCa,
+}
+
+impl ServerConfig {
+    /// The settings `tollgate serve` uses with no flags, listening on `listen`.
+    pub fn with_listen(listen: SocketAddr) -> Self {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            config: ServerConfig,
+        }
+        let mut config = <Wrapper as clap::Parser>::parse_from(["tollgate"]).config;
+        config.network.listen = listen;
+        config
+    }
+
+    /// Checks every section; the first impossible setting is the error.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.network.validate()?;
+        self.limits.validate()?;
+        self.store.validate()?;
+        self.replication.validate()?;
+        self.admin.validate()?;
+        self.validate_security()
+    }
+
+    /// The store's own settings, gathered from the sections that bound it.
+    pub fn store_config(&self) -> StoreConfig {
+        StoreConfig {
+            stripes: self.store.stripes,
+            max_group: usize::from(self.limits.max_group),
+            max_log_entries: self.store.max_log_entries,
+            max_memory: self.store.max_memory,
+            on_full: self.store.on_full.into(),
+            change_buffer_cap: self.replication.repl_buffer_cap,
+        }
+    }
+}
+
+fn at_least(name: &'static str, value: u64, min: u64) -> Result<(), ConfigError> {
+    if value < min {
+        return Err(ConfigError::TooSmall { name, value, min });
+    }
+    Ok(())
+}
+
+fn at_most(name: &'static str, value: u64, max: u64) -> Result<(), ConfigError> {
+    if value > max {
+        return Err(ConfigError::TooLarge { name, value, max });
+    }
+    Ok(())
+}
+
+fn longer(
+    name: &'static str,
+    value: Duration,
+    than: &'static str,
+    bound: Duration,
+) -> Result<(), ConfigError> {
+    if value <= bound {
+        return Err(ConfigError::NotLongerThan {
+            name,
+            value: format_duration(value),
+            than,
+            bound: format_duration(bound),
+        });
+    }
+    Ok(())
+}
+
+fn human<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format_duration(*d))
+}
+
+fn human_opt<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_str(&format_duration(*d)),
+        None => s.serialize_none(),
+    }
+}
+
+/// What `--print-config` shows of a secret.
+pub const REDACTED: &str = "<redacted>";
+
+fn redacted<S: Serializer>(t: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(_) => s.serialize_str(REDACTED),
+        None => s.serialize_none(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,457 @@
+//! The settings, one struct per concern. Each field is a `--kebab-case`
+//! flag and, under the same name, a key of the config file; its doc comment
+//! is its `--help` text. Each section checks its own fields
+//! (`validate`), so every rule sits next to the numbers it bounds.
+
+use super::{at_least, at_most, human, human_opt, longer, ConfigError};
+use crate::units::{parse_bytes, parse_duration};
+use clap::Args;
+use serde::{Serialize, Serializer};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+use tollgate_protocol::ServerLimits;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7700";
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_IDLE_TIMEOUT: &str = "5m";
+pub const DEFAULT_FRAME_TIMEOUT: &str = "10s";
+pub const DEFAULT_HANDSHAKE_TIMEOUT: &str = "10s";
+pub const DEFAULT_WRITE_TIMEOUT: &str = "10s";
+pub const DEFAULT_SHUTDOWN_GRACE: &str = "10s";
+pub const DEFAULT_MAX_FRAME: u32 = tollgate_protocol::DEFAULT_MAX_FRAME;
+pub const DEFAULT_MAX_BATCH: u16 = tollgate_protocol::DEFAULT_MAX_BATCH;
+pub const DEFAULT_MAX_GROUP: u8 = tollgate_protocol::DEFAULT_MAX_GROUP;
+pub const DEFAULT_MAX_KEY_LEN: u16 = tollgate_protocol::DEFAULT_MAX_KEY_LEN;
+pub const DEFAULT_STRIPES: usize = crate::store::DEFAULT_STRIPES;
+pub const DEFAULT_SWEEP_INTERVAL: &str = "100ms";
+pub const DEFAULT_SWEEP_STRIPES: usize = 64;
+pub const DEFAULT_MAX_LOG_ENTRIES: u64 = crate::algorithm::DEFAULT_MAX_LOG_ENTRIES;
+pub const DEFAULT_RULES_POLL: &str = "1s";
+pub const DEFAULT_HEARTBEAT: &str = "100ms";
+pub const DEFAULT_REPL_FLUSH: &str = "10ms";
+pub const DEFAULT_REPL_BUFFER_CAP: usize = crate::store::DEFAULT_CHANGE_BUFFER_CAP;
+pub const DEFAULT_REPL_BACKLOG: &str = "16MiB";
+pub const DEFAULT_REPL_TIMEOUT: &str = "3s";
+pub const DEFAULT_MAX_EPOCH_GAP: u64 = 1 << 20;
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:7701";
+pub const DEFAULT_THROTTLED_KEYS: usize = 1024;
+pub const DEFAULT_THROTTLED_WINDOW: &str = "1m";
+
+/// Hard ceilings no setting may pass, so a typo cannot make the server
+/// reserve absurd buffers.
+pub const MAX_FRAME_CEILING: u32 = 64 << 20;
+/// 1M timestamps are 8 MB for one key: more is surely a typo.
+pub const MAX_LOG_ENTRIES_CEILING: u64 = 1 << 20;
+/// Most keys the throttled-keys sketch may track.
+pub const MAX_THROTTLED_KEYS: usize = 1 << 20;
+/// Smallest memory share of one stripe: below it a stripe could not hold a
+/// useful number of keys.
+pub const MIN_STRIPE_MEMORY: usize = 16 << 10;
+
+/// The protocol port: where it listens, who may connect, how long a
+/// connection may take over each step.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Network")]
+#[serde(rename_all = "kebab-case")]
+pub struct NetworkSettings {
+    /// Address to listen on for the binary protocol.
+    #[arg(long, default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+
+    /// Most client connections served at once; more wait in the accept queue.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// Close a connection that sends nothing for this long.
+    #[arg(long, default_value = DEFAULT_IDLE_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub idle_timeout: Duration,
+
+    /// Close a connection whose started frame does not complete within this.
+    #[arg(long, default_value = DEFAULT_FRAME_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub frame_timeout: Duration,
+
+    /// Close a connection that has not sent HELLO within this.
+    #[arg(long, default_value = DEFAULT_HANDSHAKE_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub handshake_timeout: Duration,
+
+    /// Close a connection that does not read its answers within this.
+    #[arg(long, default_value = DEFAULT_WRITE_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub write_timeout: Duration,
+
+    /// On SIGINT/SIGTERM, how long in-flight requests may take to drain.
+    #[arg(long, default_value = DEFAULT_SHUTDOWN_GRACE, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub shutdown_grace: Duration,
+}
+
+impl NetworkSettings {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        at_least("max-connections", self.max_connections as u64, 1)?;
+        for (name, d) in [
+            ("idle-timeout", self.idle_timeout),
+            ("frame-timeout", self.frame_timeout),
+            ("handshake-timeout", self.handshake_timeout),
+            ("write-timeout", self.write_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration { name });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one frame may carry; told to clients in HELLO_OK.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Request limits")]
+#[serde(rename_all = "kebab-case")]
+pub struct LimitSettings {
+    /// Largest frame accepted, in bytes (header excluded).
+    #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
+    pub max_frame: u32,
+
+    /// Most checks in one CHECK/PEEK/REFUND frame (and keys in one RESET,
+    /// leases in one RELEASE).
+    #[arg(long, default_value_t = DEFAULT_MAX_BATCH)]
+    pub max_batch: u16,
+
+    /// Most (key, limit) pairs in one atomic group.
+    #[arg(long, default_value_t = DEFAULT_MAX_GROUP)]
+    pub max_group: u8,
+
+    /// Longest key accepted, in bytes.
+    #[arg(long, default_value_t = DEFAULT_MAX_KEY_LEN)]
+    pub max_key_len: u16,
+}
+
+impl LimitSettings {
+    /// The limits as the protocol states them.
+    pub fn server_limits(&self) -> ServerLimits {
+        ServerLimits {
+            max_frame: self.max_frame,
+            max_batch: self.max_batch,
+            max_group: self.max_group,
+            max_key_len: self.max_key_len,
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        at_least("max-batch", self.max_batch.into(), 1)?;
+        at_least("max-group", self.max_group.into(), 1)?;
+        at_least("max-key-len", self.max_key_len.into(), 1)?;
+        at_most("max-frame", self.max_frame.into(), MAX_FRAME_CEILING.into())?;
+        // header (5) + count (2) + group count (1) + pairs of the longest key,
+        // each naming a rule of the longest name (larger than an inline limit).
+        let pair = 2 + u64::from(self.max_key_len) + 1 + 1 + 64 + 4;
+        let needed = 5 + 2 + 1 + u64::from(self.max_group) * pair;
+        if u64::from(self.max_frame) < needed {
+            return Err(ConfigError::FrameTooSmallForGroup {
+                max_frame: self.max_frame,
+                max_group: self.max_group,
+                max_key_len: self.max_key_len,
+                needed,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The counter store: its locks, its expiry sweeper, its memory.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Store")]
+#[serde(rename_all = "kebab-case")]
+pub struct StoreSettings {
+    /// Lock stripes of the store (rounded up to a power of two, at most 16384).
+    #[arg(long, default_value_t = DEFAULT_STRIPES)]
+    pub stripes: usize,
+
+    /// How often the sweeper drops expired keys.
+    #[arg(long, default_value = DEFAULT_SWEEP_INTERVAL, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub sweep_interval: Duration,
+
+    /// Stripes the sweeper visits per tick (bounds the work of one tick).
+    #[arg(long, default_value_t = DEFAULT_SWEEP_STRIPES)]
+    pub sweep_stripes: usize,
+
+    /// Most timestamps one key may hold (8 bytes each): the largest count of
+    /// a sliding-log limit, and of a concurrency limit (one lease each).
+    /// Larger sliding-log limits are refused (use sliding-window).
+    #[arg(long, default_value_t = DEFAULT_MAX_LOG_ENTRIES)]
+    pub max_log_entries: u64,
+
+    /// Cap on the memory the counter tables reserve, e.g. `1GiB` (none: no
+    /// cap). Each stripe gets an equal share; see --on-full.
+    #[arg(long, value_parser = parse_bytes)]
+    pub max_memory: Option<usize>,
+
+    /// At the memory cap, a new key either evicts the keys closest to expiry
+    /// (`evict`) or is refused with StoreFull (`refuse`). Expired keys always
+    /// go first; keys that already hold state always keep working.
+    #[arg(long, value_enum, default_value_t = OnFull::Evict)]
+    pub on_full: OnFull,
+}
+
+impl StoreSettings {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        at_least("stripes", self.stripes as u64, 1)?;
+        at_least("sweep-stripes", self.sweep_stripes as u64, 1)?;
+        at_least("max-log-entries", self.max_log_entries, 1)?;
+        if let Some(max_memory) = self.max_memory {
+            let stripes = self
+                .stripes
+                .clamp(1, usize::from(crate::slot::SLOT_COUNT))
+                .next_power_of_two();
+            let share = max_memory / stripes;
+            if share < MIN_STRIPE_MEMORY {
+                return Err(ConfigError::MemoryTooSmall {
+                    max_memory,
+                    stripes,
+                    share,
+                    min: MIN_STRIPE_MEMORY,
+                });
+            }
+        }
+        at_most(
+            "max-log-entries",
+            self.max_log_entries,
+            MAX_LOG_ENTRIES_CEILING,
+        )?;
+        if self.sweep_interval.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                name: "sweep-interval",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// At the memory cap: evict or refuse (the store's [`Full`](crate::store::Full)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFull {
+    Evict,
+    Refuse,
+}
+
+impl From<OnFull> for crate::store::Full {
+    fn from(v: OnFull) -> Self {
+        match v {
+            OnFull::Evict => crate::store::Full::Evict,
+            OnFull::Refuse => crate::store::Full::Refuse,
+        }
+    }
+}
+
+/// Named rules: the file and how often it is looked at.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Rules")]
+#[serde(rename_all = "kebab-case")]
+pub struct RuleSettings {
+    /// Rules file (YAML) naming the rules checks may refer to; reloaded on
+    /// change, on SIGHUP and by the admin API.
+    #[arg(id = "rules", long = "rules", value_name = "FILE")]
+    #[serde(rename = "rules")]
+    pub file: Option<PathBuf>,
+
+    /// How often the rules file is checked for changes (0s: never).
+    #[arg(id = "rules_poll", long = "rules-poll", value_name = "RULES_POLL", default_value = DEFAULT_RULES_POLL, value_parser = parse_duration)]
+    #[serde(rename = "rules-poll", serialize_with = "human")]
+    pub poll: Duration,
+}
+
+/// Replication and failover of a pair of nodes.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Replication")]
+#[serde(rename_all = "kebab-case")]
+pub struct ReplicationSettings {
+    /// Start as a standby of the primary at HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub replica_of: Option<String>,
+
+    /// The other node of the pair. A primary probes it every heartbeat and
+    /// steps down if it is primary at a higher epoch; at start, a node with a
+    /// peer asks it first, so a restarted ex-primary comes back as standby.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub peer: Option<String>,
+
+    /// Address other nodes and clients reach this node at (default: the
+    /// address it listens on).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise: Option<String>,
+
+    /// A standby that has been in sync promotes itself after this long
+    /// without hearing from its primary. Off unless set.
+    #[arg(long, value_parser = parse_duration)]
+    #[serde(serialize_with = "human_opt")]
+    pub failover_after: Option<Duration>,
+
+    /// A standby answers PEEK from its replicated (possibly stale) state
+    /// instead of NotPrimary.
+    #[arg(long)]
+    pub serve_stale_reads: bool,
+
+    /// Primary -> standby heartbeat interval; also how often a primary
+    /// probes its peer and a standby acknowledges.
+    #[arg(long, default_value = DEFAULT_HEARTBEAT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub heartbeat: Duration,
+
+    /// How often the primary sends the changes of the last interval: at most
+    /// this much of the newest updates is lost when it dies.
+    #[arg(long, default_value = DEFAULT_REPL_FLUSH, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub repl_flush: Duration,
+
+    /// Changed keys one stripe buffers for the standby; past it the buffer is
+    /// dropped and the stripe is sent whole (bounds the primary's memory).
+    #[arg(long, default_value_t = DEFAULT_REPL_BUFFER_CAP)]
+    pub repl_buffer_cap: usize,
+
+    /// Bytes of recent stream frames kept so a standby that reconnects can
+    /// resume instead of syncing everything again; also the most a standby
+    /// may leave unacknowledged before the primary holds its changes.
+    #[arg(long, default_value = DEFAULT_REPL_BACKLOG, value_parser = parse_bytes)]
+    pub repl_backlog: usize,
+
+    /// A replication connection that cannot be written to, or from which
+    /// nothing arrives, for this long is dropped (and reconnected).
+    #[arg(long, default_value = DEFAULT_REPL_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub repl_timeout: Duration,
+
+    /// Largest step above the highest epoch this node knows that it
+    /// believes from another node; a higher epoch is refused as absurd (a
+    /// promotion adds one, so real epochs never jump far).
+    #[arg(long, default_value_t = DEFAULT_MAX_EPOCH_GAP)]
+    pub max_epoch_gap: u64,
+}
+
+impl ReplicationSettings {
+    /// Pair mode: this node talks to another (`--peer` or `--replica-of`).
+    pub fn pair_mode(&self) -> bool {
+        self.peer.is_some() || self.replica_of.is_some()
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        for (name, d) in [
+            ("heartbeat", self.heartbeat),
+            ("repl-flush", self.repl_flush),
+            ("repl-timeout", self.repl_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration { name });
+            }
+        }
+        at_least("repl-buffer-cap", self.repl_buffer_cap as u64, 1)?;
+        at_least("max-epoch-gap", self.max_epoch_gap, 1)?;
+        // Heartbeats must be able to arrive before either timeout fires.
+        longer(
+            "repl-timeout",
+            self.repl_timeout,
+            "heartbeat",
+            self.heartbeat,
+        )?;
+        if let Some(after) = self.failover_after {
+            longer("failover-after", after, "heartbeat", self.heartbeat)?;
+        }
+        Ok(())
+    }
+}
+
+/// The admin HTTP API and what it reports.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Admin API")]
+#[serde(rename_all = "kebab-case")]
+pub struct AdminSettings {
+    /// Address of the admin HTTP API (health, rules, usage, metrics), or
+    /// `none`.
+    #[arg(id = "admin", long = "admin", value_name = "ADDR", default_value = DEFAULT_ADMIN)]
+    #[serde(rename = "admin")]
+    pub listen: AdminAddr,
+
+    /// Denied keys tracked for `GET /v1/throttled` (fixed memory).
+    #[arg(long, default_value_t = DEFAULT_THROTTLED_KEYS)]
+    pub throttled_keys: usize,
+
+    /// Window over which `GET /v1/throttled` counts denials (it reports the
+    /// current and the previous window).
+    #[arg(long, default_value = DEFAULT_THROTTLED_WINDOW, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub throttled_window: Duration,
+}
+
+impl AdminSettings {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        at_least("throttled-keys", self.throttled_keys as u64, 1)?;
+        at_most(
+            "throttled-keys",
+            self.throttled_keys as u64,
+            MAX_THROTTLED_KEYS as u64,
+        )?;
+        if self.throttled_window.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                name: "throttled-window",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Where the admin HTTP API listens: an address, or `none` for no admin API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminAddr {
+    Off,
+    On(SocketAddr),
+}
+
+impl FromStr for AdminAddr {
+    type Err = std::net::AddrParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            Ok(Self::Off)
+        } else {
+            s.parse().map(Self::On)
+        }
+    }
+}
+
+impl fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Off => f.write_str("none"),
+            Self::On(addr) => addr.fmt(f),
+        }
+    }
+}
+
+impl Serialize for AdminAddr {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// The server's own log lines.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Logging")]
+#[serde(rename_all = "kebab-case")]
+pub struct LogSettings {
+    /// Log format (lines on stderr; RUST_LOG filters them).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    Text,
+    Json,
+}

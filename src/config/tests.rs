@@ -1,0 +1,219 @@
+//! Defaults and the typed errors of impossible settings.
+
+use super::*;
+
+#[test]
+fn defaults_are_valid_and_named() {
+    let c = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    c.validate().unwrap();
+    assert_eq!(c.limits.max_frame, DEFAULT_MAX_FRAME);
+    assert_eq!(c.limits.max_batch, DEFAULT_MAX_BATCH);
+    assert_eq!(c.network.idle_timeout, Duration::from_secs(300));
+    assert_eq!(c.store.sweep_interval, Duration::from_millis(100));
+    assert_eq!(c.store.max_log_entries, 1000);
+}
+
+#[test]
+fn impossible_settings_are_typed_errors() {
+    let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    let mut c = base.clone();
+    c.store.max_memory = Some(1 << 20);
+    c.store.stripes = 1024;
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::MemoryTooSmall { share: 1024, .. })
+    ));
+    c.store.stripes = 64;
+    assert_eq!(c.validate(), Ok(()));
+    let mut c = base.clone();
+    c.limits.max_batch = 0;
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::TooSmall {
+            name: "max-batch",
+            ..
+        })
+    ));
+    let mut c = base.clone();
+    c.limits.max_frame = 100;
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::FrameTooSmallForGroup { .. })
+    ));
+    let mut c = base.clone();
+    c.limits.max_frame = u32::MAX;
+    assert!(matches!(c.validate(), Err(ConfigError::TooLarge { .. })));
+    let mut c = base.clone();
+    c.store.max_log_entries = 0;
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::TooSmall {
+            name: "max-log-entries",
+            ..
+        })
+    ));
+    c.store.max_log_entries = MAX_LOG_ENTRIES_CEILING + 1;
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::TooLarge {
+            name: "max-log-entries",
+            ..
+        })
+    ));
+    let mut c = base;
+    c.network.frame_timeout = Duration::ZERO;
+    assert_eq!(
+        c.validate(),
+        Err(ConfigError::ZeroDuration {
+            name: "frame-timeout"
+        })
+    );
+}
+
+#[test]
+fn replication_timeouts_must_outlast_the_heartbeat() {
+    let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    assert_eq!(base.replication.heartbeat, Duration::from_millis(100));
+    assert_eq!(base.replication.repl_flush, Duration::from_millis(10));
+    assert_eq!(base.replication.repl_backlog, 16 << 20);
+    assert_eq!(base.replication.failover_after, None);
+    let mut c = base.clone();
+    c.replication.failover_after = Some(Duration::from_millis(100));
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::NotLongerThan {
+            name: "failover-after",
+            ..
+        })
+    ));
+    let mut c = base.clone();
+    c.replication.repl_timeout = Duration::from_millis(50);
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::NotLongerThan {
+            name: "repl-timeout",
+            ..
+        })
+    ));
+    let mut c = base;
+    c.replication.repl_buffer_cap = 0;
+    assert!(c.validate().is_err());
+}
+
+#[test]
+fn protected_mode_refuses_an_open_port_beyond_loopback() {
+    let open = ServerConfig::with_listen("0.0.0.0:7700".parse().unwrap());
+    let err = open.validate().unwrap_err();
+    assert!(matches!(
+        err,
+        ConfigError::Unprotected {
+            port: "the protocol port (--listen)",
+            ..
+        }
+    ));
+    let text = err.to_string();
+    for hint in ["0.0.0.0:7700", "--auth-token", "127.0.0.1", "--insecure"] {
+        assert!(text.contains(hint), "{text} lacks {hint}");
+    }
+    // A client token, or mTLS, or --insecure opens it.
+    let mut c = open.clone();
+    c.auth.auth_token = Some("t".into());
+    c.validate().unwrap();
+    let mut c = open.clone();
+    c.tls.tls_cert = Some("c.pem".into());
+    c.tls.tls_key = Some("k.pem".into());
+    c.tls.tls_client_ca = Some("ca.pem".into());
+    c.validate().unwrap();
+    let mut c = open.clone();
+    c.auth.insecure = true;
+    c.validate().unwrap();
+    // The admin port needs its own token.
+    let mut c = open.clone();
+    c.auth.auth_token = Some("t".into());
+    c.admin.listen = AdminAddr::On("[::]:7701".parse().unwrap());
+    let err = c.validate().unwrap_err();
+    assert!(err.to_string().contains("--admin-token"), "{err}");
+    c.auth.admin_token = Some("a".into());
+    c.validate().unwrap();
+    // Loopback needs nothing, v4 or v6.
+    for addr in ["127.0.0.1:7700", "[::1]:7700", "127.0.0.2:0"] {
+        ServerConfig::with_listen(addr.parse().unwrap())
+            .validate()
+            .unwrap();
+    }
+    // The function itself, for any port.
+    let exposure = Exposure {
+        port: "a port",
+        addr: "10.1.2.3:1".parse().unwrap(),
+        risk: "do harm",
+        authenticated: false,
+        fix: "--x",
+    };
+    assert!(protected_mode(&exposure, false).is_err());
+    assert!(protected_mode(&exposure, true).is_ok());
+}
+
+#[test]
+fn pair_mode_needs_a_cluster_secret_distinct_from_client_tokens() {
+    let mut c = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    c.replication.peer = Some("127.0.0.1:7800".into());
+    let err = c.validate().unwrap_err();
+    assert_eq!(err, ConfigError::PairWithoutSecret);
+    for hint in ["--cluster-secret", "TOLLGATE_CLUSTER_SECRET", "--insecure"] {
+        assert!(err.to_string().contains(hint), "{err}");
+    }
+    let mut insecure = c.clone();
+    insecure.auth.insecure = true;
+    insecure.validate().unwrap();
+    c.auth.cluster_secret = Some("s".into());
+    c.validate().unwrap();
+    c.auth.auth_token = Some("t".into());
+    c.auth.auth_token_next = Some("s".into());
+    assert_eq!(c.validate(), Err(ConfigError::ClusterSecretIsAClientToken));
+    c.auth.auth_token_next = None;
+    c.validate().unwrap();
+    c.auth.cluster_secret = Some("x".repeat(256));
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::SecretLength {
+            name: "cluster-secret",
+            len: 256,
+            ..
+        })
+    ));
+    c.auth.cluster_secret = Some(String::new());
+    assert!(c.validate().is_err());
+    c.auth.cluster_secret = None;
+    c.auth.cluster_secret_next = Some("n".into());
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::NextWithoutCurrent {
+            next: "cluster-secret-next",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn tls_settings_come_whole() {
+    let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    let mut c = base.clone();
+    c.tls.tls_cert = Some("c.pem".into());
+    assert_eq!(c.validate(), Err(ConfigError::TlsHalf));
+    let mut c = base.clone();
+    c.tls.tls_client_ca = Some("ca.pem".into());
+    assert_eq!(
+        c.validate(),
+        Err(ConfigError::TlsNeedsCert {
+            name: "tls-client-ca"
+        })
+    );
+    let mut c = base.clone();
+    c.tls.tls_cert = Some("c.pem".into());
+    c.tls.tls_key = Some("k.pem".into());
+    c.auth.cluster_secret = Some("s".into());
+    c.replication.replica_of = Some("127.0.0.1:7800".into());
+    assert_eq!(c.validate(), Err(ConfigError::PairTlsWithoutCa));
+    c.tls.tls_ca = Some("ca.pem".into());
+    c.validate().unwrap();
+}

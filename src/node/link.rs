@@ -1,0 +1,155 @@
+//! A node's own connection to another node (its primary, its peer): TCP,
+//! or TLS verified against `--tls-ca` when the node runs TLS; HELLO
+//! presenting the cluster secret; then either one request at a time (the
+//! pair's probes, STATUS and PROMOTE) or the replication stream (the
+//! follower, which drives [`Link::send`] and [`Link::next`] itself).
+//!
+//! Invariants: every read and write is bounded by the link's timeout;
+//! frames are decoded under the server's frame ceiling, never more.
+
+use super::shared::Core;
+use crate::tls::{self, Socket};
+use bytes::BytesMut;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tollgate_protocol::{
+    decode_response, encode_request, ErrorCode, Request, RequestId, Response, Role,
+    PROTOCOL_VERSION,
+};
+
+/// Largest frame a node accepts from another (the server's frame
+/// ceiling): a snapshot part is one chunk plus one record, and one record
+/// is at most a key and `max_log_entries` timestamps.
+const MAX_FRAME: u32 = crate::config::MAX_FRAME_CEILING;
+
+/// Request id of the HELLO; [`Link::call`] numbers from the next one.
+pub(crate) const HELLO_ID: RequestId = 1;
+
+/// Why a link failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LinkError {
+    #[error("cannot connect: {0}")]
+    Connect(std::io::Error),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("nothing from the other node for {0:?}")]
+    Silent(Duration),
+    #[error("the other node closed the connection")]
+    Closed,
+    #[error("refused: {code}: {message}")]
+    Refused { code: ErrorCode, message: String },
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+/// What the other node said of itself in HELLO_OK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub role: Role,
+    pub epoch: u64,
+}
+
+/// An open, authenticated connection to another node.
+pub(crate) struct Link {
+    socket: Socket,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    timeout: Duration,
+    next_id: RequestId,
+}
+
+impl Link {
+    /// Connects to `addr` and says HELLO as `role_name` (for the other
+    /// node's logs), presenting the cluster secret; every step within
+    /// `timeout`.
+    pub async fn open(
+        core: &Core,
+        addr: &str,
+        role_name: &str,
+        timeout: Duration,
+    ) -> Result<(Self, Hello), LinkError> {
+        let connector = core.tls.as_ref().and_then(|t| t.connector());
+        let socket = tls::connect(addr, connector.as_ref(), timeout)
+            .await
+            .map_err(LinkError::Connect)?;
+        let mut link = Self {
+            socket,
+            rbuf: BytesMut::with_capacity(64 * 1024),
+            wbuf: BytesMut::new(),
+            timeout,
+            next_id: HELLO_ID + 1,
+        };
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: format!("{role_name} {}", core.role.advertise()),
+            auth_token: core.secret.clone().map(Into::into),
+        };
+        link.send(HELLO_ID, &hello).await?;
+        match link.answer(HELLO_ID).await? {
+            Response::HelloOk { role, epoch, .. } => Ok((link, Hello { role, epoch })),
+            other => Err(unexpected("HELLO", &other)),
+        }
+    }
+
+    /// One request and its answer (an ERROR comes back as
+    /// [`LinkError::Refused`]).
+    pub async fn call(&mut self, request: &Request) -> Result<Response, LinkError> {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(HELLO_ID + 1);
+        self.send(id, request).await?;
+        self.answer(id).await
+    }
+
+    /// The answer to request `id`, the next frame on a link used one
+    /// request at a time.
+    async fn answer(&mut self, id: RequestId) -> Result<Response, LinkError> {
+        match self.next().await? {
+            (_, Response::Error { code, message }) => Err(LinkError::Refused { code, message }),
+            (got, response) if got == id => Ok(response),
+            (got, _) => Err(LinkError::Protocol(format!(
+                "an answer to request {got} where {id} was due"
+            ))),
+        }
+    }
+
+    /// Sends one request within the timeout.
+    pub async fn send(&mut self, id: RequestId, request: &Request) -> Result<(), LinkError> {
+        self.wbuf.clear();
+        encode_request(id, request, &mut self.wbuf)
+            .map_err(|e| LinkError::Protocol(e.to_string()))?;
+        // Flushed: TLS may keep the tail of a write in its buffer.
+        let write = async {
+            self.socket.write_all(&self.wbuf).await?;
+            self.socket.flush().await
+        };
+        match tokio::time::timeout(self.timeout, write).await {
+            Ok(r) => Ok(r?),
+            Err(_) => Err(LinkError::Silent(self.timeout)),
+        }
+    }
+
+    /// The next frame, within the timeout.
+    pub async fn next(&mut self) -> Result<(RequestId, Response), LinkError> {
+        loop {
+            match decode_response(&mut self.rbuf, MAX_FRAME) {
+                Ok(Some(frame)) => return Ok(frame),
+                Ok(None) => {}
+                Err(e) => return Err(LinkError::Protocol(e.to_string())),
+            }
+            if self.rbuf.capacity() - self.rbuf.len() < 16 * 1024 {
+                self.rbuf.reserve(64 * 1024);
+            }
+            match tokio::time::timeout(self.timeout, self.socket.read_buf(&mut self.rbuf)).await {
+                Ok(Ok(0)) => return Err(LinkError::Closed),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return Err(LinkError::Silent(self.timeout)),
+            }
+        }
+    }
+}
+
+/// An answer that does not fit the request.
+pub(crate) fn unexpected(request: &str, response: &Response) -> LinkError {
+    LinkError::Protocol(format!("{response:?} in answer to {request}"))
+}

@@ -1,0 +1,386 @@
+//! Pair mode, the [`RoleSource`] of `--peer` and `--replica-of`: the other
+//! node of the pair is asked at start-up, probed by a primary every
+//! heartbeat, and heard from when it announces itself; an operator promotes
+//! by PROMOTE; a standby promotes itself after `--failover-after` of
+//! silence from its primary.
+//!
+//! Rules (the README's "Replication and failover" states what they buy):
+//! - **at start**, a node with a peer serves nothing until it has asked it
+//!   (asking again until `--repl-timeout` if it does not answer):
+//!   a peer that is primary is followed (a restarted ex-primary comes back
+//!   as standby at the new epoch); a peer that is a standby holding a
+//!   complete copy while its own primary is gone (or is this very node) is
+//!   promoted and followed, because this node restarted empty; otherwise
+//!   the node takes its configured role (primary, or standby of
+//!   `--replica-of`);
+//! - **a primary** probes its peer every heartbeat, describing itself, and
+//!   steps down when the peer is primary with a higher epoch (equal epochs:
+//!   the node with the greater address steps down, so exactly one does);
+//! - **any node** told (by a probe's announce) of a primary that outranks
+//!   it steps down and follows it;
+//! - **a standby** that has been in sync promotes itself once its primary
+//!   has been silent for `--failover-after` (if set).
+//!
+//! Every conversation with the peer goes over a [`Link`] (TLS when the
+//! node runs it, HELLO with the cluster secret), and every epoch the peer
+//! claims is checked by the role state before it counts: an absurd one is
+//! logged and ignored, never followed.
+
+use super::link::{unexpected, Link, LinkError};
+use super::shared::Core;
+use super::source::{Access, Duty, Refusal, RoleSource};
+use crate::config::ReplicationSettings;
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate_protocol::{Announce, NodeStatus, ReplRequest, ReplResponse, Request, Response, Role};
+
+/// The role source of a pair of nodes.
+pub(crate) struct PairMode {
+    core: Arc<Core>,
+}
+
+impl PairMode {
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+
+    /// The role a node holds until [`start`] has settled it, and the
+    /// primary it follows: a node with a peer starts as a standby of nobody
+    /// and asks the peer first.
+    pub fn starting_role(settings: &ReplicationSettings) -> (Role, Option<String>) {
+        match (&settings.replica_of, &settings.peer) {
+            (Some(p), _) => (Role::Standby, Some(p.clone())),
+            (None, Some(_)) => (Role::Standby, None),
+            (None, None) => (Role::Primary, None),
+        }
+    }
+}
+
+impl RoleSource for PairMode {
+    fn admit(&self, access: Access) -> Result<(), Refusal> {
+        let role = &self.core.role;
+        let serves = match access {
+            Access::Write => role.is_primary(),
+            Access::Read => role.is_primary() || self.core.settings.serve_stale_reads,
+        };
+        if serves {
+            Ok(())
+        } else {
+            Err(role.not_primary())
+        }
+    }
+
+    fn start(&self) -> Duty<'_> {
+        Box::pin(start(&self.core))
+    }
+
+    fn duties(&self, role: Role) -> Duty<'_> {
+        match (role, &self.core.settings.peer) {
+            (Role::Primary, Some(peer)) => Box::pin(probe(&self.core, peer.clone())),
+            (Role::Primary, None) => Box::pin(std::future::pending()),
+            (Role::Standby, _) => Box::pin(watch_primary(&self.core)),
+        }
+    }
+
+    fn promote(&self) -> Result<(u64, bool), Refusal> {
+        Ok(self.core.role.promote("PROMOTE request")?)
+    }
+
+    fn heard_of(&self, announce: &Announce) -> Result<(), Refusal> {
+        on_announce(&self.core, announce)
+    }
+}
+
+/// Whether a primary at (`epoch`, `addr`) outranks one at (`my_epoch`,
+/// `my_addr`).
+pub(crate) fn outranks(epoch: u64, addr: &str, my_epoch: u64, my_addr: &str) -> bool {
+    epoch > my_epoch || (epoch == my_epoch && addr < my_addr)
+}
+
+/// How long a conversation with the peer may take.
+fn patience(core: &Core) -> Duration {
+    core.settings.repl_timeout.min(Duration::from_secs(1))
+}
+
+/// A connection to the peer, opened when first needed and dropped on any
+/// error (the next call opens a new one).
+struct PeerLink<'a> {
+    core: &'a Core,
+    peer: String,
+    link: Option<Link>,
+}
+
+impl<'a> PeerLink<'a> {
+    fn new(core: &'a Core, peer: String) -> Self {
+        Self {
+            core,
+            peer,
+            link: None,
+        }
+    }
+
+    async fn call(&mut self, request: &Request) -> Result<Response, LinkError> {
+        let link = match &mut self.link {
+            Some(link) => link,
+            None => {
+                let (link, _) =
+                    Link::open(self.core, &self.peer, "tollgate-peer", patience(self.core)).await?;
+                self.link.insert(link)
+            }
+        };
+        let answer = link.call(request).await;
+        if answer.is_err() {
+            self.link = None;
+        }
+        answer
+    }
+
+    /// STATUS, describing this node when `announce` is given.
+    async fn status(&mut self, announce: Option<Announce>) -> Result<NodeStatus, LinkError> {
+        match self
+            .call(&Request::Repl(ReplRequest::Status { announce }))
+            .await?
+        {
+            Response::Repl(ReplResponse::Status(s)) => Ok(s),
+            other => Err(unexpected("STATUS", &other)),
+        }
+    }
+
+    /// PROMOTE: the epoch the peer is primary at.
+    async fn promote(&mut self) -> Result<u64, LinkError> {
+        match self.call(&Request::Repl(ReplRequest::Promote)).await? {
+            Response::Repl(ReplResponse::Promoted { epoch, .. }) => Ok(epoch),
+            other => Err(unexpected("PROMOTE", &other)),
+        }
+    }
+}
+
+/// Decides the starting role of a node with a peer (see the module docs).
+/// A node without one starts in its configured role directly.
+async fn start(core: &Core) {
+    let node = &core.role;
+    let config = &core.settings;
+    let Some(peer) = config.peer.clone() else {
+        return;
+    };
+    let me = node.advertise();
+    // A peer that is slow to answer (busy, restarting too) is asked again
+    // until --repl-timeout: taking the primary role on a missed answer
+    // would serve checks beside the real primary until the next probe.
+    let give_up = tokio::time::Instant::now() + config.repl_timeout;
+    let mut link = PeerLink::new(core, peer.clone());
+    let status = loop {
+        let status = link.status(None).await;
+        match status {
+            Err(e) if tokio::time::Instant::now() < give_up => {
+                tracing::debug!(%peer, error = %e, "start: no answer from the peer yet");
+                tokio::time::sleep(config.heartbeat).await;
+            }
+            status => break status,
+        }
+    };
+    let fallback = |known_epoch: u64, why: &'static str| {
+        let settled = match &config.replica_of {
+            Some(primary) => node.step_down(primary.clone(), known_epoch, why),
+            None => node.start_as_primary(known_epoch, why),
+        };
+        if let Err(e) = settled {
+            tracing::error!(error = %e, "start: cannot take the configured role");
+        }
+    };
+    // An epoch the peer claims counts only if it is believable.
+    let status = status.map(|s| match node.heard_of_epoch(s.epoch) {
+        Ok(()) => Some(s),
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "start: ignoring the peer's answer");
+            None
+        }
+    });
+    match status {
+        Ok(Some(s)) if s.role == Role::Primary => {
+            settle(node.step_down(peer, s.epoch, "start: the peer is primary"));
+        }
+        Ok(Some(s)) if holds_the_data(core, &s, &me) => {
+            tracing::info!(%peer, epoch = s.epoch, "start: the peer holds the data; promoting it");
+            match link.promote().await {
+                Ok(epoch) => settle(node.step_down(
+                    peer,
+                    epoch,
+                    "start: promoted the peer, which held the data",
+                )),
+                Err(e) => {
+                    tracing::warn!(%peer, error = %e, "start: cannot promote the peer");
+                    fallback(s.epoch, "start: the peer could not be promoted");
+                }
+            }
+        }
+        Ok(Some(s)) => fallback(
+            s.epoch,
+            "start: the peer is a standby without a complete copy",
+        ),
+        Ok(None) => fallback(0, "start: the peer's answer was refused"),
+        Err(e) => {
+            tracing::info!(%peer, error = %e, "start: the peer does not answer");
+            fallback(0, "start: no answer from the peer");
+        }
+    }
+}
+
+/// Logs a role change that the role state refused (an absurd epoch).
+fn settle(changed: Result<(), super::role::EpochError>) {
+    if let Err(e) = changed {
+        tracing::warn!(error = %e, "role change refused");
+    }
+}
+
+/// A standby peer whose copy is worth more than this (restarted, empty)
+/// node's: complete, and either following this node or cut off from its
+/// primary.
+fn holds_the_data(core: &Core, s: &NodeStatus, me: &str) -> bool {
+    let lost_primary = s
+        .field("heard_ms")
+        .is_none_or(|ms| Duration::from_millis(ms) > core.settings.heartbeat * 3);
+    s.role == Role::Standby && s.field("synced") == Some(1) && (s.primary == me || lost_primary)
+}
+
+/// A primary's probe of its peer, every heartbeat, until it steps down (or
+/// the task is dropped).
+async fn probe(core: &Core, peer: String) {
+    let node = &core.role;
+    let mut link = PeerLink::new(core, peer.clone());
+    let mut tick = tokio::time::interval(core.settings.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reachable = true;
+    // An unreachable peer is asked again after a growing pause (one
+    // heartbeat, doubling, up to ten): a peer that restarts settles its
+    // own role by asking this node before this node's announces reach it.
+    let mut failures = 0u32;
+    let mut skip = 0u32;
+    loop {
+        tick.tick().await;
+        if skip > 0 {
+            skip -= 1;
+            continue;
+        }
+        let me = node.advertise();
+        let announce = Announce {
+            role: node.role(),
+            epoch: node.epoch(),
+            addr: me.clone(),
+        };
+        match link.status(Some(announce)).await {
+            Ok(s) => {
+                failures = 0;
+                if !reachable {
+                    tracing::info!(%peer, role = ?s.role, epoch = s.epoch, "peer reachable again");
+                    reachable = true;
+                }
+                if let Err(e) = node.heard_of_epoch(s.epoch) {
+                    tracing::warn!(%peer, error = %e, "ignoring the peer's answer");
+                    continue;
+                }
+                if s.role == Role::Primary && outranks(s.epoch, &s.addr, node.epoch(), &me) {
+                    settle(node.step_down(
+                        peer.clone(),
+                        s.epoch,
+                        "the peer is primary at a higher epoch",
+                    ));
+                    return;
+                }
+            }
+            Err(e) => {
+                if reachable {
+                    tracing::info!(%peer, error = %e, "peer unreachable");
+                    reachable = false;
+                }
+                skip = (1u32 << failures.min(4)).min(10) - 1;
+                failures = failures.saturating_add(1);
+            }
+        }
+    }
+}
+
+/// A node told about another by a STATUS announce (from a connection
+/// that proved it is a node); an unbelievable epoch is refused whole.
+fn on_announce(core: &Core, announce: &Announce) -> Result<(), Refusal> {
+    let node = &core.role;
+    node.heard_of_epoch(announce.epoch)?;
+    if announce.role != Role::Primary {
+        return Ok(());
+    }
+    let view = node.view();
+    let me = node.advertise();
+    if announce.addr == me {
+        return Ok(());
+    }
+    match view.role {
+        Role::Primary if outranks(announce.epoch, &announce.addr, view.epoch, &me) => {
+            node.step_down(
+                announce.addr.clone(),
+                announce.epoch,
+                "told of a primary at a higher epoch",
+            )?;
+        }
+        Role::Standby
+            if announce.epoch > view.epoch
+                && view.primary.as_deref() != Some(announce.addr.as_str()) =>
+        {
+            node.step_down(
+                announce.addr.clone(),
+                announce.epoch,
+                "told of a primary at a higher epoch than the one followed",
+            )?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Promotes this standby once its primary has been silent for
+/// `--failover-after` (if set), provided it has been in sync.
+async fn watch_primary(core: &Core) {
+    let Some(after) = core.settings.failover_after else {
+        return std::future::pending().await;
+    };
+    let node = &core.role;
+    let mut tick = tokio::time::interval(
+        core.settings
+            .heartbeat
+            .min(after / 4)
+            .max(Duration::from_millis(1)),
+    );
+    loop {
+        tick.tick().await;
+        let view = node.view();
+        if !view.ever_synced {
+            continue;
+        }
+        if let Some(silence) = node.silence() {
+            if silence >= after {
+                tracing::warn!(
+                    primary = view.primary.as_deref().unwrap_or("none"),
+                    silence_ms = silence.as_millis() as u64,
+                    "no heartbeat from the primary within --failover-after; promoting"
+                );
+                if let Err(e) = node.promote("failover: the primary stopped sending heartbeats") {
+                    tracing::error!(error = %e, "failover: cannot promote");
+                }
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::outranks;
+
+    #[test]
+    fn exactly_one_of_two_equal_primaries_steps_down() {
+        assert!(outranks(3, "b", 2, "a"));
+        assert!(!outranks(2, "b", 3, "a"));
+        // Same epoch: the greater address steps down.
+        assert!(outranks(2, "a:1", 2, "b:1"));
+        assert!(!outranks(2, "b:1", 2, "a:1"));
+    }
+}
