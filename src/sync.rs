@@ -4,15 +4,16 @@
 //! `std` atomics. Under `--cfg tollgate_loom` the same names resolve to loom's
 //! types so the loom models in `loom-tests/` drive the real store code. The
 //! cfg is crate-specific on purpose: it must not flip tokio's own `cfg(loom)`.
-//! Both sides expose the same API: `Mutex::new`, `lock()` returning a guard.
+//! Both sides expose the same API: `Mutex::new`, `lock()` returning a guard,
+//! `try_lock()` returning one when free.
 
 #[cfg(not(tollgate_loom))]
 pub use parking_lot::{Mutex, MutexGuard};
 #[cfg(not(tollgate_loom))]
-pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(tollgate_loom)]
-pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+pub use loom::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(tollgate_loom)]
 pub use self::loom_mutex::{Mutex, MutexGuard};
@@ -34,6 +35,14 @@ mod loom_mutex {
             // A panic while holding the lock already fails the model;
             // poisoning carries no extra information here.
             self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            match self.0.try_lock() {
+                Ok(guard) => Some(guard),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
         }
     }
 }

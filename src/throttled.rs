@@ -1,29 +1,40 @@
-//! The keys denied most in the recent past, in bounded memory.
+//! The keys denied most in the recent past, in bounded memory, off any
+//! shared lock on the deny path.
 //!
 //! A Space-Saving sketch (Metwally, Agrawal, El Abbadi, 2005): at most
 //! `capacity` counters; a key already counted is incremented; a new key
 //! takes a free counter, or else replaces the smallest one and inherits its
 //! count (remembered as the key's `error`, the most its count can be over).
-//! Any key denied more than `total / capacity` times in a window is
-//! guaranteed to be in the sketch, and a reported count is never below the
-//! true one nor more than `error` above it.
+//! The counters sit in a min-heap by count, so an increment or a
+//! replacement costs O(log capacity), never a scan.
+//!
+//! Shards per thread, merged on read: each thread records into its own
+//! shard (picked once per thread; a thread that finds it busy, because a
+//! reader or a thread sharing it holds it, takes the next free one), so two
+//! threads denying at once never wait for each other, whichever keys they
+//! deny. A key may therefore be counted in several shards, and a query
+//! merges them as mergeable summaries do: per shard, a tracked key adds its
+//! count and error; an untracked key of a full shard adds that shard's
+//! smallest count to both (it can have been denied at most that often
+//! there, unseen). Each shard has the full `capacity`, so the merged
+//! sketch keeps Space-Saving's guarantees over all shards: any key denied
+//! more than `total / capacity` times in a window is reported, and a
+//! reported count is never below the true one nor more than `error` above.
 //!
 //! Recency: time is cut into windows of `window`; each shard keeps the
 //! current window's sketch and the previous one's, and a query adds the two,
 //! so it covers between one and two windows of the past. Memory is fixed by
-//! construction: `shards × 2 × capacity_per_shard` counters, each holding a
-//! key of at most the server's `max_key_len` bytes.
-//!
-//! Sharding: a key always goes to the same shard (by hash), so shards count
-//! disjoint keys and their answers merge exactly; a denial locks one shard
-//! out of several, not one lock for the whole server.
+//! construction: `shards × 2 × capacity` counters at most (shards: the
+//! host's cores, at most [`MAX_SHARDS`]), each holding a key of at most the
+//! server's `max_key_len` bytes; counters are allocated as keys arrive.
 
 use crate::clock::Nanos;
 use crate::sync::Mutex;
+use hashbrown::HashTable;
 use std::collections::HashMap;
 
-/// Shards of the sketch (power of two).
-const SHARDS: usize = 8;
+/// Most shards of a sketch (a power of two): one per core up to this.
+pub const MAX_SHARDS: usize = 8;
 
 /// One tracked key and its counts over the windows kept.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -40,6 +51,8 @@ struct Counter {
     key: Box<[u8]>,
     count: u64,
     error: u64,
+    /// Position of this counter in `SpaceSaving::heap`.
+    slot: usize,
 }
 
 /// A Space-Saving sketch of fixed capacity.
@@ -47,59 +60,122 @@ struct Counter {
 struct SpaceSaving {
     capacity: usize,
     counters: Vec<Counter>,
-    index: HashMap<Box<[u8]>, usize, ahash::RandomState>,
+    /// Indexes into `counters`, a min-heap by count: the root is the
+    /// counter a new key replaces.
+    heap: Vec<usize>,
+    /// Indexes into `counters` by key (the key is stored once, in the
+    /// counter).
+    index: HashTable<usize>,
+    hasher: ahash::RandomState,
 }
 
 impl SpaceSaving {
     fn new(capacity: usize) -> Self {
         Self {
             capacity,
-            counters: Vec::with_capacity(capacity),
-            index: HashMap::with_capacity_and_hasher(capacity, ahash::RandomState::new()),
+            counters: Vec::new(),
+            heap: Vec::new(),
+            index: HashTable::new(),
+            hasher: ahash::RandomState::new(),
         }
     }
 
     fn add(&mut self, key: &[u8]) {
-        if let Some(&i) = self.index.get(key) {
+        let hash = self.hasher.hash_one(key);
+        let counters = &self.counters;
+        if let Some(&i) = self.index.find(hash, |&i| *counters[i].key == *key) {
             self.counters[i].count += 1;
+            self.sift_down(self.counters[i].slot);
             return;
         }
-        let key: Box<[u8]> = key.into();
+        let rehash = |counters: &[Counter], i: usize| self.hasher.hash_one(&counters[i].key);
         if self.counters.len() < self.capacity {
-            self.index.insert(key.clone(), self.counters.len());
+            let i = self.counters.len();
             self.counters.push(Counter {
-                key,
+                key: key.into(),
                 count: 1,
                 error: 0,
+                slot: self.heap.len(),
             });
+            let counters = &self.counters;
+            self.index.insert_unique(hash, i, |&j| rehash(counters, j));
+            self.heap.push(i);
+            self.sift_up(self.heap.len() - 1);
             return;
         }
-        // Full: the new key takes over the smallest counter. A linear scan
-        // over a small shard is cheaper than keeping a heap up to date on
-        // every increment.
-        let Some((i, min)) = self
-            .counters
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, c)| c.count)
-            .map(|(i, c)| (i, c.count))
-        else {
+        // Full: the new key takes over the smallest counter, at the root.
+        let Some(&i) = self.heap.first() else {
             return; // capacity 0: counts nothing
         };
-        let old = std::mem::replace(
-            &mut self.counters[i],
-            Counter {
-                key: key.clone(),
-                count: min + 1,
-                error: min,
-            },
-        );
-        self.index.remove(&old.key);
-        self.index.insert(key, i);
+        let old = self.hasher.hash_one(&self.counters[i].key);
+        if let Ok(found) = self.index.find_entry(old, |&j| j == i) {
+            found.remove();
+        }
+        let counter = &mut self.counters[i];
+        // Keys of an attack tend to have one length: reuse the buffer.
+        if counter.key.len() == key.len() {
+            counter.key.copy_from_slice(key);
+        } else {
+            counter.key = key.into();
+        }
+        counter.error = counter.count;
+        counter.count += 1;
+        let counters = &self.counters;
+        self.index.insert_unique(hash, i, |&j| rehash(counters, j));
+        self.sift_down(0);
+    }
+
+    /// The smallest count when full (what an untracked key may have had),
+    /// 0 while there is room (an untracked key was never denied here).
+    fn floor(&self) -> u64 {
+        if self.counters.len() < self.capacity {
+            return 0;
+        }
+        self.heap.first().map_or(0, |&i| self.counters[i].count)
+    }
+
+    fn count(&self, at: usize) -> u64 {
+        self.counters[self.heap[at]].count
+    }
+
+    fn swap(&mut self, a: usize, b: usize) {
+        self.heap.swap(a, b);
+        self.counters[self.heap[a]].slot = a;
+        self.counters[self.heap[b]].slot = b;
+    }
+
+    fn sift_up(&mut self, mut at: usize) {
+        while at > 0 {
+            let parent = (at - 1) / 2;
+            if self.count(parent) <= self.count(at) {
+                return;
+            }
+            self.swap(parent, at);
+            at = parent;
+        }
+    }
+
+    fn sift_down(&mut self, mut at: usize) {
+        loop {
+            let (left, right) = (2 * at + 1, 2 * at + 2);
+            let mut least = at;
+            if left < self.heap.len() && self.count(left) < self.count(least) {
+                least = left;
+            }
+            if right < self.heap.len() && self.count(right) < self.count(least) {
+                least = right;
+            }
+            if least == at {
+                return;
+            }
+            self.swap(at, least);
+            at = least;
+        }
     }
 
     fn clear(&mut self) {
         self.counters.clear();
+        self.heap.clear();
         self.index.clear();
     }
 
@@ -119,7 +195,7 @@ struct Shard {
 impl Shard {
     /// Moves the windows forward to the one holding `now`.
     fn roll(&mut self, window: u64) {
-        if window == self.window {
+        if window <= self.window {
             return;
         }
         if window == self.window + 1 {
@@ -133,38 +209,55 @@ impl Shard {
     }
 }
 
+/// Hands out each thread's home shard: threads in turn. A `std` atomic,
+/// not one from `crate::sync`: a static cannot hold loom's, and this is
+/// only a hint spreading threads (any shard is correct).
+static NEXT_HOME: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+std::thread_local! {
+    /// This thread's home shard (modulo the shard count of each sketch).
+    static HOME: usize = NEXT_HOME.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Top denied keys; see the module docs.
 #[derive(Debug)]
 pub struct TopThrottled {
     shards: Box<[Mutex<Shard>]>,
-    hasher: ahash::RandomState,
     window: Nanos,
     capacity: usize,
 }
 
 impl TopThrottled {
-    /// A sketch tracking up to `capacity` keys per window (rounded up to a
-    /// multiple of the shard count), counting over `window` nanoseconds.
+    /// A sketch tracking up to `capacity` keys per window, counting over
+    /// `window` nanoseconds, with a shard per core (at most
+    /// [`MAX_SHARDS`]).
     pub fn new(capacity: usize, window: Nanos) -> Self {
-        let per_shard = capacity.div_ceil(SHARDS);
-        let shards = (0..SHARDS)
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_shards(capacity, window, cores)
+    }
+
+    /// Like [`new`](Self::new), with `shards` shards (rounded up to a power
+    /// of two, between 1 and [`MAX_SHARDS`]).
+    pub fn with_shards(capacity: usize, window: Nanos, shards: usize) -> Self {
+        let n = shards.clamp(1, MAX_SHARDS).next_power_of_two();
+        let shards = (0..n)
             .map(|_| {
                 Mutex::new(Shard {
                     window: 0,
-                    current: SpaceSaving::new(per_shard),
-                    previous: SpaceSaving::new(per_shard),
+                    current: SpaceSaving::new(capacity),
+                    previous: SpaceSaving::new(capacity),
                 })
             })
             .collect();
         Self {
             shards,
-            hasher: ahash::RandomState::new(),
             window: window.max(1),
-            capacity: per_shard * SHARDS,
+            capacity,
         }
     }
 
-    /// Keys tracked per window at most.
+    /// Keys tracked per window at most (in each shard; merged answers are
+    /// bounded by it too).
     pub fn capacity(&self) -> usize {
         self.capacity
     }
@@ -174,19 +267,27 @@ impl TopThrottled {
         self.window
     }
 
-    fn shard(&self, key: &[u8]) -> &Mutex<Shard> {
-        let h = self.hasher.hash_one(key) as usize;
-        &self.shards[h & (SHARDS - 1)]
-    }
-
-    /// Counts one denial of `key` at `now`.
+    /// Counts one denial of `key` at `now`. Never waits for another thread
+    /// while a shard is free.
     pub fn record(&self, key: &[u8], now: Nanos) {
-        let mut shard = self.shard(key).lock();
-        shard.roll(now / self.window);
+        let mask = self.shards.len() - 1;
+        let home = HOME.with(|h| *h);
+        let window = now / self.window;
+        for i in 0..self.shards.len() {
+            if let Some(mut shard) = self.shards[(home + i) & mask].try_lock() {
+                shard.roll(window);
+                shard.current.add(key);
+                return;
+            }
+        }
+        // Every shard busy (more threads than shards, or a query): wait
+        // for this thread's own.
+        let mut shard = self.shards[home & mask].lock();
+        shard.roll(window);
         shard.current.add(key);
     }
 
-    /// Keys tracked right now, over both windows (at most twice capacity).
+    /// Counters in use right now, over every shard and both windows.
     pub fn tracked(&self) -> usize {
         self.shards
             .iter()
@@ -198,26 +299,35 @@ impl TopThrottled {
     }
 
     /// The `n` keys with the most denials over the current and previous
-    /// windows, most denied first (ties by key).
+    /// windows, most denied first (ties by key). Locks one shard at a time.
     pub fn top(&self, n: usize, now: Nanos) -> Vec<Throttled> {
-        let mut all: HashMap<Vec<u8>, (u64, u64)> = HashMap::new();
+        // Every sketch adds its floor for keys it does not track; a key it
+        // tracks adds its own count and error instead.
+        let mut floors = 0u64;
+        // Per key: its counts, errors, and the floors of the sketches that
+        // track it (which it does not get on top of its own count).
+        let mut seen: HashMap<Vec<u8>, (u64, u64, u64)> = HashMap::new();
         for shard in self.shards.iter() {
             let mut shard = shard.lock();
             shard.roll(now / self.window);
-            for c in shard
-                .current
-                .counters
-                .iter()
-                .chain(&shard.previous.counters)
-            {
-                let e = all.entry(c.key.to_vec()).or_default();
-                e.0 += c.count;
-                e.1 += c.error;
+            for sketch in [&shard.current, &shard.previous] {
+                let floor = sketch.floor();
+                floors += floor;
+                for c in &sketch.counters {
+                    let e = seen.entry(c.key.to_vec()).or_default();
+                    e.0 += c.count;
+                    e.1 += c.error;
+                    e.2 += floor;
+                }
             }
         }
-        let mut out: Vec<Throttled> = all
+        let mut out: Vec<Throttled> = seen
             .into_iter()
-            .map(|(key, (denied, error))| Throttled { key, denied, error })
+            .map(|(key, (count, error, own))| Throttled {
+                key,
+                denied: count + (floors - own),
+                error: error + (floors - own),
+            })
             .collect();
         out.sort_by(|a, b| b.denied.cmp(&a.denied).then_with(|| a.key.cmp(&b.key)));
         out.truncate(n);
@@ -225,7 +335,7 @@ impl TopThrottled {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(tollgate_loom)))]
 mod tests {
     use super::*;
 
@@ -271,11 +381,12 @@ mod tests {
                 t.record(b"heavy:2", S);
             }
         }
-        assert!(t.tracked() <= 64, "{} keys tracked", t.tracked());
         for shard in t.shards.iter() {
             let s = shard.lock();
-            assert!(s.current.len() <= 8 && s.current.index.len() <= 8);
+            assert!(s.current.len() <= 64 && s.current.index.len() == s.current.len());
+            assert_eq!(s.current.heap.len(), s.current.len());
         }
+        assert!(t.tracked() <= 64 * t.shards.len());
         let top = t.top(2, S);
         assert_eq!(top[0].key, b"heavy:1");
         assert_eq!(top[1].key, b"heavy:2");
@@ -301,5 +412,59 @@ mod tests {
             [b"new"]
         );
         assert!(t.top(10, 500 * S).is_empty());
+    }
+
+    /// The min-heap keeps Space-Saving's replacement rule: a new key always
+    /// takes over a counter with the smallest count.
+    #[test]
+    fn a_new_key_replaces_a_smallest_counter() {
+        let mut s = SpaceSaving::new(3);
+        for (key, n) in [("a", 3), ("b", 1), ("c", 2)] {
+            for _ in 0..n {
+                s.add(key.as_bytes());
+            }
+        }
+        s.add(b"d");
+        let counts: HashMap<&[u8], (u64, u64)> = s
+            .counters
+            .iter()
+            .map(|c| (&*c.key, (c.count, c.error)))
+            .collect();
+        assert_eq!(counts.get(&b"d"[..]), Some(&(2, 1)));
+        assert!(!counts.contains_key(&b"b"[..]));
+        assert_eq!(s.floor(), 2);
+        // Heap positions are consistent.
+        for (slot, &i) in s.heap.iter().enumerate() {
+            assert_eq!(s.counters[i].slot, slot);
+        }
+    }
+
+    /// Threads denying at once land in different shards; the merged answer
+    /// is exact while no shard is full, and within its error bound when
+    /// they are (each key counted in every shard).
+    #[test]
+    fn shards_merge_to_the_true_counts() {
+        let t = TopThrottled::with_shards(8, 60 * S, 4);
+        std::thread::scope(|scope| {
+            for thread in 0..4u32 {
+                let t = &t;
+                scope.spawn(move || {
+                    for i in 0..1_000u32 {
+                        t.record(b"hot", S);
+                        if i % 4 == 0 {
+                            t.record(b"warm", S);
+                        }
+                        t.record(format!("cold:{thread}:{i}").as_bytes(), S);
+                    }
+                });
+            }
+        });
+        let top = t.top(2, S);
+        assert_eq!(top[0].key, b"hot");
+        assert_eq!(top[1].key, b"warm");
+        for (entry, truth) in top.iter().zip([4_000, 1_000]) {
+            assert!(entry.denied >= truth, "{entry:?}");
+            assert!(entry.denied - entry.error <= truth, "{entry:?}");
+        }
     }
 }

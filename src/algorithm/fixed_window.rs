@@ -20,11 +20,14 @@
 //! A state from a later window than `now`'s (a clock that jumped back, or
 //! state written by a node ahead of this one) is honoured as the current
 //! window, not reset, so a clock going backwards never grants fresh quota;
-//! it resets when its own window ends. Refund of `c` units takes them off
+//! it resets when its own window ends. Only up to
+//! [`MAX_WINDOW_LEAD`](super::MAX_WINDOW_LEAD) ahead: a window starting
+//! later than that was counted under another window length (a changed
+//! rule) and starts afresh. Refund of `c` units takes them off
 //! the current window's count, never below zero; units charged in an
 //! earlier window are already forgotten.
 
-use super::{Decision, State, Verdict};
+use super::{later_window_honoured, Decision, State, Verdict};
 use crate::clock::Nanos;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,13 +83,16 @@ impl FixedWindow {
     fn current(&self, state: Option<FixedWindowState>, now: Nanos) -> FixedWindowState {
         let index = now / self.window;
         match state {
-            Some(s) if s.index >= index => s,
+            Some(s) if s.index == index => s,
+            Some(s) if s.index > index && later_window_honoured(s.index, self.window, now) => s,
             _ => FixedWindowState { index, count: 0 },
         }
     }
 
+    /// End of window `index` (saturating: a state from far ahead must not
+    /// overflow).
     fn window_end(&self, index: u64) -> Nanos {
-        (index + 1) * self.window
+        index.saturating_add(1).saturating_mul(self.window)
     }
 
     pub fn evaluate(&self, state: Option<FixedWindowState>, now: Nanos, cost: u64) -> Verdict {
@@ -284,6 +290,35 @@ mod tests {
         assert_eq!(d.retry_after, Some(35 * S));
         assert_eq!(fw.evaluate(future, 5 * S, 1).expires_at, 40 * S);
         assert!(fw.evaluate(future, 40 * S, 1).decision.allowed);
+        // Up to an hour ahead is a clock behind; further ahead is another
+        // window length (a rule changed from 10 s to 1 h: the old index
+        // read as hours starts decades from now): afresh.
+        let hour = 3600 * S;
+        let ahead = Some(FixedWindowState {
+            index: (5 * S + hour) / (10 * S),
+            count: 2,
+        });
+        assert!(!fw.evaluate(ahead, 5 * S, 1).decision.allowed);
+        let beyond = Some(FixedWindowState {
+            index: (5 * S + hour) / (10 * S) + 1,
+            count: 2,
+        });
+        assert!(fw.evaluate(beyond, 5 * S, 1).decision.allowed);
+        let lengthened = FixedWindow::new(2, hour);
+        let now = 1_700_000_000 * S;
+        let old = Some(FixedWindowState {
+            index: now / (10 * S),
+            count: 2,
+        });
+        let v = lengthened.evaluate(old, now, 1);
+        assert!(v.decision.allowed);
+        assert_eq!(v.expires_at, (now / hour + 1) * hour);
+        // Absurd indexes do not overflow.
+        let absurd = Some(FixedWindowState {
+            index: u64::MAX,
+            count: 2,
+        });
+        assert!(fw.evaluate(absurd, 5 * S, 1).decision.allowed);
     }
 
     #[test]

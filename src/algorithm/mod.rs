@@ -52,6 +52,20 @@ pub const MAX_PERIOD_MS: u64 = 400 * 24 * 3600 * 1000;
 /// small enough that sums with a `u32` cost cannot overflow.
 pub const MAX_COUNT: u64 = 1 << 48;
 
+/// How far ahead of `now` a window counter's stored window may start and
+/// still be honoured (one hour). A state from a later window comes from a
+/// node whose clock is ahead (met after a failover) or from before this
+/// clock went back, and must not be read as empty; a window starting
+/// further ahead than any plausible skew or clock step was written under
+/// another window length (a changed rule), and starts afresh.
+pub const MAX_WINDOW_LEAD: Nanos = 3600 * 1_000_000_000;
+
+/// Whether a stored window `index` (of length `window`) later than `now`'s
+/// is honoured: it starts at most [`MAX_WINDOW_LEAD`] ahead.
+fn later_window_honoured(index: u64, window: Nanos, now: Nanos) -> bool {
+    index.saturating_mul(window) <= now.saturating_add(MAX_WINDOW_LEAD)
+}
+
 /// Default cap on the timestamps one key may hold: a sliding log's `count`
 /// and a concurrency limit's `count` (one lease each at most) must not
 /// exceed it. 1000 timestamps are 8 KB per key.
@@ -307,6 +321,18 @@ impl Policy {
         }
     }
 
+    /// The algorithm this policy runs.
+    pub fn algorithm(&self) -> Algorithm {
+        match self {
+            Policy::TokenBucket(_) => Algorithm::TokenBucket,
+            Policy::SlidingWindow(_) => Algorithm::SlidingWindow,
+            Policy::FixedWindow(_) => Algorithm::FixedWindow,
+            Policy::SlidingLog(_) => Algorithm::SlidingLog,
+            Policy::LeakyBucket(_) => Algorithm::LeakyBucket,
+            Policy::Concurrency(_) => Algorithm::Concurrency,
+        }
+    }
+
     /// Whether this is a concurrency limit (whose allowed checks hold a lease).
     pub fn is_concurrency(&self) -> bool {
         matches!(self, Policy::Concurrency(_))
@@ -415,18 +441,6 @@ impl Policy {
             // Refused above.
             Policy::SlidingLog(_) | Policy::LeakyBucket(_) | Policy::Concurrency(_) => None,
         })
-    }
-
-    /// The algorithm of this policy.
-    pub fn algorithm(&self) -> Algorithm {
-        match self {
-            Policy::TokenBucket(_) => Algorithm::TokenBucket,
-            Policy::SlidingWindow(_) => Algorithm::SlidingWindow,
-            Policy::FixedWindow(_) => Algorithm::FixedWindow,
-            Policy::SlidingLog(_) => Algorithm::SlidingLog,
-            Policy::LeakyBucket(_) => Algorithm::LeakyBucket,
-            Policy::Concurrency(_) => Algorithm::Concurrency,
-        }
     }
 
     /// Gives `amount` units back to `state` and answers with the decision

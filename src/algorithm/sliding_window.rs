@@ -8,12 +8,21 @@
 //! `estimate + c <= limit`. All arithmetic is exact (integers scaled by `W`,
 //! in `u128`), so boundaries behave the same every time.
 //!
+//! A state from a later window than `now`'s (a clock that went back, or
+//! state written by a node whose clock is ahead, met after a failover) is
+//! honoured, not reset: it is read as at the start of its own window, and
+//! a charge or refund applies to that window. So going back in time never
+//! grants fresh quota; the state resets when its own windows end, as the
+//! other algorithms' states do. A window starting more than
+//! [`MAX_WINDOW_LEAD`](super::MAX_WINDOW_LEAD) ahead was counted under
+//! another window length (a changed rule) and starts afresh.
+//!
 //! Refund of `c` units takes them off the current window's count, and what
 //! the current window does not hold off the previous one (a request charged
 //! just before a boundary and refunded just after it gets its units back),
 //! never below zero.
 
-use super::{Decision, State, Verdict};
+use super::{later_window_honoured, Decision, State, Verdict};
 use crate::clock::Nanos;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,21 +48,26 @@ impl SlidingWindow {
 
     pub fn evaluate(&self, state: Option<WindowState>, now: Nanos, cost: u64) -> Verdict {
         let w = self.window;
-        let index = now / w;
-        let offset = now % w;
-        let (prev, cur) = roll(state, index);
+        let Window {
+            index,
+            prev,
+            cur,
+            at,
+        } = self.in_force(state, now);
+        let offset = at % w;
+        let lead = at - now;
         let wide = |x: u64| u128::from(x);
         let capacity = wide(self.limit) * wide(w);
         let used = wide(prev) * wide(w - offset) + wide(cur) * wide(w);
         let charge = wide(cost) * wide(w);
-        let window_end = (index + 1) * w;
+        let window_end = self.window_end(index);
 
         if used + charge <= capacity {
             let cur = cur + cost;
             let used = used + charge;
             let state = WindowState { index, prev, cur };
             // `cur > 0` now, so the state matters until the next window ends.
-            let expires_at = window_end + w;
+            let expires_at = window_end.saturating_add(w);
             return Verdict {
                 decision: Decision::allow(
                     self.limit,
@@ -65,7 +79,9 @@ impl SlidingWindow {
             };
         }
 
-        let retry_after = self.retry_after(prev, cur, offset, cost);
+        let retry_after = self
+            .retry_after(prev, cur, offset, cost)
+            .map(|r| r.saturating_add(lead));
         let expires_at = expiry(prev, cur, window_end, w, now);
         let decision = Decision {
             allowed: false,
@@ -92,15 +108,20 @@ impl SlidingWindow {
         units: u64,
     ) -> Option<(WindowState, Nanos)> {
         let w = self.window;
-        let index = now / w;
-        let (mut prev, mut cur) = roll(state, index);
+        // The windows in force (a state from a later window stays as it is).
+        let Window {
+            index,
+            mut prev,
+            mut cur,
+            ..
+        } = self.in_force(state, now);
         let add = |count: u64| count.saturating_add(units).min(super::MAX_COUNT);
-        match index - at.min(now) / w {
+        match index.saturating_sub(at.min(now) / w) {
             0 => cur = add(cur),
             1 => prev = add(prev),
             _ => return None,
         }
-        let expires_at = expiry(prev, cur, (index + 1) * w, w, now);
+        let expires_at = expiry(prev, cur, self.window_end(index), w, now);
         Some((WindowState { index, prev, cur }, expires_at))
     }
 
@@ -108,16 +129,20 @@ impl SlidingWindow {
     /// previous one, never below zero. No state: nothing to give back.
     pub fn refund(&self, state: Option<WindowState>, now: Nanos, amount: u64) -> Verdict {
         let w = self.window;
-        let index = now / w;
-        let offset = now % w;
-        let (prev, cur) = roll(state, index);
+        let Window {
+            index,
+            prev,
+            cur,
+            at,
+        } = self.in_force(state, now);
+        let offset = at % w;
         let from_cur = amount.min(cur);
         let from_prev = (amount - from_cur).min(prev);
         let (prev, cur) = (prev - from_prev, cur - from_cur);
         let wide = |x: u64| u128::from(x);
         let capacity = wide(self.limit) * wide(w);
         let used = wide(prev) * wide(w - offset) + wide(cur) * wide(w);
-        let expires_at = expiry(prev, cur, (index + 1) * w, w, now);
+        let expires_at = expiry(prev, cur, self.window_end(index), w, now);
         Verdict {
             decision: Decision::allow(
                 self.limit,
@@ -127,6 +152,38 @@ impl SlidingWindow {
             state: state.map(|_| State::SlidingWindow(WindowState { index, prev, cur })),
             expires_at,
         }
+    }
+
+    /// The stored windows rolled forward to `now`'s window. A state older
+    /// than the previous window counts as empty. A state from a *later*
+    /// window than `now`'s (written by a node whose clock is ahead, or
+    /// before this clock went back) is honoured as it stands, read as at
+    /// the start of its own window: going back in time never grants quota
+    /// (up to [`MAX_WINDOW_LEAD`](super::MAX_WINDOW_LEAD) ahead; further
+    /// is another window length, and starts afresh).
+    fn in_force(&self, state: Option<WindowState>, now: Nanos) -> Window {
+        let index = now / self.window;
+        let (index, prev, cur) = match state {
+            Some(s) if s.index == index => (s.index, s.prev, s.cur),
+            Some(s) if s.index > index && later_window_honoured(s.index, self.window, now) => {
+                (s.index, s.prev, s.cur)
+            }
+            Some(s) if s.index.checked_add(1) == Some(index) => (index, s.cur, 0),
+            _ => (index, 0, 0),
+        };
+        let at = now.max(index.saturating_mul(self.window));
+        Window {
+            index,
+            prev,
+            cur,
+            at,
+        }
+    }
+
+    /// End of window `index` (saturating: a state from far ahead must not
+    /// overflow).
+    fn window_end(&self, index: u64) -> Nanos {
+        index.saturating_add(1).saturating_mul(self.window)
     }
 
     /// Time until a request of `cost` would pass, if nothing else is charged.
@@ -156,15 +213,14 @@ impl SlidingWindow {
     }
 }
 
-/// The stored windows rolled forward to window `index`: (previous, current).
-/// A state older than the previous window, or from a later window than
-/// `index` (a clock that went back), counts as empty.
-fn roll(state: Option<WindowState>, index: u64) -> (u64, u64) {
-    match state {
-        Some(s) if s.index == index => (s.prev, s.cur),
-        Some(s) if s.index + 1 == index => (s.cur, 0),
-        _ => (0, 0),
-    }
+/// The windows a request is evaluated against.
+struct Window {
+    /// The current window's index: `now`'s, or a later one a state holds.
+    index: u64,
+    prev: u64,
+    cur: u64,
+    /// The moment they are read at: `now`, or the start of a later window.
+    at: Nanos,
 }
 
 /// When counts `prev` and `cur` of the window ending at `window_end` stop
@@ -172,7 +228,7 @@ fn roll(state: Option<WindowState>, index: u64) -> (u64, u64) {
 /// previous one until this window ends.
 fn expiry(prev: u64, cur: u64, window_end: Nanos, w: Nanos, now: Nanos) -> Nanos {
     if cur > 0 {
-        window_end + w
+        window_end.saturating_add(w)
     } else if prev > 0 {
         window_end
     } else {
@@ -251,6 +307,73 @@ mod tests {
         assert!(v.decision.allowed);
         assert_eq!(v.decision.remaining, 42);
         assert_eq!(charge(&sw, &mut st, 100 * S, 100), 43);
+    }
+
+    #[test]
+    fn a_state_from_a_later_window_is_honoured() {
+        // A node whose clock is behind (after a failover, or a clock that
+        // went back) meets state charged in window 3 while its own clock is
+        // in window 0: the state is read as at the start of its own window,
+        // never as empty, so going back in time grants nothing.
+        let sw = SlidingWindow::new(10, 10 * S);
+        let full = Some(WindowState {
+            index: 3,
+            prev: 4,
+            cur: 10,
+        });
+        let v = sw.evaluate(full, 5 * S, 1);
+        assert!(!v.decision.allowed);
+        assert_eq!(v.decision.remaining, 0);
+        // Read at 30 s (its window's start): cur = 10 must decay to 9 in
+        // window 4, i.e. 1 s into it, at 41 s: 36 s from now.
+        assert_eq!(v.decision.retry_after, Some(41 * S - 5 * S));
+        // Its count matters until window 4 ends.
+        assert_eq!(v.expires_at, 50 * S);
+        assert_eq!(v.decision.reset_after, 45 * S);
+        // A later state with room: charged in its own window, which stays.
+        let room = Some(WindowState {
+            index: 3,
+            prev: 0,
+            cur: 2,
+        });
+        let v = sw.evaluate(room, 5 * S, 1);
+        assert!(v.decision.allowed);
+        assert_eq!(v.decision.remaining, 7);
+        assert_eq!(
+            v.state,
+            Some(State::SlidingWindow(WindowState {
+                index: 3,
+                prev: 0,
+                cur: 3
+            }))
+        );
+        assert_eq!(v.expires_at, 50 * S);
+        // A refund takes from that window too.
+        let v = sw.refund(room, 5 * S, 1);
+        assert_eq!(
+            v.state,
+            Some(State::SlidingWindow(WindowState {
+                index: 3,
+                prev: 0,
+                cur: 1
+            }))
+        );
+        assert_eq!(v.decision.remaining, 9);
+        // Further ahead than an hour: counted under another window length
+        // (a rule lengthened from 10 s to 1 min), so afresh. Absurd indexes
+        // do not overflow.
+        let lengthened = SlidingWindow::new(10, 60 * S);
+        let now = 1_700_000_000 * S;
+        for index in [now / (10 * S), u64::MAX] {
+            let old = Some(WindowState {
+                index,
+                prev: 10,
+                cur: 10,
+            });
+            let v = lengthened.evaluate(old, now, 1);
+            assert!(v.decision.allowed, "{index}");
+            assert_eq!(v.decision.remaining, 9);
+        }
     }
 
     #[test]

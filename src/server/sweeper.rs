@@ -35,6 +35,8 @@ pub(super) struct KeyMetrics {
     /// Bytes the tables reserve, and the cap (0: none).
     memory: IntGauge,
     memory_limit: IntGauge,
+    /// Wall clock minus server clock at the last sweeper tick's re-check.
+    clock_offset: prometheus::Gauge,
 }
 
 impl KeyMetrics {
@@ -74,6 +76,12 @@ impl KeyMetrics {
         registry.register(Box::new(refused.clone()))?;
         registry.register(Box::new(memory.clone()))?;
         registry.register(Box::new(memory_limit.clone()))?;
+        let clock_offset = prometheus::Gauge::new(
+            "tollgate_clock_offset_seconds",
+            "Wall clock minus server clock, re-checked every sweeper tick: positive is \
+             stepped forward at once, negative is absorbed by running 1/16 slow.",
+        )?;
+        registry.register(Box::new(clock_offset.clone()))?;
         Ok(Self {
             live,
             expired_swept: expired.with_label_values(&["sweeper"]),
@@ -82,6 +90,7 @@ impl KeyMetrics {
             refused,
             memory,
             memory_limit,
+            clock_offset,
         })
     }
 }
@@ -107,6 +116,9 @@ impl Sweeper {
             tracing::trace!(removed, "swept expired keys");
         }
         let keys = &self.metrics;
+        if let Some(check) = self.clock.check_wall() {
+            keys.clock_offset.set(check.offset as f64 / 1e9);
+        }
         keys.expired_swept.inc_by(removed as u64);
         // The store counts expiries met by checks; the counter follows it.
         let on_access = store.expired_on_access();

@@ -127,6 +127,9 @@ impl Store {
         if leased > 1 || (leased > 0 && op == Op::Refund) {
             return Err(ErrorCode::InvalidLimit);
         }
+        if clashing_states(pairs, &policies) {
+            return Err(ErrorCode::InvalidLimit);
+        }
 
         let hashes: SmallVec<[u64; 4]> = pairs.iter().map(|p| self.hash(&p.key)).collect();
         let stripe = self.stripe(slot);
@@ -163,9 +166,15 @@ impl Store {
 
         let all_allowed = decisions.iter().all(|d| d.allowed);
         let writes = matches!(op, Op::Check(Mode::Charge) | Op::Refund);
+        if all_allowed && !writes {
+            // A peek answers what the check would: StoreFull when the check
+            // could not take its new keys (nothing is evicted for a peek).
+            let keys = pairs.iter().map(|p| &p.key[..]);
+            self.make_room(tables, keys, &after, &hashes, now, Room::Ask)?;
+        }
         if all_allowed && writes {
             let keys = pairs.iter().map(|p| &p.key[..]);
-            let evicted = self.make_room(tables, keys, &after, &hashes, now)?;
+            let evicted = self.make_room(tables, keys, &after, &hashes, now, Room::Make)?;
             if evicted > 0 {
                 // Evicted keys are not in any log: the standby gets the
                 // whole stripe (evictions come in batches of 1/8 of it).
@@ -233,6 +242,9 @@ impl Store {
     /// Before a charge adds keys, keeps the stripe within its memory share
     /// (see `Tables::make_room`). A refusal is `StoreFull` and, like every
     /// error, charges nothing. Returns how many live entries were evicted.
+    /// With [`Room::Ask`] (a peek) it only answers whether the charge would
+    /// be refused: expired entries may go, live ones never, and nothing is
+    /// counted.
     pub(super) fn make_room<'k>(
         &self,
         tables: &mut Tables,
@@ -240,6 +252,7 @@ impl Store {
         after: &[Option<Entry>],
         hashes: &[u64],
         now: Nanos,
+        room: Room,
     ) -> Result<usize, ErrorCode> {
         if self.stripe_budget == usize::MAX {
             return Ok(0);
@@ -254,24 +267,57 @@ impl Store {
                     heap += StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
                 }
             }
-            let room = tables.make_room(
+            let made = tables.make_room(
                 &self.hasher,
                 table,
                 (new, heap),
                 (self.stripe_budget, self.on_full),
                 now,
+                room == Room::Ask,
             );
+            if room == Room::Ask {
+                if !made.granted {
+                    return Err(ErrorCode::StoreFull);
+                }
+                continue;
+            }
             // Relaxed: statistics.
             self.evicted
-                .fetch_add(room.evicted as u64, Ordering::Relaxed);
-            evicted += room.evicted;
-            if !room.granted {
+                .fetch_add(made.evicted as u64, Ordering::Relaxed);
+            evicted += made.evicted;
+            if !made.granted {
                 self.refused.fetch_add(new as u64, Ordering::Relaxed);
                 return Err(ErrorCode::StoreFull);
             }
         }
         Ok(evicted)
     }
+}
+
+/// Whether a charge makes room for its new keys or only asks if it could.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Room {
+    Make,
+    Ask,
+}
+
+/// Whether two pairs of the group name one key with two different
+/// algorithms other than the token bucket. A key holds one token bucket and
+/// one state of any other algorithm, so the second pair's state would
+/// replace the first's and the first charge would be lost: such a group is
+/// refused (InvalidLimit) instead. Groups are small (`max_group`).
+fn clashing_states(pairs: &[Pair], policies: &[Policy]) -> bool {
+    let others = || {
+        pairs
+            .iter()
+            .zip(policies)
+            .filter(|(_, p)| table_for(p) == Table::Others)
+    };
+    others().enumerate().any(|(i, (a, pa))| {
+        others()
+            .skip(i + 1)
+            .any(|(b, pb)| a.key == b.key && pa.algorithm() != pb.algorithm())
+    })
 }
 
 /// The table holding the state this policy works on.

@@ -128,6 +128,7 @@ impl Store {
             (1, heap),
             (self.stripe_budget, self.on_full),
             now,
+            false,
         );
         // Relaxed: statistics.
         self.evicted

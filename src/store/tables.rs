@@ -119,8 +119,18 @@ impl<T> Slots<T> {
     /// makes hashbrown grow (or rehash in place; counting it as growth only
     /// errs on the safe side).
     fn bytes_after(&self, new: usize) -> usize {
-        let needed = self.table.len() + new;
-        if needed <= self.table.capacity() {
+        self.bytes_with(self.table.len() + new, self.table.capacity())
+    }
+
+    /// Bytes once every entry is gone (the allocation stays) and `new`
+    /// entries are in.
+    fn bytes_if_emptied(&self, new: usize) -> usize {
+        self.bytes_with(new, self.full)
+    }
+
+    /// Bytes for `needed` entries when `room` fit without growing.
+    fn bytes_with(&self, needed: usize, room: usize) -> usize {
+        if needed <= room {
             return self.bytes();
         }
         let mut target = grown(self.full);
@@ -128,6 +138,12 @@ impl<T> Slots<T> {
             target = grown(target);
         }
         slot_bytes(target, std::mem::size_of::<T>())
+    }
+
+    /// Whether removals left tombstones: hashbrown counts a tombstone
+    /// neither as an entry nor as a free slot.
+    fn has_tombstones(&self) -> bool {
+        self.table.capacity() < self.full
     }
 
     /// Rebuilds the table in an allocation of the same size, without the
@@ -148,7 +164,26 @@ pub struct Tables {
     others: Slots<Other>,
     /// Heap bytes owned by entries: long keys, logs, lease lists.
     heap_bytes: usize,
+    upkeep: Upkeep,
 }
+
+/// When dropping expired entries and tombstones at the cap is worth a scan
+/// of the stripe (see [`Tables::make_room`]).
+#[derive(Debug, Default)]
+struct Upkeep {
+    /// No entry expires before this (a lower bound: lowered by every write,
+    /// made exact by every scan). 0 until the first scan.
+    next_expiry: Nanos,
+    /// When the last scan ran.
+    last: Nanos,
+    /// Requests over the budget since then.
+    misses: usize,
+}
+
+/// Least time between two scans of a stripe for expired entries at the cap
+/// (100 ms), unless requests over the budget have paid for one (see
+/// [`Tables::make_room`]).
+pub const UPKEEP_GAP: Nanos = 100 * crate::clock::NANOS_PER_MS;
 
 fn bucket_entry(b: &Bucket) -> Entry {
     Entry {
@@ -251,6 +286,7 @@ impl Tables {
         let written = match (&verdict.state, charge && verdict.decision.allowed) {
             (Some(State::TokenBucket { tat }), true) => {
                 bucket.tat = *tat;
+                self.upkeep.wrote(*tat);
                 true
             }
             _ => false,
@@ -278,6 +314,7 @@ impl Tables {
 
     /// Stores `entry` for `key`, in the table its state belongs to.
     pub fn put(&mut self, hasher: &ahash::RandomState, hash: u64, key: &[u8], entry: Entry) {
+        self.upkeep.wrote(entry.expires_at);
         let rehash = |k: &StoredKey| hasher.hash_one(k.as_bytes());
         match entry.state {
             State::TokenBucket { tat } => {
@@ -388,24 +425,31 @@ impl Tables {
     }
 
     /// Drops every entry expiring at or before `cutoff`; returns how many.
+    /// Learns the earliest expiry of what is kept.
     fn retain_after(&mut self, cutoff: Nanos) -> usize {
         let before = self.len();
         let mut freed = 0;
+        let mut earliest = Nanos::MAX;
         self.buckets.table.retain(|b| {
             let keep = b.tat > cutoff;
-            if !keep {
+            if keep {
+                earliest = earliest.min(b.tat);
+            } else {
                 freed += b.key.heap_bytes();
             }
             keep
         });
         self.others.table.retain(|o| {
             let keep = o.entry.expires_at > cutoff;
-            if !keep {
+            if keep {
+                earliest = earliest.min(o.entry.expires_at);
+            } else {
                 freed += o.heap_bytes();
             }
             keep
         });
         self.heap_bytes -= freed;
+        self.upkeep.next_expiry = earliest;
         before - self.len()
     }
 
@@ -433,9 +477,21 @@ impl Tables {
         self.memory_bytes() - before + after + heap
     }
 
+    /// Bytes once every entry is evicted and `new` entries (`heap` bytes on
+    /// the heap) are in `table`.
+    fn memory_if_emptied(&self, table: Table, new: usize, heap: usize) -> usize {
+        let slots = match table {
+            Table::Buckets => self.buckets.bytes_if_emptied(new) + self.others.bytes(),
+            Table::Others => self.buckets.bytes() + self.others.bytes_if_emptied(new),
+        };
+        slots + heap
+    }
+
     /// Makes sure `new` more entries (`heap` bytes of them on the heap) fit
-    /// in `table` within `budget` bytes (the stripe's share): expired entries go first, then, by
-    /// `full`, the live entries closest to expiry, or the request is refused.
+    /// in `table` within `budget` bytes (the stripe's share): expired entries
+    /// go first, then, by `full`, the live entries closest to expiry, or the
+    /// request is refused. With `ask` (a peek) no live entry is evicted:
+    /// the answer is whether the request would be granted.
     pub fn make_room(
         &mut self,
         hasher: &ahash::RandomState,
@@ -443,6 +499,7 @@ impl Tables {
         (new, heap): (usize, usize),
         (budget, full): (usize, Full),
         now: Nanos,
+        ask: bool,
     ) -> Room {
         let mut room = Room {
             granted: true,
@@ -451,8 +508,20 @@ impl Tables {
         if new == 0 || self.memory_after(table, new, heap) <= budget {
             return room;
         }
-        room.expired = self.retain_after(now);
-        self.compact(hasher);
+        if ask && full == Full::Evict {
+            // The check would evict what it needs, unless even an emptied
+            // stripe has no room.
+            room.granted = self.memory_if_emptied(table, new, heap) <= budget;
+            return room;
+        }
+        if self.upkeep_due(now) {
+            room.expired = self.retain_after(now);
+            self.compact(hasher);
+            self.upkeep.last = now;
+            self.upkeep.misses = 0;
+        } else {
+            self.upkeep.misses += 1;
+        }
         while self.memory_after(table, new, heap) > budget {
             if full == Full::Refuse || self.len() == 0 {
                 room.granted = false;
@@ -462,6 +531,22 @@ impl Tables {
             self.compact(hasher);
         }
         room
+    }
+
+    /// Whether a request over the budget scans the stripe for expired
+    /// entries and tombstones first. Only when there may be some (an entry
+    /// may have expired, or removals left tombstones), and then only when
+    /// the requests over the budget since the last scan number 1/8 of the
+    /// entries (so a flood of refused new keys pays O(1) each for the
+    /// scans) or [`UPKEEP_GAP`] has passed (so a lone new key finds the
+    /// room expiries made within that time; the sweeper makes it too).
+    fn upkeep_due(&self, now: Nanos) -> bool {
+        let maybe = now >= self.upkeep.next_expiry
+            || self.buckets.has_tombstones()
+            || self.others.has_tombstones();
+        let paid = self.upkeep.misses.saturating_mul(1 << EVICT_SHIFT) >= self.len()
+            || now >= self.upkeep.last.saturating_add(UPKEEP_GAP);
+        maybe && paid
     }
 
     /// Evicts the 1/8 of entries (at least one) expiring soonest.
@@ -479,14 +564,26 @@ impl Tables {
         self.retain_after((*cutoff).max(now))
     }
 
-    /// Rebuilds the tables at their current size: removals leave tombstones
+    /// Rebuilds the tables at their current size (those with tombstones):
+    /// removals leave tombstones
     /// that hashbrown clears only by rehashing, and a rehash it starts on its
     /// own (when tombstones use up its free slots) doubles a table this full,
     /// past the budget. Rebuilding here keeps growth under our control.
     /// O(n), after a batch removal only.
     fn compact(&mut self, hasher: &ahash::RandomState) {
-        self.buckets.rebuild(|b| hasher.hash_one(b.key.as_bytes()));
-        self.others.rebuild(|o| hasher.hash_one(o.key.as_bytes()));
+        if self.buckets.has_tombstones() {
+            self.buckets.rebuild(|b| hasher.hash_one(b.key.as_bytes()));
+        }
+        if self.others.has_tombstones() {
+            self.others.rebuild(|o| hasher.hash_one(o.key.as_bytes()));
+        }
+    }
+}
+
+impl Upkeep {
+    /// An entry now expires at `expires_at`.
+    fn wrote(&mut self, expires_at: Nanos) {
+        self.next_expiry = self.next_expiry.min(expires_at);
     }
 }
 

@@ -9,6 +9,7 @@
 //! live state the key holds in the table of non-bucket states (None: none
 //! or expired) and says what to keep.
 
+use super::group::Room;
 use super::tables::Table;
 use super::{Entry, Locked, Store};
 use crate::clock::Nanos;
@@ -53,7 +54,14 @@ impl Store {
         }
         if current.is_none() {
             let after = [Some(entry.clone())];
-            let evicted = self.make_room(tables, std::iter::once(key), &after, &[hash], now)?;
+            let evicted = self.make_room(
+                tables,
+                std::iter::once(key),
+                &after,
+                &[hash],
+                now,
+                Room::Make,
+            )?;
             if evicted > 0 {
                 self.record_eviction(stripe, changes);
             }
