@@ -44,7 +44,7 @@ use super::link::{unexpected, Link, LinkError};
 use super::shared::Core;
 use super::source::{Access, Duty, Refusal, RoleSource};
 use crate::config::ReplicationSettings;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_protocol::{Announce, NodeStatus, ReplRequest, ReplResponse, Request, Response, Role};
@@ -61,11 +61,12 @@ pub(crate) struct PairMode {
 struct StallFence {
     /// When the fence's clock started.
     base: Instant,
-    /// Milliseconds since `base` (+1) of the probe's last tick; 0 while no
-    /// probe runs.
+    /// Milliseconds since `base` (+1) of the watchdog's last tick; 0 while
+    /// no probe runs.
     alive: AtomicU64,
-    /// Stalled, and the peer has not answered since.
-    suspect: AtomicBool,
+    /// Milliseconds since `base` (+1) of the stall the watchdog saw; 0: none
+    /// since the peer last answered.
+    stalled_at: AtomicU64,
     /// `--failover-after`: the standby's patience.
     after: Option<Duration>,
 }
@@ -75,32 +76,66 @@ impl StallFence {
         u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1
     }
 
-    /// Whether writes must wait: the probe is stale or has seen a stall.
+    fn longer_than_patience(&self, since: u64, now: u64) -> bool {
+        self.after
+            .is_some_and(|after| Duration::from_millis(now.saturating_sub(since)) > after)
+    }
+
+    /// Whether writes must wait: the watchdog is late, or saw a stall the
+    /// peer has not answered since.
     fn holds(&self) -> bool {
-        let Some(after) = self.after else {
-            return false;
-        };
         let alive = self.alive.load(Ordering::Acquire);
         alive != 0
-            && (self.suspect.load(Ordering::Acquire)
-                || Duration::from_millis(self.now().saturating_sub(alive)) > after)
+            && self.after.is_some()
+            && (self.stalled() || self.longer_than_patience(alive, self.now()))
     }
 
-    /// A probe tick: a gap longer than the patience makes the node suspect.
+    /// The watchdog's tick: a gap longer than the patience (the process
+    /// was stopped, or starved) is a stall. Returns the gap then.
     fn tick(&self) -> Option<Duration> {
         let now = self.now();
-        let last = self.alive.load(Ordering::Acquire);
-        let gap = Duration::from_millis(now.saturating_sub(last));
-        let stalled = last != 0 && self.after.is_some_and(|after| gap > after);
-        if stalled {
-            self.suspect.store(true, Ordering::Release);
+        let last = self.alive.swap(now, Ordering::AcqRel);
+        if last == 0 || !self.longer_than_patience(last, now) {
+            return None;
         }
-        self.alive.store(now, Ordering::Release);
-        stalled.then_some(gap)
+        let _ = self
+            .stalled_at
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
+        Some(Duration::from_millis(now - last))
     }
 
+    /// Whether a stall was seen that the peer has not answered since.
+    fn stalled(&self) -> bool {
+        self.stalled_at.load(Ordering::Acquire) != 0
+    }
+
+    /// The peer answered: whatever happened during the stall is known.
     fn clear(&self) {
-        self.suspect.store(false, Ordering::Release);
+        self.stalled_at.store(0, Ordering::Release);
+    }
+
+    /// The peer did not answer: after a whole patience of that since the
+    /// stall, it is taken to be gone (not serving in this node's place).
+    fn unanswered(&self) {
+        let at = self.stalled_at.load(Ordering::Acquire);
+        if at != 0 && self.longer_than_patience(at, self.now()) {
+            self.clear();
+        }
+    }
+}
+
+/// The watchdog: ticks every heartbeat, beside the probe (which may wait
+/// on its peer far longer), so only a stall of the whole process shows as
+/// a gap.
+async fn watchdog(stall: &StallFence, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        if let Some(gap) = stall.tick() {
+            tracing::warn!(
+                ?gap,
+                "this primary was stalled longer than --failover-after; refusing writes until the peer answers"
+            );
+        }
     }
 }
 
@@ -130,7 +165,7 @@ impl PairMode {
             stall: StallFence {
                 base: Instant::now(),
                 alive: AtomicU64::new(0),
-                suspect: AtomicBool::new(false),
+                stalled_at: AtomicU64::new(0),
                 after,
             },
         }
@@ -342,10 +377,17 @@ fn holds_the_data(core: &Core, s: &NodeStatus, me: &str) -> bool {
 /// A primary's probe of its peer, every heartbeat, until it steps down (or
 /// the task is dropped).
 async fn probe(core: &Core, stall: &StallFence, peer: String) {
-    let node = &core.role;
     let _armed = Armed::new(stall);
-    // Since when a stalled primary has failed to reach its peer.
-    let mut unanswered_since: Option<Instant> = None;
+    tokio::select! {
+        () = watchdog(stall, core.settings.heartbeat) => {}
+        () = ask_peer(core, stall, peer) => {}
+    }
+}
+
+/// The probe proper: asks the peer every heartbeat (backing off while it
+/// is unreachable) and steps down when it outranks this node.
+async fn ask_peer(core: &Core, stall: &StallFence, peer: String) {
+    let node = &core.role;
     let mut link = PeerLink::new(core, peer.clone());
     let mut tick = tokio::time::interval(core.settings.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -357,16 +399,8 @@ async fn probe(core: &Core, stall: &StallFence, peer: String) {
     let mut skip = 0u32;
     loop {
         tick.tick().await;
-        if let Some(gap) = stall.tick() {
-            tracing::warn!(
-                ?gap,
-                "this primary was stalled longer than --failover-after; refusing writes until the peer answers"
-            );
-            // The peer is asked at once, whatever the backoff said.
-            skip = 0;
-            unanswered_since = None;
-        }
-        if skip > 0 {
+        // After a stall the peer is asked at once, whatever the backoff.
+        if skip > 0 && !stall.stalled() {
             skip -= 1;
             continue;
         }
@@ -379,7 +413,7 @@ async fn probe(core: &Core, stall: &StallFence, peer: String) {
         match link.status(Some(announce)).await {
             Ok(s) => {
                 failures = 0;
-                unanswered_since = None;
+                skip = 0;
                 if !reachable {
                     tracing::info!(%peer, role = ?s.role, epoch = s.epoch, "peer reachable again");
                     reachable = true;
@@ -399,12 +433,7 @@ async fn probe(core: &Core, stall: &StallFence, peer: String) {
                 stall.clear();
             }
             Err(e) => {
-                let since = *unanswered_since.get_or_insert_with(Instant::now);
-                if stall.after.is_some_and(|after| since.elapsed() > after) {
-                    // Nobody answered for the standby's whole patience: it
-                    // is gone, not serving.
-                    stall.clear();
-                }
+                stall.unanswered();
                 if reachable {
                     tracing::info!(%peer, error = %e, "peer unreachable");
                     reachable = false;
