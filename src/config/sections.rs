@@ -39,6 +39,7 @@ pub const DEFAULT_MAX_EPOCH_GAP: u64 = 1 << 20;
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:7701";
 pub const DEFAULT_THROTTLED_KEYS: usize = 1024;
 pub const DEFAULT_THROTTLED_WINDOW: &str = "1m";
+pub const DEFAULT_STATUS_REFRESH: &str = "5s";
 
 /// Hard ceilings no setting may pass, so a typo cannot make the server
 /// reserve absurd buffers.
@@ -386,6 +387,12 @@ pub struct AdminSettings {
     #[arg(long, default_value = DEFAULT_THROTTLED_WINDOW, value_parser = parse_duration)]
     #[serde(serialize_with = "human")]
     pub throttled_window: Duration,
+
+    /// How often the status page (`GET /` on the admin port) reloads
+    /// itself in the browser (whole seconds, at least 1s).
+    #[arg(long, default_value = DEFAULT_STATUS_REFRESH, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub status_refresh: Duration,
 }
 
 impl AdminSettings {
@@ -401,6 +408,7 @@ impl AdminSettings {
                 name: "throttled-window",
             });
         }
+        at_least("status-refresh (seconds)", self.status_refresh.as_secs(), 1)?;
         Ok(())
     }
 }

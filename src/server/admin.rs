@@ -10,6 +10,8 @@
 //! rules file (a change to it, SIGHUP, `POST /v1/rules/reload`) replaces the
 //! whole set with the file's content.
 //!
+//! `GET /` is the status page for people (`status_page.rs`).
+//!
 //! With `--admin-token` every endpoint but `/healthz` and `/readyz` (and
 //! `/metrics` with `--admin-open-metrics`) answers 401 unless the request
 //! carries `Authorization: Bearer <token>`; unknown paths too, so the
@@ -50,12 +52,17 @@ pub(super) struct AdminState {
     pub max_log_entries: u64,
     /// Who may call which endpoint.
     pub auth: AdminAuth,
+    /// `--max-memory`, for the status page (None: no cap).
+    pub max_memory: Option<usize>,
+    /// `--status-refresh`: how often the status page reloads itself.
+    pub status_refresh: std::time::Duration,
 }
 
 type AppState = AxumState<Arc<AdminState>>;
 
 pub(super) fn router(state: Arc<AdminState>) -> Router {
     Router::new()
+        .route("/", get(status_page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -130,6 +137,11 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
 /// prints).
 async fn replication(AxumState(state): AppState) -> Response {
     Json(status::to_json(&state.shared.node.status())).into_response()
+}
+
+/// The status page (`status_page.rs`).
+async fn status_page(AxumState(state): AppState) -> Response {
+    axum::response::Html(super::status_page::render(&state)).into_response()
 }
 
 async fn healthz() -> Response {
@@ -416,6 +428,8 @@ mod tests {
             serving: AtomicBool::new(false),
             max_log_entries: 1000,
             auth: AdminAuth::new(&Default::default()),
+            max_memory: None,
+            status_refresh: std::time::Duration::from_secs(5),
         });
 
         let r = readyz(AxumState(shared.clone())).await;

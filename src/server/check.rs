@@ -85,6 +85,13 @@ impl CheckMetrics {
     }
 }
 
+impl CheckMetrics {
+    /// The decision counts of checks decided by inline limits.
+    pub fn inline(&self) -> &DecisionCounters {
+        &self.inline
+    }
+}
+
 /// The verb of a CHECK-shaped frame: what it does with its checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Verb {

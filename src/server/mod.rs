@@ -30,6 +30,7 @@ mod admin_listener;
 mod auth;
 mod check;
 mod connection;
+mod status_page;
 mod sweeper;
 mod tls;
 
@@ -293,6 +294,8 @@ impl Server {
             serving: AtomicBool::new(false),
             max_log_entries: config.store.max_log_entries,
             auth: AdminAuth::new(&config.auth),
+            max_memory: config.store.max_memory,
+            status_refresh: config.admin.status_refresh,
         });
         let admin = admin.map(|l| {
             let acceptor = shared.tls.clone();
