@@ -40,6 +40,9 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:7701";
 pub const DEFAULT_THROTTLED_KEYS: usize = 1024;
 pub const DEFAULT_THROTTLED_WINDOW: &str = "1m";
 pub const DEFAULT_STATUS_REFRESH: &str = "5s";
+pub const DEFAULT_THROTTLED_METRIC_KEYS: usize = 10;
+/// Most keys `tollgate_throttled_key_denials` may label: each is a series.
+pub const MAX_THROTTLED_METRIC_KEYS: usize = 1000;
 
 /// Hard ceilings no setting may pass, so a typo cannot make the server
 /// reserve absurd buffers.
@@ -388,6 +391,11 @@ pub struct AdminSettings {
     #[serde(serialize_with = "human")]
     pub throttled_window: Duration,
 
+    /// Most throttled keys exported as `tollgate_throttled_key_denials{key}`
+    /// series on `/metrics` (0: none).
+    #[arg(long, default_value_t = DEFAULT_THROTTLED_METRIC_KEYS)]
+    pub throttled_metric_keys: usize,
+
     /// How often the status page (`GET /` on the admin port) reloads
     /// itself in the browser (whole seconds, at least 1s).
     #[arg(long, default_value = DEFAULT_STATUS_REFRESH, value_parser = parse_duration)]
@@ -408,6 +416,11 @@ impl AdminSettings {
                 name: "throttled-window",
             });
         }
+        at_most(
+            "throttled-metric-keys",
+            self.throttled_metric_keys as u64,
+            MAX_THROTTLED_METRIC_KEYS as u64,
+        )?;
         at_least("status-refresh (seconds)", self.status_refresh.as_secs(), 1)?;
         Ok(())
     }

@@ -166,6 +166,7 @@ async fn metrics(AxumState(state): AppState) -> Response {
     let encoder = prometheus::TextEncoder::new();
     let mut out = Vec::new();
     state.shared.node.refresh_metrics();
+    state.shared.metrics.throttled_keys.refresh(&state.shared);
     if let Err(e) = encoder.encode(&state.registry.gather(), &mut out) {
         return error(StatusCode::INTERNAL_SERVER_ERROR, e);
     }

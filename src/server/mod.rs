@@ -30,6 +30,7 @@ mod admin_listener;
 mod auth;
 mod check;
 mod connection;
+mod scrape;
 mod status_page;
 mod sweeper;
 mod tls;
@@ -85,6 +86,8 @@ pub(crate) struct Metrics {
     pub checks: CheckMetrics,
     pub conns: ConnMetrics,
     pub errors: ErrorCounters,
+    /// The most throttled keys, refreshed when `/metrics` is scraped.
+    pub throttled_keys: scrape::ThrottledKeysMetric,
 }
 
 /// Where the server stands in its shutdown.
@@ -143,6 +146,10 @@ impl Server {
             checks,
             conns: ConnMetrics::register(&registry)?,
             errors: ErrorCounters::register(&registry)?,
+            throttled_keys: scrape::ThrottledKeysMetric::register(
+                &registry,
+                config.admin.throttled_metric_keys,
+            )?,
         };
         let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
             (Some(cert), Some(key)) => {
