@@ -27,6 +27,8 @@
 //! - [`store`]: lock-striped per-key state, atomic groups, expiry;
 //! - [`rules`]: named rules from the rules file, hot reload;
 //! - [`throttled`]: the most denied keys, in bounded memory;
+//! - [`events`]: decision events, queued without waiting and published to
+//!   NATS (feature `events`);
 //! - [`tls`]: rustls configs of every port and of a node's own connections,
 //!   reloadable, and the one socket type for plain TCP and TLS;
 //! - [`config`]: the settings by section, flags and the config file;
@@ -52,6 +54,7 @@ pub mod clock;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
+pub mod events;
 mod node;
 #[cfg(test)]
 mod readme;

@@ -14,10 +14,12 @@
 //! node its replication settings, the store a [`StoreConfig`] built here
 //! (the store does not know this module).
 
+mod events;
 mod file;
 mod sections;
 mod security;
 
+pub use events::*;
 pub use file::{ConfigFile, FileError};
 pub use sections::*;
 pub use security::*;
@@ -56,6 +58,9 @@ pub struct ServerConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub admin: AdminSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub events: EventSettings,
     #[command(flatten)]
     #[serde(flatten)]
     pub logging: LogSettings,
@@ -127,6 +132,12 @@ pub enum ConfigError {
     TlsHalf,
     #[error("--{name} needs --tls-cert and --tls-key")]
     TlsNeedsCert { name: &'static str },
+    #[error("--events {url:?} is not a NATS address: give nats://HOST:PORT")]
+    EventsUrl { url: String },
+    #[error("--events-subject {subject:?} must be 1 to {max} bytes of dot-separated tokens, without spaces or the wildcards * and >")]
+    EventsSubject { subject: String, max: usize },
+    #[error("{name} must be a fraction from 0 to 1, got {value}")]
+    NotAFraction { name: &'static str, value: String },
     #[error("pair mode with TLS needs --tls-ca: the CA that signed the other node's certificate, to verify it")]
     PairTlsWithoutCa,
 }
@@ -151,6 +162,7 @@ impl ServerConfig {
         self.store.validate()?;
         self.replication.validate()?;
         self.admin.validate()?;
+        self.events.validate()?;
         self.validate_security()
     }
 

@@ -21,6 +21,9 @@
 //! - protected mode: `run` refuses a listener bound beyond loopback that
 //!   asks for no credentials, unless `--insecure` (the same check as the
 //!   settings', on the address actually bound);
+//! - decision events (`--events`) are queued by the check path without
+//!   waiting; their publisher starts with the server and sends what is
+//!   queued after the connections have drained;
 //! - with TLS configured every port speaks only TLS, and the certificates
 //!   are reloaded (SIGHUP, a file change) without touching open
 //!   connections (`tls.rs`).
@@ -36,6 +39,7 @@ mod sweeper;
 mod tls;
 
 use crate::clock::{Clock, MonotonicClock};
+use crate::events::{EventMetrics, Events, Publisher};
 use crate::config::{protected_mode, ConfigError, NetworkSettings, ServerConfig};
 use crate::node::{Node, NodeParts, Supervisor};
 use crate::rules::{LoadError, Rules};
@@ -76,6 +80,8 @@ pub(crate) struct Shared {
     pub metrics: Metrics,
     /// Keys denied most recently, for `GET /v1/throttled`.
     pub throttled: TopThrottled,
+    /// Decision events (`--events`); None when off.
+    pub events: Option<Events>,
     /// Who is primary; refusals, status, handovers.
     pub node: Node,
     pub lifecycle: Lifecycle,
@@ -110,6 +116,8 @@ pub struct Server {
     admin: Option<TcpListener>,
     /// Reloads the certificates (None without TLS).
     tls: Option<TlsReloader>,
+    /// Publishes decision events (`--events`), started by `run`.
+    publisher: Option<Publisher>,
 }
 
 /// Why a server could not be built.
@@ -121,6 +129,8 @@ pub enum StartError {
     Metrics(#[from] prometheus::Error),
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
+    #[error("events: {0}")]
+    Events(#[from] crate::events::EventsError),
 }
 
 impl Server {
@@ -196,6 +206,14 @@ impl Server {
             },
             &registry,
         )?;
+        let event_metrics = EventMetrics::register(&registry)?;
+        let (events, publisher) = match config.events.config() {
+            Some(c) => {
+                let (events, publisher) = crate::events::channel(c, event_metrics)?;
+                (Some(events), Some(publisher))
+            }
+            None => (None, None),
+        };
         let throttled = TopThrottled::new(
             config.admin.throttled_keys,
             config.admin.throttled_window.as_nanos() as u64,
@@ -210,6 +228,7 @@ impl Server {
             rules: Arc::new(rules),
             metrics,
             throttled,
+            events,
             node,
             lifecycle: Lifecycle {
                 draining: CancellationToken::new(),
@@ -224,6 +243,7 @@ impl Server {
             registry,
             admin: None,
             tls: tls_reloader,
+            publisher,
         })
     }
 
@@ -275,10 +295,18 @@ impl Server {
             registry,
             admin,
             tls,
+            publisher,
         } = self;
         if let Ok(addr) = listener.local_addr() {
             shared.node.set_advertise(addr.to_string());
         }
+        // Events outlive the connections (their last decisions are sent),
+        // so they have their own stop signal, given after the drain.
+        let events_stop = CancellationToken::new();
+        let grace = config.network.shutdown_grace;
+        let publisher = publisher.map(|p| {
+            tokio::spawn(p.run(shared.node.status().addr, events_stop.clone(), grace))
+        });
         let tracker = TaskTracker::new();
         tracker.spawn(sweeper.run(shutdown.clone()));
         tracker.spawn(supervisor.run(shutdown.clone()));
@@ -316,7 +344,6 @@ impl Server {
         // Release: pairs with the Acquire in readyz, after the set-up above.
         admin_state.serving.store(true, Ordering::Release);
 
-        let grace = config.network.shutdown_grace;
         let permits = Arc::new(Semaphore::new(config.network.max_connections));
         let mut accept_backoff = Duration::from_millis(5);
         loop {
@@ -358,6 +385,13 @@ impl Server {
             );
             lifecycle.abort.cancel();
             tracker.wait().await;
+        }
+        events_stop.cancel();
+        if let Some(publisher) = publisher {
+            // The publisher bounds its own drain by the grace period.
+            if tokio::time::timeout(grace * 2, publisher).await.is_err() {
+                tracing::warn!("decision events publisher did not stop in time");
+            }
         }
         admin_stop.cancel();
         if let Some(admin) = admin {
