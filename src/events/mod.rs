@@ -123,7 +123,8 @@ impl EventMetrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
         let published = IntCounter::new(
             "tollgate_events_published_total",
-            "Decision events handed to the broker (--events).",
+            "Decision events handed to the NATS client (--events): sent, or buffered \
+             by it while it reconnects.",
         )?;
         let dropped = IntCounterVec::new(
             Opts::new(

@@ -7,7 +7,8 @@
 //! then the queue fill, and new events are dropped and counted on the
 //! check path. A publish the client refuses is counted as
 //! `publish_failed`. On stop, what is queued is published within the
-//! grace period, then flushed.
+//! grace period (`--shutdown-grace`), then flushed; with the broker away,
+//! the stop waits that long.
 
 use super::{Event, Publisher};
 use serde::Serialize;
@@ -67,22 +68,27 @@ pub(super) async fn publish(
             }
         }
     };
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            n = publisher.rx.recv_many(&mut batch, limit) => {
-                if n == 0 {
-                    return;
-                }
-                send(&mut batch).await;
+    let rx = &mut publisher.rx;
+    let steady = async {
+        loop {
+            if rx.recv_many(&mut batch, limit).await == 0 {
+                return;
             }
+            send(&mut batch).await;
         }
+    };
+    // A publish waiting on an absent broker must not hold up the stop: the
+    // batch in flight is given up (at most --events-batch events).
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = steady => return,
     }
+    batch.clear();
     // Stopping: what is queued now goes out, within the grace period.
     let drain = async {
         loop {
             while batch.len() < limit {
-                match publisher.rx.try_recv() {
+                match rx.try_recv() {
                     Ok(event) => batch.push(event),
                     Err(_) => break,
                 }
