@@ -130,7 +130,7 @@ fn encode(event: &Event, stamp: &Stamp) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::{InlineLimit, Outcome};
+    use super::super::{InlineLimit, Outcome};
 
     fn event() -> Event {
         Event {
