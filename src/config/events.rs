@@ -59,7 +59,9 @@ impl EventSettings {
         let subject = &self.events_subject;
         if subject.is_empty()
             || subject.len() > MAX_EVENTS_SUBJECT_LEN
-            || subject.split('.').any(|t| t.is_empty() || t == "*" || t == ">")
+            || subject
+                .split('.')
+                .any(|t| t.is_empty() || t == "*" || t == ">")
             || subject.contains(char::is_whitespace)
         {
             return Err(ConfigError::EventsSubject {

@@ -168,7 +168,10 @@ pub struct Publisher {
 }
 
 /// The queue between the two.
-pub fn channel(config: EventsConfig, metrics: EventMetrics) -> Result<(Events, Publisher), EventsError> {
+pub fn channel(
+    config: EventsConfig,
+    metrics: EventMetrics,
+) -> Result<(Events, Publisher), EventsError> {
     if !cfg!(feature = "events") {
         return Err(EventsError::NotBuilt);
     }

@@ -129,8 +129,8 @@ fn encode(event: &Event, stamp: &Stamp) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use super::super::{InlineLimit, Outcome};
+    use super::*;
 
     fn event() -> Event {
         Event {

@@ -39,8 +39,8 @@ mod sweeper;
 mod tls;
 
 use crate::clock::{Clock, MonotonicClock};
-use crate::events::{EventMetrics, Events, Publisher};
 use crate::config::{protected_mode, ConfigError, NetworkSettings, ServerConfig};
+use crate::events::{EventMetrics, Events, Publisher};
 use crate::node::{Node, NodeParts, Supervisor};
 use crate::rules::{LoadError, Rules};
 use crate::store::Store;
@@ -304,9 +304,8 @@ impl Server {
         // so they have their own stop signal, given after the drain.
         let events_stop = CancellationToken::new();
         let grace = config.network.shutdown_grace;
-        let publisher = publisher.map(|p| {
-            tokio::spawn(p.run(shared.node.status().addr, events_stop.clone(), grace))
-        });
+        let publisher = publisher
+            .map(|p| tokio::spawn(p.run(shared.node.status().addr, events_stop.clone(), grace)));
         let tracker = TaskTracker::new();
         tracker.spawn(sweeper.run(shutdown.clone()));
         tracker.spawn(supervisor.run(shutdown.clone()));

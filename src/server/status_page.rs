@@ -322,7 +322,12 @@ mod tests {
                 fields: vec![("synced".into(), 1)],
             },
             cluster: None,
-            rules: vec![RuleRow::new("api".into(), "token-bucket", "5/s".into(), true)],
+            rules: vec![RuleRow::new(
+                "api".into(),
+                "token-bucket",
+                "5/s".into(),
+                true,
+            )],
             throttled: vec![(key.to_owned(), 3)],
             throttled_window_ms: 60_000,
             keys: 10,
@@ -335,8 +340,11 @@ mod tests {
 
     #[test]
     fn keys_are_escaped() {
-        let html = page(&snapshot_with("<img src=x onerror=alert(1)>&\""), Duration::from_secs(5))
-            .into_string();
+        let html = page(
+            &snapshot_with("<img src=x onerror=alert(1)>&\""),
+            Duration::from_secs(5),
+        )
+        .into_string();
         assert!(!html.contains("<img"), "{html}");
         assert!(html.contains("&lt;img src=x onerror=alert(1)&gt;&amp;&quot;"));
         assert!(html.contains(r#"<meta http-equiv="refresh" content="5">"#));

@@ -99,7 +99,9 @@ pub fn uses(expr: &str) -> Vec<Use> {
             i = skip_string(&chars, i);
         } else if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
-            while i < chars.len() && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':') {
+            while i < chars.len()
+                && (chars[i].is_ascii_alphanumeric() || chars[i] == '_' || chars[i] == ':')
+            {
                 i += 1;
             }
             let word: String = chars[start..i].iter().collect();
@@ -108,7 +110,10 @@ pub fn uses(expr: &str) -> Vec<Use> {
                 if chars.get(i) == Some(&'{') {
                     i = selector_labels(&chars, i + 1, &mut labels);
                 }
-                out.push(Use { metric: word, labels });
+                out.push(Use {
+                    metric: word,
+                    labels,
+                });
             }
         } else {
             i += 1;
