@@ -4,8 +4,11 @@
 # build, feature `cluster`; proto/, feature `envoy`) and `etcd` (cluster
 # tests run real etcd members on loopback), `redis-server`, `redis-cli` and
 # `redis-benchmark` (the loadgen's comparison tests, the RESP front end's
-# tests). Debian's packages: protobuf-compiler, libprotobuf-dev,
-# etcd-server (3.4), redis-server, redis-tools, python3-venv. Then the
+# tests), `chromium` (the status page is checked in a headless browser),
+# `nats-server` (decision events are published to a real one), `promtool`
+# (checks the alert rules in deploy/prometheus). Debian's packages:
+# protobuf-compiler, libprotobuf-dev, etcd-server (3.4), redis-server,
+# redis-tools, python3-venv, chromium, nats-server, prometheus. Then the
 # Python clients of the front end tests (tests/frontends/requirements.txt:
 # redis-py, grpcio, grpcio-tools) into the virtualenv target/py. Safe to run
 # again: it installs nothing that is already there. A missing program fails
@@ -48,6 +51,9 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-benchmark >/dev/null 2>&1 || missing+=(redis-tools)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v nats-server >/dev/null 2>&1 || missing+=(nats-server)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   missing+=(python3-venv)

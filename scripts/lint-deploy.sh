@@ -9,7 +9,10 @@
 # - deploy/kubernetes/*.yaml, with kubernetes-validate --strict against the
 #   API schemas of Kubernetes $KUBERNETES_VERSION (shipped in the package):
 #   an unknown or misspelt field fails. The Kustomization has no schema
-#   there and is only warned about.
+#   there and is only warned about;
+# - deploy/prometheus/*.yml, with `promtool check rules` (Debian's
+#   prometheus package, installed by scripts/deps.sh). tests/dashboards
+#   checks the metric names of these rules and of deploy/grafana/.
 #
 # Both are installed at pinned versions under target/tools/ (pip --target:
 # no virtualenv needed, and the system's Python is left alone).
@@ -45,3 +48,7 @@ validate="$(pip_tool kubernetes-validate "$KUBERNETES_VALIDATE_VERSION")"
 PYTHONPATH="$validate" python3 -m kubernetes_validate --strict --quiet \
   -k "$KUBERNETES_VERSION" deploy/kubernetes/*.yaml
 echo "kubernetes-validate: manifests valid"
+
+echo "-- deploy/prometheus (promtool check rules)"
+command -v promtool >/dev/null 2>&1 || ./scripts/deps.sh
+promtool check rules deploy/prometheus/*.yml

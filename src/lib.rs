@@ -28,6 +28,8 @@
 //! - [`rules`]: named rules from the rules file, hot reload;
 //! - [`throttled`]: the most denied keys, in bounded memory;
 //! - [`log_text`]: text a peer chose, escaped for log lines;
+//! - [`events`]: decision events, queued without waiting and published to
+//!   NATS (feature `events`);
 //! - [`tls`]: rustls configs of every port and of a node's own connections,
 //!   reloadable, and the one socket type for plain TCP and TLS;
 //! - [`config`]: the settings by section, flags and the config file;
@@ -53,6 +55,7 @@ pub mod clock;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
+pub mod events;
 pub mod log_text;
 mod node;
 #[cfg(test)]

@@ -16,6 +16,7 @@
 //! node its replication settings, the store a [`StoreConfig`] built here
 //! (the store does not know this module).
 
+mod events;
 mod file;
 mod frontends;
 mod overload;
@@ -23,6 +24,7 @@ mod regions;
 mod sections;
 mod security;
 
+pub use events::*;
 pub use file::{ConfigFile, FileError};
 pub use frontends::*;
 pub use overload::*;
@@ -76,6 +78,9 @@ pub struct ServerConfig {
     #[command(flatten)]
     #[serde(flatten)]
     pub frontends: FrontendSettings,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub events: EventSettings,
     #[command(flatten)]
     #[serde(flatten)]
     pub logging: LogSettings,
@@ -166,6 +171,12 @@ pub enum ConfigError {
         flag: &'static str,
         feature: &'static str,
     },
+    #[error("--events {url:?} is not a NATS address: give nats://HOST:PORT")]
+    EventsUrl { url: String },
+    #[error("--events-subject {subject:?} must be 1 to {max} bytes of dot-separated tokens, without spaces or the wildcards * and >")]
+    EventsSubject { subject: String, max: usize },
+    #[error("{name} must be a fraction from 0 to 1, got {value}")]
+    NotAFraction { name: &'static str, value: String },
     #[error("pair mode, cluster mode or region peers with TLS need --tls-ca: the CA that signed the other nodes' certificates, to verify them")]
     PairTlsWithoutCa,
 }
@@ -200,6 +211,7 @@ impl ServerConfig {
         self.regions.validate()?;
         self.cluster.validate(&self.replication)?;
         self.admin.validate()?;
+        self.events.validate()?;
         self.validate_security()?;
         self.validate_frontends()
     }

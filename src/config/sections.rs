@@ -48,6 +48,10 @@ pub const DEFAULT_LEASE_MARGIN: &str = "500ms";
 pub const DEFAULT_LEASE_RENEW: &str = "1s";
 pub const DEFAULT_ETCD_TIMEOUT: &str = "2s";
 pub const DEFAULT_CAMPAIGN_DELAY: &str = "1s";
+pub const DEFAULT_STATUS_REFRESH: &str = "5s";
+pub const DEFAULT_THROTTLED_METRIC_KEYS: usize = 10;
+/// Most keys `tollgate_throttled_key_denials` may label: each is a series.
+pub const MAX_THROTTLED_METRIC_KEYS: usize = 1000;
 
 /// Hard ceilings no setting may pass, so a typo cannot make the server
 /// reserve absurd buffers.
@@ -547,6 +551,17 @@ pub struct AdminSettings {
     #[arg(long, default_value = DEFAULT_THROTTLED_WINDOW, value_parser = parse_duration)]
     #[serde(serialize_with = "human")]
     pub throttled_window: Duration,
+
+    /// Most throttled keys exported as `tollgate_throttled_key_denials{key}`
+    /// series on `/metrics` (0: none).
+    #[arg(long, default_value_t = DEFAULT_THROTTLED_METRIC_KEYS)]
+    pub throttled_metric_keys: usize,
+
+    /// How often the status page (`GET /` on the admin port) reloads
+    /// itself in the browser (whole seconds, at least 1s).
+    #[arg(long, default_value = DEFAULT_STATUS_REFRESH, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub status_refresh: Duration,
 }
 
 impl AdminSettings {
@@ -562,6 +577,12 @@ impl AdminSettings {
                 name: "throttled-window",
             });
         }
+        at_most(
+            "throttled-metric-keys",
+            self.throttled_metric_keys as u64,
+            MAX_THROTTLED_METRIC_KEYS as u64,
+        )?;
+        at_least("status-refresh (seconds)", self.status_refresh.as_secs(), 1)?;
         Ok(())
     }
 }

@@ -10,6 +10,8 @@
 //! rules file (a change to it, SIGHUP, `POST /v1/rules/reload`) replaces the
 //! whole set with the file's content.
 //!
+//! `GET /` is the status page for people (`status_page.rs`).
+//!
 //! With `--admin-token` every endpoint but `/healthz` and `/readyz` (and
 //! `/metrics` with `--admin-open-metrics`) answers 401 unless the request
 //! carries `Authorization: Bearer <token>`; unknown paths too, so the
@@ -50,12 +52,17 @@ pub(super) struct AdminState {
     pub max_log_entries: u64,
     /// Who may call which endpoint.
     pub auth: AdminAuth,
+    /// `--max-memory`, for the status page (None: no cap).
+    pub max_memory: Option<usize>,
+    /// `--status-refresh`: how often the status page reloads itself.
+    pub status_refresh: std::time::Duration,
 }
 
 type AppState = AxumState<Arc<AdminState>>;
 
 pub(super) fn router(state: Arc<AdminState>) -> Router {
     Router::new()
+        .route("/", get(status_page))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -159,6 +166,11 @@ async fn regions(AxumState(state): AppState) -> Response {
     }
 }
 
+/// The status page (`status_page.rs`).
+async fn status_page(AxumState(state): AppState) -> Response {
+    axum::response::Html(super::status_page::render(&state)).into_response()
+}
+
 async fn healthz() -> Response {
     Json(json!({ "status": "ok" })).into_response()
 }
@@ -181,6 +193,7 @@ async fn metrics(AxumState(state): AppState) -> Response {
     let encoder = prometheus::TextEncoder::new();
     let mut out = Vec::new();
     state.shared.node.refresh_metrics();
+    state.shared.metrics.throttled_keys.refresh(&state.shared);
     if let Err(e) = encoder.encode(&state.registry.gather(), &mut out) {
         return error(StatusCode::INTERNAL_SERVER_ERROR, e);
     }
@@ -443,6 +456,8 @@ mod tests {
             serving: AtomicBool::new(false),
             max_log_entries: 1000,
             auth: AdminAuth::new(&Default::default()),
+            max_memory: None,
+            status_refresh: std::time::Duration::from_secs(5),
         });
 
         let r = readyz(AxumState(shared.clone())).await;

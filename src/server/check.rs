@@ -34,6 +34,7 @@ pub(super) use global::{receive_usage, UsageError};
 
 use super::Shared;
 use crate::clock::Nanos;
+use crate::events::{self, Events, Outcome};
 use crate::node::Gate;
 use crate::rules::spec::INLINE_LABEL;
 use crate::rules::{DecisionCounters, Rule, RuleSet};
@@ -93,6 +94,13 @@ impl CheckMetrics {
             latency,
             batch_size,
         })
+    }
+}
+
+impl CheckMetrics {
+    /// The decision counts of checks decided by inline limits.
+    pub fn inline(&self) -> &DecisionCounters {
+        &self.inline
     }
 }
 
@@ -291,6 +299,19 @@ impl Evaluation<'_> {
                 rule,
                 shadow_denied,
             } => {
+                if let Some(events) = self.events() {
+                    let outcome = if !decision.allowed {
+                        Outcome::Denied
+                    } else if shadow_denied {
+                        Outcome::ShadowDenied
+                    } else {
+                        Outcome::Allowed
+                    };
+                    if events.wants(outcome) {
+                        let pair = pairs.get(usize::from(decision.pair));
+                        self.offer(events, pair, rule, outcome, Some(decision.remaining), None);
+                    }
+                }
                 let counters = rule.map_or(&self.shared.metrics.checks.inline, |r| &r.counters);
                 if !decision.allowed {
                     counters.denied.inc();
@@ -306,10 +327,59 @@ impl Evaluation<'_> {
             }
             Decided::Refunded(decision) => CheckResult::Decision(decision),
             Decided::Error(code) => {
+                if let Some(events) = self.events() {
+                    let pair = pairs.first();
+                    let rule = pair.and_then(|p| match &p.limit {
+                        LimitRef::Rule(name) => self.rules.get(name.as_bytes()),
+                        LimitRef::Inline(_) => None,
+                    });
+                    self.offer(events, pair, rule, Outcome::Refused, None, Some(code));
+                }
                 self.shared.metrics.errors.count(code);
                 CheckResult::Error(code)
             }
         }
+    }
+
+    /// The events sink, for charging checks only (a PEEK decides nothing).
+    fn events(&self) -> Option<&Events> {
+        match self.verb {
+            Verb::Check(Mode::Charge) => self.shared.events.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Queues the event of a check decided on `pair` (by `rule`, or the
+    /// pair's inline limit).
+    fn offer(
+        &self,
+        events: &Events,
+        pair: Option<&Pair>,
+        rule: Option<&Rule>,
+        outcome: Outcome,
+        remaining: Option<u64>,
+        code: Option<ErrorCode>,
+    ) {
+        let Some(pair) = pair else { return };
+        let (name, limit) = match (rule, &pair.limit) {
+            (Some(r), _) => (Some(r.name()), Some(&r.limit)),
+            (None, LimitRef::Inline(l)) => (None, Some(l)),
+            // A rule the frame's set does not have (UnknownRule).
+            (None, LimitRef::Rule(n)) => (Some(n.as_str()), None),
+        };
+        let cost = match rule {
+            Some(r) if pair.cost == 0 => r.default_cost(),
+            _ => pair.cost,
+        };
+        events.offer(events::Decided {
+            key: &pair.key,
+            rule: name,
+            limit,
+            cost,
+            outcome,
+            remaining,
+            code,
+        });
     }
 
     fn store_check(&self, pairs: &[Pair], mode: Mode) -> Result<Decision, ErrorCode> {

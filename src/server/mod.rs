@@ -28,6 +28,9 @@
 //! - protected mode: `run` refuses a listener bound beyond loopback that
 //!   asks for no credentials, unless `--insecure` (the same check as the
 //!   settings', on the address actually bound);
+//! - decision events (`--events`) are queued by the check path without
+//!   waiting; their publisher starts with the server and sends what is
+//!   queued after the connections have drained;
 //! - with TLS configured every port speaks only TLS, and the certificates
 //!   are reloaded (SIGHUP, a file change) without touching open
 //!   connections (`tls.rs`);
@@ -50,7 +53,9 @@ mod envoy;
 mod frontend;
 mod listener;
 mod resp;
+mod scrape;
 mod shed;
+mod status_page;
 mod sweeper;
 mod tls;
 
@@ -58,6 +63,7 @@ use crate::clock::{Clock, MonotonicClock};
 use crate::config::{
     protected_mode, ConfigError, Exposure, FrontendSettings, NetworkSettings, ServerConfig,
 };
+use crate::events::{EventMetrics, Events, Publisher};
 #[cfg(feature = "cluster")]
 use crate::node::Membership;
 use crate::node::{Node, NodeParts, Supervisor};
@@ -115,6 +121,8 @@ pub(crate) struct Shared {
     pub metrics: Metrics,
     /// Keys denied most recently, for `GET /v1/throttled`.
     pub throttled: TopThrottled,
+    /// Decision events (`--events`); None when off.
+    pub events: Option<Events>,
     /// Who is primary; refusals, status, handovers.
     pub node: Node,
     /// CHECK2 answers by idempotency key (safe retries).
@@ -142,6 +150,8 @@ pub(crate) struct Metrics {
     pub conns: ConnMetrics,
     pub errors: ErrorCounters,
     pub frontends: FrontendMetrics,
+    /// The most throttled keys, refreshed when `/metrics` is scraped.
+    pub throttled_keys: scrape::ThrottledKeysMetric,
 }
 
 /// Where the server stands in its shutdown.
@@ -170,6 +180,8 @@ pub struct Server {
     envoy: Option<TcpListener>,
     /// Reloads the certificates (None without TLS).
     tls: Option<TlsReloader>,
+    /// Publishes decision events (`--events`), started by `run`.
+    publisher: Option<Publisher>,
 }
 
 /// Why a server could not be built.
@@ -184,6 +196,8 @@ pub enum StartError {
     Cluster(#[from] crate::cluster::ClusterError),
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
+    #[error("events: {0}")]
+    Events(#[from] crate::events::EventsError),
 }
 
 impl Server {
@@ -241,6 +255,10 @@ impl Server {
             conns: ConnMetrics::register(&registry)?,
             errors: ErrorCounters::register(&registry)?,
             frontends: FrontendMetrics::register(&registry, &resp::command_names())?,
+            throttled_keys: scrape::ThrottledKeysMetric::register(
+                &registry,
+                config.admin.throttled_metric_keys,
+            )?,
         };
         let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
             (Some(cert), Some(key)) => {
@@ -300,6 +318,14 @@ impl Server {
             overload.shed_normal_backlog,
             &registry,
         )?;
+        let event_metrics = EventMetrics::register(&registry)?;
+        let (events, publisher) = match config.events.config() {
+            Some(c) => {
+                let (events, publisher) = crate::events::channel(c, event_metrics)?;
+                (Some(events), Some(publisher))
+            }
+            None => (None, None),
+        };
         let throttled = TopThrottled::new(
             config.admin.throttled_keys,
             config.admin.throttled_window.as_nanos() as u64,
@@ -326,6 +352,7 @@ impl Server {
             rules: Arc::new(rules),
             metrics,
             throttled,
+            events,
             node,
             retries,
             shedder,
@@ -345,6 +372,7 @@ impl Server {
             resp: None,
             envoy: None,
             tls: tls_reloader,
+            publisher,
         })
     }
 
@@ -438,10 +466,17 @@ impl Server {
             resp,
             envoy,
             tls,
+            publisher,
         } = self;
         if let Ok(addr) = listener.local_addr() {
             shared.node.set_advertise(addr.to_string());
         }
+        // Events outlive the connections (their last decisions are sent),
+        // so they have their own stop signal, given after the drain.
+        let events_stop = CancellationToken::new();
+        let grace = config.network.shutdown_grace;
+        let publisher = publisher
+            .map(|p| tokio::spawn(p.run(shared.node.status().addr, events_stop.clone(), grace)));
         let tracker = TaskTracker::new();
         tracker.spawn(sweeper.run(shutdown.clone()));
         tracker.spawn(supervisor.run(shutdown.clone()));
@@ -467,6 +502,8 @@ impl Server {
             serving: AtomicBool::new(false),
             max_log_entries: config.store.max_log_entries,
             auth: AdminAuth::new(&config.auth),
+            max_memory: config.store.max_memory,
+            status_refresh: config.admin.status_refresh,
         });
         let admin = admin.map(|l| {
             let acceptor = shared.tls.clone();
@@ -544,6 +581,13 @@ impl Server {
         // No request is served any more: a cluster node gives up its lease
         // now, so a standby takes over without waiting for it to expire.
         shared.node.leave().await;
+        events_stop.cancel();
+        if let Some(publisher) = publisher {
+            // The publisher bounds its own drain by the grace period.
+            if tokio::time::timeout(grace * 2, publisher).await.is_err() {
+                tracing::warn!("decision events publisher did not stop in time");
+            }
+        }
         admin_stop.cancel();
         if let Some(admin) = admin {
             if tokio::time::timeout(grace, admin).await.is_err() {

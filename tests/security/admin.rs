@@ -26,6 +26,7 @@ fn guarded(c: &mut ServerConfig) {
 async fn the_admin_api_wants_its_token_except_for_the_probes() {
     let server = TestServer::start_admin(guarded).await;
     for path in [
+        "/",
         "/v1/rules",
         "/v1/throttled",
         "/v1/replication",

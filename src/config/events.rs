@@ -1,0 +1,104 @@
+//! The decision events' settings (`--events*`): where events go, which
+//! are sent, how many may wait. See `crate::events`.
+
+use super::{at_least, at_most, ConfigError};
+use crate::events::EventsConfig;
+use clap::Args;
+use serde::Serialize;
+
+pub const DEFAULT_EVENTS_SUBJECT: &str = "tollgate.decisions";
+pub const DEFAULT_EVENTS_SAMPLE: f64 = 0.01;
+pub const DEFAULT_EVENTS_QUEUE: usize = 65_536;
+pub const DEFAULT_EVENTS_BATCH: usize = 256;
+/// Most events that may wait: about 200 bytes each, so 400 MB at most.
+pub const MAX_EVENTS_QUEUE: usize = 1 << 21;
+/// Longest subject accepted (NATS has no hard limit; this is a typo guard).
+pub const MAX_EVENTS_SUBJECT_LEN: usize = 256;
+
+/// Decision events to NATS.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Decision events")]
+#[serde(rename_all = "kebab-case")]
+pub struct EventSettings {
+    /// Publish decision events to this NATS server (`nats://HOST:PORT`):
+    /// every denial, shadow denial and refusal, and --events-sample of the
+    /// allowed checks. Needs the cargo feature `events`.
+    #[arg(long, value_name = "URL")]
+    pub events: Option<String>,
+
+    /// NATS subject the events are published on.
+    #[arg(long, default_value = DEFAULT_EVENTS_SUBJECT)]
+    pub events_subject: String,
+
+    /// Fraction of allowed checks sent as events (0 to 1).
+    #[arg(long, default_value_t = DEFAULT_EVENTS_SAMPLE)]
+    pub events_sample: f64,
+
+    /// Events waiting to be published at most; more are dropped (and
+    /// counted), never waited for.
+    #[arg(long, default_value_t = DEFAULT_EVENTS_QUEUE)]
+    pub events_queue: usize,
+
+    /// Events published per flush to NATS at most.
+    #[arg(long, default_value_t = DEFAULT_EVENTS_BATCH)]
+    pub events_batch: usize,
+
+    /// Region stamped on every event (e.g. `eu-west-1`).
+    #[arg(long)]
+    pub events_region: Option<String>,
+}
+
+impl EventSettings {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(url) = &self.events {
+            let rest = url.strip_prefix("nats://").unwrap_or("");
+            if rest.is_empty() || rest.contains(['/', ' ']) {
+                return Err(ConfigError::EventsUrl { url: url.clone() });
+            }
+        }
+        let subject = &self.events_subject;
+        if subject.is_empty()
+            || subject.len() > MAX_EVENTS_SUBJECT_LEN
+            || subject
+                .split('.')
+                .any(|t| t.is_empty() || t == "*" || t == ">")
+            || subject.contains(char::is_whitespace)
+        {
+            return Err(ConfigError::EventsSubject {
+                subject: subject.clone(),
+                max: MAX_EVENTS_SUBJECT_LEN,
+            });
+        }
+        if !(0.0..=1.0).contains(&self.events_sample) {
+            return Err(ConfigError::NotAFraction {
+                name: "events-sample",
+                value: self.events_sample.to_string(),
+            });
+        }
+        at_least("events-queue", self.events_queue as u64, 1)?;
+        at_most(
+            "events-queue",
+            self.events_queue as u64,
+            MAX_EVENTS_QUEUE as u64,
+        )?;
+        at_least("events-batch", self.events_batch as u64, 1)?;
+        at_most(
+            "events-batch",
+            self.events_batch as u64,
+            self.events_queue as u64,
+        )?;
+        Ok(())
+    }
+
+    /// What the publisher needs; `None` without `--events`.
+    pub fn config(&self) -> Option<EventsConfig> {
+        Some(EventsConfig {
+            url: self.events.clone()?,
+            subject: self.events_subject.clone(),
+            sample: self.events_sample,
+            queue: self.events_queue,
+            batch: self.events_batch,
+            region: self.events_region.clone(),
+        })
+    }
+}

@@ -1,0 +1,324 @@
+//! Decision events: every denial, every shadow denial, every refusal and a
+//! sample of allowed checks, published fire-and-forget to NATS
+//! (`--events nats://HOST:PORT`) for dashboards, alerts and analytics.
+//!
+//! ```text
+//!  check path --Events::offer (sample, try_send)--> bounded queue
+//!      --publisher task (recv_many, one NATS message per event, flush per batch)--> NATS
+//! ```
+//!
+//! Invariants:
+//! - the check path never waits: [`Events::offer`] samples, builds the
+//!   event and `try_send`s it; a full queue drops the event and counts it
+//!   (`tollgate_events_dropped_total{reason="queue_full"}`);
+//! - the queue is bounded (`--events-queue`), so a slow or absent broker
+//!   costs at most that many events of memory;
+//! - what the node and region are is stamped by the publisher, not carried
+//!   through the queue;
+//! - the metrics exist whether or not events are on (a dashboard's queries
+//!   always find them).
+//!
+//! The NATS side (`nats.rs`) needs the cargo feature `events` (async-nats);
+//! without it `--events` is refused at start.
+
+#[cfg(feature = "events")]
+mod nats;
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use serde::Serialize;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use tollgate_protocol::{ErrorCode, Limit};
+
+/// How events are published: the `--events*` settings, checked.
+#[derive(Debug, Clone)]
+pub struct EventsConfig {
+    /// `nats://HOST:PORT`.
+    pub url: String,
+    pub subject: String,
+    /// Fraction of allowed checks sent (denials and refusals: all).
+    pub sample: f64,
+    /// Events waiting at most; more are dropped.
+    pub queue: usize,
+    /// Events published per flush at most.
+    pub batch: usize,
+    /// Added to each event when set.
+    pub region: Option<String>,
+}
+
+/// Why events cannot be published.
+#[derive(Debug, thiserror::Error)]
+pub enum EventsError {
+    #[error("--events needs the cargo feature `events` (this binary was built without it)")]
+    NotBuilt,
+}
+
+/// What a check came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Allowed,
+    Denied,
+    ShadowDenied,
+    /// Answered with an error code instead of a decision.
+    Refused,
+}
+
+/// One decision, as queued (the publisher adds `node` and `region`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    /// Unix time, milliseconds.
+    pub time_ms: u64,
+    /// The key of the pair that decided (lossy UTF-8; `key_hex` when it is
+    /// not UTF-8).
+    pub key: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_hex: Option<String>,
+    /// The named rule that decided; `None`: an inline limit.
+    pub rule: Option<String>,
+    /// The inline limit that decided (absent for a rule).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<InlineLimit>,
+    /// Absent when the check named a rule that does not exist.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<&'static str>,
+    pub decision: Outcome,
+    /// The error code of a refusal (`"StoreFull"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub code: Option<&'static str>,
+    pub cost: u32,
+    /// Units left after the check (absent for a refusal).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<u64>,
+}
+
+/// An inline limit, as events show it.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct InlineLimit {
+    pub count: u64,
+    pub period_ms: u64,
+    pub burst: u64,
+}
+
+impl From<&Limit> for InlineLimit {
+    fn from(l: &Limit) -> Self {
+        Self {
+            count: l.count,
+            period_ms: l.period_ms,
+            burst: l.burst,
+        }
+    }
+}
+
+/// The events' counters (`tollgate_events_*`).
+#[derive(Debug, Clone)]
+pub struct EventMetrics {
+    pub published: IntCounter,
+    pub dropped_full: IntCounter,
+    pub dropped_failed: IntCounter,
+    pub queued: IntGauge,
+}
+
+impl EventMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let published = IntCounter::new(
+            "tollgate_events_published_total",
+            "Decision events handed to the NATS client (--events): sent, or buffered \
+             by it while it reconnects.",
+        )?;
+        let dropped = IntCounterVec::new(
+            Opts::new(
+                "tollgate_events_dropped_total",
+                "Decision events dropped: the queue was full (queue_full) or the broker \
+                 refused them (publish_failed).",
+            ),
+            &["reason"],
+        )?;
+        let queued = IntGauge::new(
+            "tollgate_events_queued",
+            "Decision events waiting to be published.",
+        )?;
+        registry.register(Box::new(published.clone()))?;
+        registry.register(Box::new(dropped.clone()))?;
+        registry.register(Box::new(queued.clone()))?;
+        Ok(Self {
+            published,
+            dropped_full: dropped.with_label_values(&["queue_full"]),
+            dropped_failed: dropped.with_label_values(&["publish_failed"]),
+            queued,
+        })
+    }
+}
+
+/// The check path's end of the queue.
+#[derive(Debug)]
+pub struct Events {
+    tx: mpsc::Sender<Event>,
+    sample: f64,
+    metrics: EventMetrics,
+}
+
+/// The publisher's end, started by [`Publisher::run`] once the node's
+/// address is known.
+#[cfg_attr(not(feature = "events"), allow(dead_code))]
+pub struct Publisher {
+    rx: mpsc::Receiver<Event>,
+    config: EventsConfig,
+    metrics: EventMetrics,
+}
+
+/// The queue between the two.
+pub fn channel(
+    config: EventsConfig,
+    metrics: EventMetrics,
+) -> Result<(Events, Publisher), EventsError> {
+    if !cfg!(feature = "events") {
+        return Err(EventsError::NotBuilt);
+    }
+    let (tx, rx) = mpsc::channel(config.queue.max(1));
+    Ok((
+        Events {
+            tx,
+            sample: config.sample,
+            metrics: metrics.clone(),
+        },
+        Publisher {
+            rx,
+            config,
+            metrics,
+        },
+    ))
+}
+
+/// What the check path knows of a decided check.
+pub struct Decided<'a> {
+    pub key: &'a [u8],
+    pub rule: Option<&'a str>,
+    /// The limit that decided (a rule's, or the inline one); None for an
+    /// unknown rule.
+    pub limit: Option<&'a Limit>,
+    pub cost: u32,
+    pub outcome: Outcome,
+    pub remaining: Option<u64>,
+    pub code: Option<ErrorCode>,
+}
+
+impl Events {
+    /// Whether a check with this outcome is sent: all but allowed ones,
+    /// and allowed ones with probability `--events-sample`. Cheap: one
+    /// comparison, and a thread-local random number for allowed checks.
+    pub fn wants(&self, outcome: Outcome) -> bool {
+        outcome != Outcome::Allowed || (self.sample > 0.0 && fastrand::f64() < self.sample)
+    }
+
+    /// Queues the event of `d` without waiting; a full queue drops it
+    /// (counted). Call only when [`wants`](Self::wants) said yes.
+    pub fn offer(&self, d: Decided<'_>) {
+        let (key, key_hex) = match std::str::from_utf8(d.key) {
+            Ok(k) => (k.to_owned(), None),
+            Err(_) => (
+                String::from_utf8_lossy(d.key).into_owned(),
+                Some(d.key.iter().map(|b| format!("{b:02x}")).collect()),
+            ),
+        };
+        let event = Event {
+            time_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |t| t.as_millis() as u64),
+            key,
+            key_hex,
+            rule: d.rule.map(str::to_owned),
+            limit: d.limit.filter(|_| d.rule.is_none()).map(InlineLimit::from),
+            algorithm: d.limit.map(|l| l.algorithm.name()),
+            decision: d.outcome,
+            code: d.code.map(ErrorCode::name),
+            cost: d.cost,
+            remaining: d.remaining,
+        };
+        match self.tx.try_send(event) {
+            Ok(()) => self.metrics.queued.inc(),
+            Err(_) => self.metrics.dropped_full.inc(),
+        }
+    }
+}
+
+impl Publisher {
+    /// Publishes until `stop`, then what is still queued (at most
+    /// `grace`), then returns. `node` is this node's advertised address.
+    #[cfg(feature = "events")]
+    pub async fn run(
+        self,
+        node: String,
+        stop: tokio_util::sync::CancellationToken,
+        grace: std::time::Duration,
+    ) {
+        nats::publish(self, node, stop, grace).await;
+    }
+
+    /// Without the feature there is no publisher ([`channel`] refuses).
+    #[cfg(not(feature = "events"))]
+    pub async fn run(
+        self,
+        _node: String,
+        _stop: tokio_util::sync::CancellationToken,
+        _grace: std::time::Duration,
+    ) {
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_protocol::Algorithm;
+
+    #[test]
+    fn denials_are_always_wanted_allowed_ones_by_sample() {
+        let metrics = EventMetrics::register(&Registry::new()).unwrap();
+        let (tx, _rx) = mpsc::channel(1);
+        let none = Events {
+            tx: tx.clone(),
+            sample: 0.0,
+            metrics: metrics.clone(),
+        };
+        assert!(none.wants(Outcome::Denied));
+        assert!(none.wants(Outcome::ShadowDenied));
+        assert!(none.wants(Outcome::Refused));
+        assert!(!(0..1000).any(|_| none.wants(Outcome::Allowed)));
+        let all = Events {
+            tx,
+            sample: 1.0,
+            metrics,
+        };
+        assert!((0..1000).all(|_| all.wants(Outcome::Allowed)));
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts() {
+        let metrics = EventMetrics::register(&Registry::new()).unwrap();
+        let (tx, _rx) = mpsc::channel(2);
+        let events = Events {
+            tx,
+            sample: 1.0,
+            metrics: metrics.clone(),
+        };
+        let limit = Limit {
+            algorithm: Algorithm::TokenBucket,
+            count: 1,
+            period_ms: 1000,
+            burst: 1,
+        };
+        for _ in 0..5 {
+            events.offer(Decided {
+                key: b"\xffk",
+                rule: None,
+                limit: Some(&limit),
+                cost: 1,
+                outcome: Outcome::Denied,
+                remaining: Some(0),
+                code: None,
+            });
+        }
+        assert_eq!(metrics.queued.get(), 2);
+        assert_eq!(metrics.dropped_full.get(), 3);
+    }
+}
