@@ -7,6 +7,7 @@
 mod common;
 
 mod admin;
+mod at_scale;
 mod certs;
 mod cli;
 mod client_tls;
