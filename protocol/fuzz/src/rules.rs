@@ -171,7 +171,9 @@ fn shown_file(specs: &[RuleSpec]) -> String {
 fn check_error_position(e: &SpecError, text: &str) {
     assert!(!e.reason.is_empty(), "a refusal says why");
     if let Some(line) = e.line {
-        let lines = text.split('\n').count();
+        // Lines as YAML counts them: "\r\n", a lone "\r" and "\n" each
+        // end one (an editor shows a lone CR as a line break too).
+        let lines = text.replace("\r\n", "\n").split(['\n', '\r']).count();
         assert!(
             (1..=lines + 1).contains(&line),
             "line {line} of a {lines}-line text: {e}"
