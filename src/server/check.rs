@@ -122,22 +122,9 @@ pub(super) fn answer(
     gate: &Gate<'_>,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
-    let started = Instant::now();
-    let rules = shared.rules.current();
-    let evaluation = Evaluation {
-        shared,
-        rules: &rules,
-        now: shared.clock.now(),
-        verb,
-        gate,
-    };
-    let encoded = encode_checked(id, batch.iter().map(|pairs| evaluation.check(pairs)), dst);
-    if let Verb::Check(_) = verb {
-        let metrics = &shared.metrics.checks;
-        metrics.batch_size.observe(batch.len() as f64);
-        metrics.latency.observe(started.elapsed().as_secs_f64());
-    }
-    encoded
+    in_frame(shared, verb, gate, batch.len(), |evaluation| {
+        encode_checked(id, batch.iter().map(|pairs| evaluation.check(pairs)), dst)
+    })
 }
 
 /// Evaluates a CHECK2 and appends the CHECKED answer to `dst`. A check
@@ -153,38 +140,55 @@ pub(super) fn answer_tagged(
     gate: &Gate<'_>,
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
+    let verb = Verb::Check(Mode::Charge);
+    in_frame(shared, verb, gate, batch.len(), |evaluation| {
+        let results = batch.iter().map(|(tag, pairs)| {
+            let fresh = || {
+                if shared.shedder.sheds(tag.priority, backlog) {
+                    shared.metrics.errors.count(ErrorCode::Shed);
+                    CheckResult::Error(ErrorCode::Shed)
+                } else {
+                    evaluation.check(pairs)
+                }
+            };
+            if tag.idempotency.is_none() {
+                return fresh();
+            }
+            match shared
+                .retries
+                .once(tag.idempotency, || shared.clock.now(), fresh)
+            {
+                Answered::Fresh(result) | Answered::Replayed(result) => result,
+            }
+        });
+        encode_checked(id, results, dst)
+    })
+}
+
+/// One frame of `checks` checks: its evaluation (the rules and the time
+/// every check of it sees) handed to `encode`, then, for CHECK and PEEK
+/// frames, the frame's batch size and latency observed.
+fn in_frame(
+    shared: &Shared,
+    verb: Verb,
+    gate: &Gate<'_>,
+    checks: usize,
+    encode: impl FnOnce(&Evaluation<'_>) -> Result<(), EncodeError>,
+) -> Result<(), EncodeError> {
     let started = Instant::now();
     let rules = shared.rules.current();
-    let evaluation = Evaluation {
+    let encoded = encode(&Evaluation {
         shared,
         rules: &rules,
         now: shared.clock.now(),
-        verb: Verb::Check(Mode::Charge),
+        verb,
         gate,
-    };
-    let results = batch.iter().map(|(tag, pairs)| {
-        let fresh = || {
-            if shared.shedder.sheds(tag.priority, backlog) {
-                shared.metrics.errors.count(ErrorCode::Shed);
-                CheckResult::Error(ErrorCode::Shed)
-            } else {
-                evaluation.check(pairs)
-            }
-        };
-        if tag.idempotency.is_none() {
-            return fresh();
-        }
-        match shared
-            .retries
-            .once(tag.idempotency, || shared.clock.now(), fresh)
-        {
-            Answered::Fresh(result) | Answered::Replayed(result) => result,
-        }
     });
-    let encoded = encode_checked(id, results, dst);
-    let metrics = &shared.metrics.checks;
-    metrics.batch_size.observe(batch.len() as f64);
-    metrics.latency.observe(started.elapsed().as_secs_f64());
+    if let Verb::Check(_) = verb {
+        let metrics = &shared.metrics.checks;
+        metrics.batch_size.observe(checks as f64);
+        metrics.latency.observe(started.elapsed().as_secs_f64());
+    }
     encoded
 }
 

@@ -606,22 +606,9 @@ impl Connection {
     }
 
     async fn flush(&mut self) -> Result<(), ConnError> {
-        if self.wbuf.is_empty() {
-            return Ok(());
+        if write_out(&mut self.stream, &self.wbuf, &self.shared).await? {
+            self.wbuf.clear();
         }
-        let t = self.shared.network.write_timeout;
-        let shared = self.shared.clone();
-        tokio::select! {
-            biased;
-            _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-            // Flushed: TLS may keep the tail of a write in its buffer when
-            // the socket is full (a no-op on plain TCP).
-            r = tokio::time::timeout(t, write_flushed(&mut self.stream, &self.wbuf)) => match r {
-                Ok(r) => r?,
-                Err(_) => return Err(ConnError::WriteTimeout(t)),
-            },
-        }
-        self.wbuf.clear();
         Ok(())
     }
 
@@ -660,7 +647,46 @@ impl Connection {
 }
 
 /// Writes `bytes` whole and flushes them out of any TLS buffer.
-async fn write_flushed(stream: &mut Socket, bytes: &[u8]) -> std::io::Result<()> {
-    stream.write_all(bytes).await?;
-    stream.flush().await
+/// Why answers could not be written out.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum WriteError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("client did not read its answers within {0:?}")]
+    Timeout(Duration),
+}
+
+impl From<WriteError> for ConnError {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::Io(e) => Self::Io(e),
+            WriteError::Timeout(t) => Self::WriteTimeout(t),
+        }
+    }
+}
+
+/// Writes `bytes` out within the write timeout, flushed: TLS may keep the
+/// tail of a write in its buffer when the socket is full (a no-op on plain
+/// TCP). Ok(false) when the server aborted first (nothing more is sent);
+/// the protocol port and the RESP front end share it.
+pub(super) async fn write_out(
+    stream: &mut Socket,
+    bytes: &[u8],
+    shared: &Shared,
+) -> Result<bool, WriteError> {
+    if bytes.is_empty() {
+        return Ok(true);
+    }
+    let t = shared.network.write_timeout;
+    tokio::select! {
+        biased;
+        _ = shared.lifecycle.abort.cancelled() => Ok(false),
+        r = tokio::time::timeout(t, async {
+            stream.write_all(bytes).await?;
+            stream.flush().await
+        }) => match r {
+            Ok(r) => r.map(|()| true).map_err(WriteError::Io),
+            Err(_) => Err(WriteError::Timeout(t)),
+        },
+    }
 }

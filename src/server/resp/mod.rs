@@ -33,7 +33,7 @@ mod table;
 mod throttle;
 
 use super::conn_metrics::OpenConnection;
-use super::connection::secure_with;
+use super::connection::{secure_with, write_out, WriteError};
 use super::frontend::accept_loop;
 use super::Shared;
 use crate::tls::Socket;
@@ -83,6 +83,15 @@ pub(super) async fn serve(
         std::future::ready(())
     })
     .await;
+}
+
+impl From<WriteError> for ConnError {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::Io(e) => Self::Io(e),
+            WriteError::Timeout(t) => Self::WriteTimeout(t),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -242,23 +251,9 @@ impl Connection {
     }
 
     async fn flush(&mut self) -> Result<(), ConnError> {
-        if self.wbuf.is_empty() {
-            return Ok(());
+        if write_out(&mut self.stream, &self.wbuf, &self.shared).await? {
+            self.wbuf.clear();
         }
-        let t = self.shared.network.write_timeout;
-        let shared = self.shared.clone();
-        tokio::select! {
-            biased;
-            _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-            r = tokio::time::timeout(t, async {
-                self.stream.write_all(&self.wbuf).await?;
-                self.stream.flush().await
-            }) => match r {
-                Ok(r) => r?,
-                Err(_) => return Err(ConnError::WriteTimeout(t)),
-            },
-        }
-        self.wbuf.clear();
         Ok(())
     }
 
