@@ -16,19 +16,23 @@
 //! node its replication settings, the store a [`StoreConfig`] built here
 //! (the store does not know this module).
 
+mod cluster;
 mod events;
 mod file;
 mod frontends;
 mod overload;
 mod regions;
+mod replication;
 mod sections;
 mod security;
 
+pub use cluster::*;
 pub use events::*;
 pub use file::{ConfigFile, FileError};
 pub use frontends::*;
 pub use overload::*;
 pub use regions::*;
+pub use replication::*;
 pub use sections::*;
 pub use security::*;
 

@@ -1,0 +1,134 @@
+//! Cluster mode's settings: how the node reaches etcd, which cluster and
+//! shard it joins, and the lease that fences its writes as a primary.
+
+use super::{human, ConfigError, ReplicationSettings};
+use crate::units::parse_duration;
+use clap::Args;
+use serde::Serialize;
+use std::time::Duration;
+
+pub const DEFAULT_LEASE_TTL: &str = "5s";
+pub const DEFAULT_LEASE_MARGIN: &str = "500ms";
+pub const DEFAULT_LEASE_RENEW: &str = "1s";
+pub const DEFAULT_ETCD_TIMEOUT: &str = "2s";
+pub const DEFAULT_CAMPAIGN_DELAY: &str = "1s";
+
+/// Cluster mode: the node joins a cluster recorded in etcd (`cluster
+/// init`), as a primary or a standby of its shard, elected by etcd. Only
+/// with the cargo feature `cluster`; off while `--etcd` is unset.
+#[derive(Debug, Clone, Args, Serialize)]
+#[command(next_help_heading = "Cluster")]
+#[serde(rename_all = "kebab-case")]
+pub struct ClusterSettings {
+    /// etcd members, HOST:PORT[,HOST:PORT...]: join the cluster named by
+    /// --cluster, as a node of shard --shard (cluster mode).
+    #[arg(long, value_name = "HOST:PORT[,...]")]
+    pub etcd: Option<String>,
+
+    /// The cluster's name, as given to `tollgate cluster init`.
+    #[arg(long, value_name = "NAME")]
+    pub cluster: Option<String>,
+
+    /// The shard this node serves, as its primary or a standby (0 to the
+    /// number of shards minus one).
+    #[arg(long, value_name = "S")]
+    pub shard: Option<u16>,
+
+    /// TTL of this node's etcd lease (whole seconds): a primary that stops
+    /// renewing it is replaced after about this long.
+    #[arg(long, default_value = DEFAULT_LEASE_TTL, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub lease_ttl: Duration,
+
+    /// Taken off the lease's expiry when the node computes until when it may
+    /// serve as primary: covers clock rate differences with etcd.
+    #[arg(long, default_value = DEFAULT_LEASE_MARGIN, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub lease_margin: Duration,
+
+    /// How often the lease is renewed.
+    #[arg(long, default_value = DEFAULT_LEASE_RENEW, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub lease_renew: Duration,
+
+    /// Longest wait for one etcd request (and for a connection to a member).
+    #[arg(long, default_value = DEFAULT_ETCD_TIMEOUT, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub etcd_timeout: Duration,
+
+    /// A node whose copy of its shard is not known complete (it restarted
+    /// empty, or lost its stream) waits this long after its shard lost its
+    /// primary before it runs for election, so that a standby holding the
+    /// data wins.
+    #[arg(long, default_value = DEFAULT_CAMPAIGN_DELAY, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub campaign_delay: Duration,
+}
+
+impl ClusterSettings {
+    /// Whether the node runs in cluster mode.
+    pub fn enabled(&self) -> bool {
+        self.etcd.is_some() || self.cluster.is_some() || self.shard.is_some()
+    }
+
+    pub(super) fn validate(&self, replication: &ReplicationSettings) -> Result<(), ConfigError> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let missing = [
+            ("etcd", self.etcd.is_none()),
+            ("cluster", self.cluster.is_none()),
+            ("shard", self.shard.is_none()),
+        ];
+        if let Some((name, _)) = missing.iter().find(|(_, m)| *m) {
+            return Err(ConfigError::Cluster(format!(
+                "cluster mode needs --etcd, --cluster and --shard together (--{name} is missing)"
+            )));
+        }
+        let pair = [
+            ("peer", replication.peer.is_some()),
+            ("replica-of", replication.replica_of.is_some()),
+            ("failover-after", replication.failover_after.is_some()),
+        ];
+        if let Some((name, _)) = pair.iter().find(|(_, set)| *set) {
+            return Err(ConfigError::Cluster(format!(
+                "--{name} is a pair-mode setting: in cluster mode etcd elects each shard's primary"
+            )));
+        }
+        if self.campaign_delay.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                name: "campaign-delay",
+            });
+        }
+        #[cfg(feature = "cluster")]
+        {
+            let etcd = self.etcd_settings().map_err(ConfigError::Cluster)?;
+            etcd.validate()
+                .map_err(|e| ConfigError::Cluster(e.to_string()))?;
+            crate::cluster::Keyspace::new(self.cluster.as_deref().unwrap_or_default())
+                .map_err(|e| ConfigError::Cluster(e.to_string()))?;
+        }
+        #[cfg(not(feature = "cluster"))]
+        return Err(ConfigError::Cluster(
+            "this binary was built without cluster mode (cargo feature `cluster`)".into(),
+        ));
+        #[cfg(feature = "cluster")]
+        Ok(())
+    }
+
+    /// How the node talks to etcd.
+    #[cfg(feature = "cluster")]
+    pub fn etcd_settings(&self) -> Result<crate::cluster::EtcdSettings, String> {
+        let endpoints =
+            crate::cluster::EtcdSettings::parse_endpoints(self.etcd.as_deref().unwrap_or_default())
+                .map_err(|e| e.to_string())?;
+        Ok(crate::cluster::EtcdSettings {
+            endpoints,
+            lease_ttl: self.lease_ttl,
+            lease_margin: self.lease_margin,
+            keepalive_interval: self.lease_renew,
+            request_timeout: self.etcd_timeout,
+            connect_timeout: self.etcd_timeout,
+        })
+    }
+}
