@@ -20,7 +20,8 @@
 //! Privilege: HELLO's token makes the connection a client or a node
 //! (`auth.rs`). Node-to-node control (REPLICATE, PROMOTE, a STATUS that
 //! announces a role) from a client connection is answered AuthFailed and
-//! changes nothing; the connection stays open for what a client may do.
+//! changes nothing; the connection stays open for what a client may do
+//! (`control.rs`).
 //! TLS, when the port speaks it, is negotiated before the first byte of
 //! the protocol, within the handshake timeout.
 //!
@@ -32,13 +33,15 @@
 //! TooManyConnections; the client name is escaped before it reaches a log
 //! line (`crate::log_text`).
 
-use super::admission::Ticket;
-use super::auth::Privilege;
-use super::budget::{ReadBuffer, Room};
-use super::check::{self, Verb};
-use super::conn_metrics::OpenConnection;
-use super::Shared;
+mod control;
+
 use crate::node::{Access, Gate, Handover, Refusal};
+use crate::server::admission::Ticket;
+use crate::server::auth::Privilege;
+use crate::server::budget::{ReadBuffer, Room};
+use crate::server::check::{self, Verb};
+use crate::server::conn_metrics::OpenConnection;
+use crate::server::Shared;
 use crate::store::Mode;
 use crate::tls::Socket;
 use bytes::BytesMut;
@@ -49,8 +52,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tollgate_protocol::{
-    decode_request, encode_response, ErrorCode, Moved, ReplRequest, ReplResponse, Request,
-    RequestId, Response, MAX_HELLO_FRAME, MIN_FRAME_BODY, PROTOCOL_VERSION,
+    decode_request, encode_response, ErrorCode, Moved, Request, RequestId, Response,
+    MAX_HELLO_FRAME, MIN_FRAME_BODY,
 };
 
 /// Answers are written out once this much is pending, so a long pipelined
@@ -440,133 +443,6 @@ impl Connection {
             tracing::error!(peer = %self.peer, error = %e, "cannot encode an answer");
             self.error(id, ErrorCode::Internal, &e.to_string());
         }
-        Flow::Continue
-    }
-
-    /// REPLICATE, REPL_ACK, PROMOTE, STATUS, HANDOFF.
-    fn replication(&mut self, id: RequestId, request: ReplRequest) -> Flow {
-        let shared = self.shared.clone();
-        let node = &shared.node;
-        let control = match &request {
-            ReplRequest::Replicate { .. } => Some("REPLICATE"),
-            ReplRequest::Promote => Some("PROMOTE"),
-            ReplRequest::Handoff { .. } => Some("HANDOFF"),
-            ReplRequest::Status { announce: Some(_) } => Some("a STATUS announce"),
-            ReplRequest::Status { announce: None } | ReplRequest::Ack { .. } => None,
-        };
-        if let (Some(what), Privilege::Client) = (control, self.privilege) {
-            tracing::warn!(
-                peer = %self.peer, client = %self.client_name, request = what,
-                "node-to-node request from a client connection refused"
-            );
-            // Operators promote through the admin API (POST /v1/promote).
-            let msg = format!("{what} needs a node connection (HELLO with the cluster secret)");
-            self.error(id, ErrorCode::AuthFailed, &msg);
-            return Flow::Continue;
-        }
-        match request {
-            ReplRequest::Replicate {
-                replid,
-                offset,
-                epoch,
-                advertise,
-            } => {
-                if let Err(refusal) = node.accept_replica(epoch) {
-                    self.refuse(id, &refusal);
-                    return Flow::Continue;
-                }
-                self.replicate = Some(Replicate {
-                    request_id: id,
-                    replid,
-                    offset,
-                    advertise,
-                });
-                Flow::HandOver
-            }
-            ReplRequest::Ack { .. } => {
-                self.error(
-                    id,
-                    ErrorCode::Malformed,
-                    "REPL_ACK is only sent on a replication stream",
-                );
-                Flow::Continue
-            }
-            ReplRequest::Promote => {
-                tracing::info!(peer = %self.peer, client = %self.client_name, "PROMOTE requested");
-                match node.promote() {
-                    Ok((epoch, was_primary)) => self.respond(
-                        id,
-                        &Response::Repl(ReplResponse::Promoted { epoch, was_primary }),
-                    ),
-                    Err(refusal) => self.refuse(id, &refusal),
-                }
-                Flow::Continue
-            }
-            ReplRequest::Handoff { epoch, records } => {
-                tracing::debug!(peer = %self.peer, client = %self.client_name, records = records.len(), "HANDOFF");
-                match node.take_handoff(epoch, &records) {
-                    Ok(merged) => {
-                        self.respond(id, &Response::Repl(ReplResponse::HandedOff { merged }))
-                    }
-                    Err(refusal) => self.refuse(id, &refusal),
-                }
-                Flow::Continue
-            }
-            ReplRequest::Status { announce } => {
-                let status = match &announce {
-                    Some(announce) => node.announced(announce),
-                    None => Ok(node.status()),
-                };
-                match status {
-                    Ok(s) => self.respond(id, &Response::Repl(ReplResponse::Status(s))),
-                    Err(refusal) => self.refuse(id, &refusal),
-                }
-                Flow::Continue
-            }
-        }
-    }
-
-    fn handshake(&mut self, id: RequestId, request: Request) -> Flow {
-        let Request::Hello {
-            version,
-            client_name,
-            auth_token,
-        } = request
-        else {
-            self.error(
-                id,
-                ErrorCode::HandshakeRequired,
-                "the first request must be HELLO",
-            );
-            return Flow::Close;
-        };
-        if version != PROTOCOL_VERSION {
-            let msg = format!(
-                "server speaks protocol version {PROTOCOL_VERSION}, client asked for {version}"
-            );
-            self.error(id, ErrorCode::UnsupportedVersion, &msg);
-            return Flow::Close;
-        }
-        let given = auth_token.as_deref().unwrap_or_default();
-        let Some(privilege) = self.shared.auth.hello(given) else {
-            self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
-            return Flow::Close;
-        };
-        // The name goes into log lines: a newline in it must not start one.
-        let client_name = crate::log_text::escape(&client_name).into_owned();
-        tracing::debug!(peer = %self.peer, client = %client_name, ?privilege, "handshake done");
-        self.ready = true;
-        self.privilege = privilege;
-        self.client_name = client_name;
-        let greeting = self.shared.node.greeting();
-        let hello = Response::HelloOk {
-            version: PROTOCOL_VERSION,
-            role: greeting.role,
-            epoch: greeting.epoch,
-            offset: greeting.offset,
-            limits: self.shared.limits,
-        };
-        self.respond(id, &hello);
         Flow::Continue
     }
 
