@@ -19,7 +19,11 @@
 //!   connection could first be shed (connections only get fresher), so a
 //!   flood of newcomers costs one scan per that much time, not one each;
 //! - refusals are written by a bounded number of tasks
-//!   ([`MAX_REFUSING`]); past it a refused socket is just closed.
+//!   ([`MAX_REFUSING`]); past it a refused socket is just closed;
+//! - the drop-in front ends (RESP, Envoy) are admitted here too, so their
+//!   connections count toward both limits, but they are never shed (they
+//!   end on their own idle timeouts); each is refused in its own words
+//!   ([`Answer`]).
 
 use super::connection::secure;
 use super::Shared;
@@ -68,6 +72,8 @@ struct Table {
 /// One admitted connection, as the table sees it.
 struct Live {
     ip: IpAddr,
+    /// False for a front end's connection: never chosen to make room.
+    sheddable: bool,
     /// When it last sent something, in milliseconds since start.
     last_active: AtomicU64,
     shed: CancellationToken,
@@ -80,6 +86,19 @@ pub(crate) enum Refusal {
     Full { max: usize },
     #[error("too many connections from {ip}: at most {max} at once (--max-connections-per-ip)")]
     PerIp { ip: IpAddr, max: usize },
+}
+
+/// How a refused connection is told, in its port's protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// ERROR TooManyConnections (request id 0), after TLS if configured.
+    Protocol,
+    /// `-ERR max number of clients reached` (Redis's words, which Redis
+    /// clients know), after TLS if configured.
+    Resp,
+    /// Closed at once (Envoy: the gRPC client sees the connection fail
+    /// and retries or applies its failure mode).
+    Close,
 }
 
 impl Refusal {
@@ -101,7 +120,7 @@ impl Admission {
         let refused = IntCounterVec::new(
             Opts::new(
                 "tollgate_connections_refused_total",
-                "Connections answered TooManyConnections on arrival, by the limit they met.",
+                "Connections refused on arrival (any port), by the limit they met.",
             ),
             &["reason"],
         )?;
@@ -128,8 +147,17 @@ impl Admission {
         self.start.elapsed().as_millis() as u64
     }
 
-    /// A place for a connection from `peer`, or why not.
+    /// A place for a protocol connection from `peer`, or why not.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Ticket, Refusal> {
+        self.admit_with(peer, true)
+    }
+
+    /// A place for a front end's connection from `peer`, never shed.
+    pub fn admit_unshed(self: &Arc<Self>, peer: IpAddr) -> Result<Ticket, Refusal> {
+        self.admit_with(peer, false)
+    }
+
+    fn admit_with(self: &Arc<Self>, peer: IpAddr, sheddable: bool) -> Result<Ticket, Refusal> {
         let ip = address_key(peer);
         let now = self.now_ms();
         let mut t = self.table.lock();
@@ -146,6 +174,7 @@ impl Admission {
         t.next_id += 1;
         let live = Arc::new(Live {
             ip,
+            sheddable,
             last_active: AtomicU64::new(now),
             shed: CancellationToken::new(),
         });
@@ -173,6 +202,7 @@ impl Admission {
         let quietest = t
             .live
             .iter()
+            .filter(|(_, live)| live.sheddable)
             .map(|(id, live)| (*id, live.last_active.load(Ordering::Relaxed)))
             .min_by_key(|&(_, last)| last);
         let Some((id, last)) = quietest else {
@@ -191,14 +221,24 @@ impl Admission {
 
     /// Answers a connection that cannot be served, in a task of its own
     /// (bounded), and closes it.
-    pub fn refuse(&self, stream: TcpStream, peer: SocketAddr, why: Refusal, shared: Arc<Shared>) {
+    pub fn refuse(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        why: Refusal,
+        answer: Answer,
+        shared: Arc<Shared>,
+    ) {
         tracing::debug!(%peer, reason = %why, "connection refused");
+        if answer == Answer::Close {
+            return;
+        }
         let Ok(permit) = self.refusing.clone().try_acquire_owned() else {
             return;
         };
         tokio::spawn(async move {
             let _permit = permit;
-            answer_and_close(stream, peer, &why.to_string(), &shared).await;
+            answer_and_close(stream, peer, &why, answer, &shared).await;
         });
     }
 }
@@ -269,21 +309,37 @@ fn address_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// ERROR TooManyConnections (id 0), then an orderly close: the client's
-/// bytes are read until it closes (or [`REFUSAL_LINGER`]), so the close is
-/// not a reset that could discard the answer before the client reads it.
-async fn answer_and_close(stream: TcpStream, peer: SocketAddr, message: &str, shared: &Shared) {
+/// The refusal in the port's protocol, then an orderly close: the
+/// client's bytes are read until it closes (or [`REFUSAL_LINGER`]), so the
+/// close is not a reset that could discard the answer before the client
+/// reads it.
+async fn answer_and_close(
+    stream: TcpStream,
+    peer: SocketAddr,
+    why: &Refusal,
+    answer: Answer,
+    shared: &Shared,
+) {
     let Some(mut socket) = secure(stream, peer, shared).await else {
         return;
     };
-    shared.metrics.errors.count(ErrorCode::TooManyConnections);
     let mut frame = BytesMut::new();
-    let error = Response::Error {
-        code: ErrorCode::TooManyConnections,
-        message: message.to_owned(),
-    };
-    if encode_response(0, &error, &mut frame).is_err() {
-        return;
+    match answer {
+        Answer::Protocol => {
+            shared.metrics.errors.count(ErrorCode::TooManyConnections);
+            let error = Response::Error {
+                code: ErrorCode::TooManyConnections,
+                message: why.to_string(),
+            };
+            if encode_response(0, &error, &mut frame).is_err() {
+                return;
+            }
+        }
+        // The reason holds no CR or LF (numbers, an address and flags).
+        Answer::Resp => frame.extend_from_slice(
+            format!("-ERR max number of clients reached ({why})\r\n").as_bytes(),
+        ),
+        Answer::Close => return,
     }
     let _ = tokio::time::timeout(REFUSAL_LINGER, async {
         socket.write_all(&frame).await?;
@@ -368,5 +424,29 @@ mod tests {
         );
         drop(newcomer);
         assert!(a.admit(ip("10.0.0.4")).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_front_end_connection_is_counted_but_never_shed() {
+        let a = admission(2, 10, Duration::from_secs(5));
+        let front = a.admit_unshed(ip("10.0.0.1")).unwrap();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let protocol = a.admit(ip("10.0.0.2")).unwrap();
+        tokio::time::advance(Duration::from_secs(10)).await;
+        // The front end's connection is quiet longest, the protocol one goes.
+        let newcomer = a.admit(ip("10.0.0.3")).expect("room is made");
+        assert!(protocol.shed().is_cancelled());
+        assert!(!front.shed().is_cancelled());
+        // With nothing sheddable left but the newcomer (fresh), refused;
+        // once the newcomer is quiet long enough it makes room in turn:
+        // the front end's place never blocks shedding for good.
+        assert_eq!(
+            a.admit(ip("10.0.0.4")).err(),
+            Some(Refusal::Full { max: 2 })
+        );
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert!(a.admit(ip("10.0.0.4")).is_ok());
+        assert!(newcomer.shed().is_cancelled());
+        assert!(!front.shed().is_cancelled());
     }
 }

@@ -1,41 +1,42 @@
-//! What every port shares: the accept loop (a connection permit taken
-//! before `accept`, errors backed off), and what the drop-in front ends
-//! count.
+//! What every port shares: the front ends' accept loop (accept, then
+//! admit or refuse), and what the drop-in front ends count.
 //!
 //! Invariants:
-//! - every listening port (protocol, RESP, Envoy RLS) takes its permits
-//!   from one semaphore of `--max-connections`, so the front ends cannot
-//!   serve more connections than the server allows in all;
+//! - every listening port (protocol, RESP, Envoy RLS) is admitted by one
+//!   [`Admission`]: `--max-connections` and `--max-connections-per-ip`
+//!   count the front ends' connections with the protocol port's, and a
+//!   connection is accepted before it is admitted, so a refused client is
+//!   told (or closed) at once instead of waiting in the kernel's queue;
 //! - a front end's checks are counted twice: under their rule in
 //!   `tollgate_checks_total` (by the shared check path, as any check) and
 //!   under the front end in `tollgate_frontend_checks_total`.
 
+use super::admission::{Admission, Answer, Ticket};
+use super::Shared;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-/// Accepts connections on `listener` until `shutdown`, each once a permit
-/// of `permits` is free, and hands each (with its permit) to `serve`.
+/// Accepts connections on `listener` until `shutdown`; hands each one
+/// admitted (with its place) to `serve`, and refuses the others with
+/// `answer`.
 pub(super) async fn accept_loop<F, Fut>(
     listener: TcpListener,
-    permits: Arc<Semaphore>,
+    admission: Arc<Admission>,
+    shared: Arc<Shared>,
+    answer: Answer,
     shutdown: CancellationToken,
     mut serve: F,
 ) where
-    F: FnMut(TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut,
+    F: FnMut(TcpStream, SocketAddr, Ticket) -> Fut,
     Fut: Future<Output = ()>,
 {
     let mut backoff = Duration::from_millis(5);
     loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            p = permits.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-        };
         let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.accept() => match r {
@@ -51,7 +52,10 @@ pub(super) async fn accept_loop<F, Fut>(
             },
         };
         backoff = Duration::from_millis(5);
-        serve(stream, peer, permit).await;
+        match admission.admit_unshed(peer.ip()) {
+            Ok(ticket) => serve(stream, peer, ticket).await,
+            Err(why) => admission.refuse(stream, peer, why, answer, shared.clone()),
+        }
     }
 }
 

@@ -36,7 +36,7 @@
 //!   connections (`tls.rs`);
 //! - the drop-in front ends (`resp/`, `envoy/`), when given listeners, run
 //!   beside the protocol port on the same `Shared`: the same credentials,
-//!   protected mode, TLS, connection permits, node admission and check
+//!   protected mode, TLS, connection admission, node admission and check
 //!   path; they translate, they decide nothing of their own.
 
 pub mod admin;
@@ -71,7 +71,7 @@ use crate::rules::{LoadError, Rules};
 use crate::store::Store;
 use crate::throttled::TopThrottled;
 use admin::AdminState;
-use admission::Admission;
+use admission::{Admission, Answer};
 use auth::{AdminAuth, Authenticator};
 use budget::Budget;
 use check::CheckMetrics;
@@ -87,7 +87,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use sweeper::{KeyMetrics, Sweeper};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tollgate_protocol::{ClusterTopology, ServerLimits};
@@ -518,14 +517,13 @@ impl Server {
         admin_state.serving.store(true, Ordering::Release);
 
         let grace = config.network.shutdown_grace;
-        // The drop-in front ends hold slots of their own (as many as the
-        // protocol port's `--max-connections`), taken before accept.
-        let permits = Arc::new(Semaphore::new(config.network.max_connections));
+        // The drop-in front ends are admitted with the protocol port's
+        // connections: one `--max-connections` and per-address cap for all.
         if let Some(l) = resp {
             tracker.spawn(resp::serve(
                 l,
                 shared.clone(),
-                permits.clone(),
+                admission.clone(),
                 tracker.clone(),
                 shutdown.clone(),
             ));
@@ -535,7 +533,7 @@ impl Server {
             tracker.spawn(envoy::serve(
                 l,
                 shared.clone(),
-                permits.clone(),
+                admission.clone(),
                 shutdown.clone(),
             ));
         }
@@ -562,7 +560,7 @@ impl Server {
                 Ok(ticket) => {
                     tracker.spawn(connection::serve(stream, peer, shared.clone(), ticket));
                 }
-                Err(why) => admission.refuse(stream, peer, why, shared.clone()),
+                Err(why) => admission.refuse(stream, peer, why, Answer::Protocol, shared.clone()),
             }
         }
 

@@ -1,12 +1,14 @@
 //! Connection exhaustion over real sockets: a full server answers a
 //! newcomer TooManyConnections instead of leaving it in the kernel's
 //! queue, the per-address cap, shedding the quietest connection to make
-//! room, and the pre-HELLO frame cap.
+//! room, the pre-HELLO frame cap, and the RESP front end's share of the
+//! same places.
 
 use crate::common::{RawConn, TestServer, PATIENCE};
 use bytes::Bytes;
 use std::net::SocketAddr;
 use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpSocket;
 use tollgate::tls::Socket;
 use tollgate_protocol::{ErrorCode, Request, Response, MAX_HELLO_FRAME, PROTOCOL_VERSION};
@@ -174,4 +176,115 @@ async fn before_hello_frames_are_capped_at_hello_size() {
     }
     ping(&mut c, 8).await;
     server.stop().await;
+}
+
+/// A RESP connection to `addr` that answered PING.
+async fn resp_ready(addr: SocketAddr) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    resp_ping(&mut s).await;
+    s
+}
+
+async fn resp_ping(s: &mut tokio::net::TcpStream) {
+    s.write_all(b"PING\r\n").await.unwrap();
+    let mut buf = [0u8; 7];
+    tokio::time::timeout(PATIENCE, s.read_exact(&mut buf))
+        .await
+        .expect("PONG in time")
+        .unwrap();
+    assert_eq!(&buf, b"+PONG\r\n");
+}
+
+/// What the server sends a RESP connection before closing it.
+async fn resp_until_closed(s: &mut tokio::net::TcpStream) -> String {
+    let mut out = Vec::new();
+    tokio::time::timeout(PATIENCE, s.read_to_end(&mut out))
+        .await
+        .expect("the server closes a refused connection")
+        .unwrap();
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The RESP front end is accepted then admitted like the protocol port,
+/// from the same places: a refused Redis client reads Redis's own
+/// "max number of clients" error instead of hanging in the kernel's queue.
+#[tokio::test]
+async fn the_front_ends_share_the_places_and_a_refused_redis_client_is_told() {
+    let server = TestServer::start_resp(|c| {
+        c.network.max_connections = 2;
+        c.network.shed_idle_after = Duration::ZERO;
+    })
+    .await;
+    let resp = server.resp.unwrap();
+    let mut redis = resp_ready(resp).await;
+    let mut proto = RawConn::ready(server.addr).await;
+    let mut refused = tokio::net::TcpStream::connect(resp).await.unwrap();
+    let said = resp_until_closed(&mut refused).await;
+    assert!(
+        said.starts_with("-ERR max number of clients reached (")
+            && said.contains("--max-connections")
+            && said.ends_with(")\r\n"),
+        "{said}"
+    );
+    // The protocol port counts the RESP connection too.
+    let mut third = RawConn::connect(server.addr).await;
+    expect_refused(&mut third, "--max-connections").await;
+    resp_ping(&mut redis).await;
+    ping(&mut proto, 2).await;
+    // Closing the RESP connection frees its place for either port.
+    drop(redis);
+    resp_ready_when_free(resp).await;
+    server.stop().await;
+}
+
+/// A front end's connection is never the one shed to make room (it has no
+/// way to be told, and ends on its own idle timeout): the quietest
+/// *protocol* connection goes instead, and with only front-end connections
+/// left to choose from the newcomer is refused.
+#[tokio::test]
+async fn shedding_passes_over_front_end_connections() {
+    let server = TestServer::start_resp(|c| {
+        c.network.max_connections = 2;
+        c.network.shed_idle_after = Duration::from_millis(1);
+    })
+    .await;
+    let resp = server.resp.unwrap();
+    // The RESP connection is the quietest by far.
+    let mut redis = resp_ready(resp).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut quiet = RawConn::ready(server.addr).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut fresh = RawConn::connect(server.addr).await;
+    assert!(admitted(&mut fresh).await, "room is made");
+    expect_refused(&mut quiet, "make room").await;
+    resp_ping(&mut redis).await;
+    ping(&mut fresh, 2).await;
+    // Now the places are a RESP connection and a protocol one; with the
+    // protocol one gone only the RESP connection is left, never shed.
+    drop(fresh);
+    let mut second = resp_ready_when_free(resp).await;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut last = RawConn::connect(server.addr).await;
+    expect_refused(&mut last, "--max-connections").await;
+    resp_ping(&mut redis).await;
+    resp_ping(&mut second).await;
+    server.stop().await;
+}
+
+/// A RESP connection once a place is free (a closed connection's place
+/// is freed when the server notices the close).
+async fn resp_ready_when_free(addr: SocketAddr) -> tokio::net::TcpStream {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+        c.write_all(b"PING\r\n").await.unwrap();
+        let mut buf = [0u8; 7];
+        if let Ok(Ok(_)) = tokio::time::timeout(PATIENCE, c.read_exact(&mut buf)).await {
+            if &buf == b"+PONG\r\n" {
+                return c;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no place freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -3,20 +3,22 @@
 //! on tonic, its messages generated from proto/ by build.rs.
 //!
 //! ```text
-//!  accept (a permit of --max-connections) -> TLS (HTTP/2 by ALPN)
+//!  accept -> admission (a place of --max-connections, shared with the
+//!   protocol port; when full: closed) -> TLS (HTTP/2 by ALPN)
 //!   -> tonic (HTTP/2) -> ShouldRateLimit -> service.rs: each descriptor
 //!      to a named rule -> check::check_one -> statuses + x-ratelimit-*
 //! ```
 //!
 //! Invariants:
-//! - the port shares the protocol port's connection permits, client
+//! - the port shares the protocol port's connection limits, client
 //!   tokens (`authorization: Bearer TOKEN` metadata), TLS and node
 //!   admission: a standby answers UNAVAILABLE naming its primary;
-//! - a connection holds its permit until tonic drops it;
+//! - a connection holds its place until tonic drops it;
 //! - on shutdown tonic stops accepting and finishes the calls in flight.
 
 mod service;
 
+use super::admission::{Admission, Answer, Ticket};
 use super::connection::secure_with;
 use super::frontend::accept_loop;
 use super::Shared;
@@ -27,7 +29,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// The code generated from proto/, one module per protobuf package (the
@@ -73,7 +75,7 @@ const PENDING_CONNECTIONS: usize = 64;
 pub(super) async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
-    permits: Arc<Semaphore>,
+    admission: Arc<Admission>,
     shutdown: CancellationToken,
 ) {
     let port = listener.local_addr().map_or(0, |a| a.port());
@@ -82,9 +84,11 @@ pub(super) async fn serve(
     let secured = shared.clone();
     let accept = accept_loop(
         listener,
-        permits,
+        admission,
+        shared.clone(),
+        Answer::Close,
         shutdown.clone(),
-        move |stream, peer, permit| {
+        move |stream, peer, ticket| {
             let (tx, shared) = (tx.clone(), secured.clone());
             // The handshake runs on its own task: a slow client must not hold
             // up the accept loop.
@@ -98,7 +102,7 @@ pub(super) async fn serve(
                     let _ = tx
                         .send(Ok(Conn {
                             socket,
-                            _permit: permit,
+                            _ticket: ticket,
                         }))
                         .await;
                 }
@@ -116,10 +120,10 @@ pub(super) async fn serve(
     }
 }
 
-/// One accepted connection and its permit, as tonic reads it.
+/// One accepted connection and its place, as tonic reads it.
 struct Conn {
     socket: Socket,
-    _permit: OwnedSemaphorePermit,
+    _ticket: Ticket,
 }
 
 impl tonic::transport::server::Connected for Conn {

@@ -3,7 +3,9 @@
 //! same store calls as the binary protocol.
 //!
 //! ```text
-//!  accept (a permit of --max-connections) -> TLS (the protocol port's)
+//!  accept -> admission (a place of --max-connections, shared with the
+//!   protocol port; when full: -ERR max number of clients reached)
+//!   -> TLS (the protocol port's)
 //!   -> read -> parse.rs: complete commands, bounded -> commands.rs: a
 //!      batch of them answered in order (auth, node admission, MULTI)
 //!        CL.THROTTLE        -> throttle.rs: token bucket via check::check_one
@@ -32,6 +34,7 @@ mod reply;
 mod table;
 mod throttle;
 
+use super::admission::{Admission, Answer};
 use super::conn_metrics::OpenConnection;
 use super::connection::{secure_with, write_out, WriteError};
 use super::frontend::accept_loop;
@@ -47,7 +50,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -68,20 +70,28 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 pub(super) async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
-    permits: Arc<Semaphore>,
+    admission: Arc<Admission>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
 ) {
     let port = listener.local_addr().map_or(0, |a| a.port());
     tracing::info!(port, "RESP front end serving");
-    accept_loop(listener, permits, shutdown, |stream, peer, permit| {
-        let shared = shared.clone();
-        tracker.spawn(async move {
-            let _permit = permit;
-            connection(stream, peer, shared, port).await;
-        });
-        std::future::ready(())
-    })
+    let refusals = shared.clone();
+    accept_loop(
+        listener,
+        admission,
+        refusals,
+        Answer::Resp,
+        shutdown,
+        |stream, peer, ticket| {
+            let shared = shared.clone();
+            tracker.spawn(async move {
+                let _ticket = ticket;
+                connection(stream, peer, shared, port).await;
+            });
+            std::future::ready(())
+        },
+    )
     .await;
 }
 
