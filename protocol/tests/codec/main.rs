@@ -9,6 +9,7 @@ mod cluster;
 mod corpus;
 mod framed;
 mod invalid;
+mod invalid_frames;
 mod props;
 mod regions;
 mod replication;
