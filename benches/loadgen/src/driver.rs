@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::sync::Notify;
 
+use crate::pipeline::Pipeline;
 use crate::recorder::{Recorder, Window};
 use crate::targets::{Connection, Target, TargetError};
 use crate::workload::{KeyDistribution, KeyPicker, Schedule};
@@ -212,7 +212,7 @@ async fn closed_loop<C: Connection>(
     let window = recorder.window();
     tokio::time::sleep_until(start.into()).await;
     let conn = &conn;
-    let mut in_flight = FuturesUnordered::new();
+    let mut in_flight = Pipeline::new(pipeline);
     // One clock read per answer, not three: the instant an answer is taken
     // ends its request, tells whether the window is still open, and is the
     // send time of the requests that replace it (they are built and queued
@@ -262,7 +262,7 @@ async fn open_loop<C: Connection>(
 ) -> Recorder {
     let window = recorder.window();
     let conn = &conn;
-    let mut in_flight = FuturesUnordered::new();
+    let mut in_flight = Pipeline::new(pipeline);
     let mut next = 0u64; // our next request, j-th of this connection
     loop {
         let k = open.schedule.request_of(open.index, next);
