@@ -31,6 +31,7 @@
 //! - [`plot`]: throughput and latency over time as SVG or an HTML page.
 
 mod driver;
+mod pipeline;
 mod plot;
 mod recorder;
 mod report;

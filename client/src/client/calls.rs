@@ -6,6 +6,7 @@
 //! instead of charging again). Free functions over the shard so background
 //! tasks (lease refunds) share them with the client handle.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -27,71 +28,87 @@ pub(crate) enum Route {
 impl Route {
     /// Sends checks of `kind` and returns their answer (a batch's results
     /// in the batch's order, however it was split).
-    pub(crate) async fn checks(
+    ///
+    /// Plain functions returning async blocks here and in [`checks`]
+    /// rather than `async fn`s: an `async fn` keeps its arguments twice in
+    /// its state (captured, then as locals), and every check's future,
+    /// down to the caller's, embeds and moves that state.
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    pub(crate) fn checks(
         &self,
         kind: BatchKind,
         checks: Checks,
         deadline: Deadline,
-    ) -> Result<Answer, Error> {
-        match self {
-            Self::Shard(shard) => self::checks(shard, kind, checks, deadline).await,
-            // Boxed: the routing state need not weigh on a single shard's calls.
-            Self::Cluster(cluster) => Box::pin(cluster.checks(kind, checks, deadline)).await,
+    ) -> impl Future<Output = Result<Answer, Error>> + Send + '_ {
+        async move {
+            match self {
+                Self::Shard(shard) => self::checks(shard, kind, checks, deadline).await,
+                // Boxed: the routing state need not weigh on a single shard's calls.
+                Self::Cluster(cluster) => Box::pin(cluster.checks(kind, checks, deadline)).await,
+            }
         }
     }
 }
 
 /// Sends checks of `kind` to `shard` and returns their answer.
-pub(crate) async fn checks(
+#[allow(clippy::manual_async_fn)] // on purpose: see above
+pub(crate) fn checks(
+    shard: &Arc<Shard>,
+    kind: BatchKind,
+    checks: Checks,
+    deadline: Deadline,
+) -> impl Future<Output = Result<Answer, Error>> + Send + '_ {
+    async move {
+        let conn = match shard.ready() {
+            Some(ready) => ready?,
+            None => Box::pin(shard.connection(Wait::Until(deadline))).await?,
+        };
+        check_limits(&checks, &conn.info().limits)?;
+        // A shard of several nodes may need to resend after NotPrimary, and
+        // a CHECK2 after a lost connection; the copy is cheap (`Bytes` and
+        // rule names are reference counted). One await of the exchange, so
+        // a call's future holds one exchange's state.
+        let retry = (shard.node_count() > 1 || kind == BatchKind::Check2).then(|| checks.clone());
+        let answer = conn
+            .exchange(Outgoing::Checks { kind, checks }, deadline)
+            .await;
+        match (answer, retry) {
+            // The same idempotency key on a new connection: charged at most
+            // once.
+            (Err(Error::ConnectionLost | Error::Io(_)), Some(checks))
+                if kind == BatchKind::Check2 =>
+            {
+                tracing::info!("connection lost under a CHECK2; sending it again, same key");
+                shard.invalidate(&conn);
+                Box::pin(resend(shard, kind, checks, deadline)).await
+            }
+            (
+                Ok(Answer::Response(Response::Error {
+                    code: ErrorCode::NotPrimary,
+                    message,
+                })),
+                Some(checks),
+            ) => {
+                tracing::info!(%message, "node is not primary; looking for the primary again");
+                shard.invalidate(&conn);
+                // Boxed: a rare path whose state need not weigh on every call.
+                Box::pin(resend(shard, kind, checks, deadline)).await
+            }
+            (other, _) => other,
+        }
+    }
+}
+
+/// Sends checks once more, on a new connection, within the same deadline.
+async fn resend(
     shard: &Arc<Shard>,
     kind: BatchKind,
     checks: Checks,
     deadline: Deadline,
 ) -> Result<Answer, Error> {
-    let conn = match shard.ready() {
-        Some(ready) => ready?,
-        None => Box::pin(shard.connection(Wait::Until(deadline))).await?,
-    };
-    check_limits(&checks, &conn.info().limits)?;
-    // A shard of several nodes may need to resend after NotPrimary, and a
-    // CHECK2 after a lost connection; the copy is cheap (`Bytes` and rule
-    // names are reference counted). One await of the exchange, so a call's
-    // future holds one exchange's state.
-    let retry = (shard.node_count() > 1 || kind == BatchKind::Check2).then(|| checks.clone());
-    let answer = conn
-        .exchange(Outgoing::Checks { kind, checks }, deadline)
-        .await;
-    match (answer, retry) {
-        // The same idempotency key on a new connection: charged at most once.
-        (Err(Error::ConnectionLost | Error::Io(_)), Some(checks)) if kind == BatchKind::Check2 => {
-            tracing::info!("connection lost under a CHECK2; sending it again, same key");
-            shard.invalidate(&conn);
-            Box::pin(async move {
-                let conn = shard.connection(Wait::Until(deadline)).await?;
-                conn.exchange(Outgoing::Checks { kind, checks }, deadline)
-                    .await
-            })
-            .await
-        }
-        (
-            Ok(Answer::Response(Response::Error {
-                code: ErrorCode::NotPrimary,
-                message,
-            })),
-            Some(checks),
-        ) => {
-            tracing::info!(%message, "node is not primary; looking for the primary again");
-            shard.invalidate(&conn);
-            // Boxed: a rare path whose state need not weigh on every call.
-            Box::pin(async move {
-                let conn = shard.connection(Wait::Until(deadline)).await?;
-                conn.exchange(Outgoing::Checks { kind, checks }, deadline)
-                    .await
-            })
-            .await
-        }
-        (other, _) => other,
-    }
+    let conn = shard.connection(Wait::Until(deadline)).await?;
+    conn.exchange(Outgoing::Checks { kind, checks }, deadline)
+        .await
 }
 
 /// Sends a request only a primary serves (RESET, RELEASE, ...). For a shard

@@ -12,6 +12,7 @@
 //!             └── otherwise ─────────────────────────> Undecided{why, fail_mode}
 //! ```
 
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -38,19 +39,29 @@ impl Client {
     /// Checks `cost` units of `key` against `limit`, charging them if
     /// allowed. `limit` is an inline [`Limit`] or a [`RuleName`] configured
     /// on the server (then `cost` 0 takes the rule's default cost).
-    pub async fn check(
+    ///
+    /// A plain function returning the check's future (not an `async fn`):
+    /// the pair goes straight into the pipeline's future, with no layer of
+    /// state of its own around it. The caller's future embeds and moves
+    /// that state, so its size is part of what every check costs.
+    pub fn check(
         &self,
         key: impl Into<Bytes>,
         limit: impl Into<LimitRef>,
         cost: u32,
-    ) -> Outcome {
+    ) -> impl Future<Output = Outcome> + Send + '_ {
         self.single(BatchKind::Check, key.into(), limit.into(), cost)
-            .await
     }
 
-    async fn single(&self, kind: BatchKind, key: Bytes, limit: LimitRef, cost: u32) -> Outcome {
+    fn single(
+        &self,
+        kind: BatchKind,
+        key: Bytes,
+        limit: LimitRef,
+        cost: u32,
+    ) -> impl Future<Output = Outcome> + Send + '_ {
         let pair = Pair { key, limit, cost };
-        self.decide(kind, smallvec::smallvec![pair], None).await
+        self.decide(kind, smallvec::smallvec![pair], None)
     }
 
     /// Checks several (key, limit, cost) pairs as one atomic group: all pass
@@ -112,14 +123,13 @@ impl Client {
     }
 
     /// Like [`check`](Self::check), without charging anything.
-    pub async fn peek(
+    pub fn peek(
         &self,
         key: impl Into<Bytes>,
         limit: impl Into<LimitRef>,
         cost: u32,
-    ) -> Outcome {
+    ) -> impl Future<Output = Outcome> + Send + '_ {
         self.single(BatchKind::Peek, key.into(), limit.into(), cost)
-            .await
     }
 
     /// Like [`check_group`](Self::check_group), without charging anything.
@@ -173,46 +183,54 @@ impl Client {
     }
 
     /// The one pipeline (see the module docs).
-    async fn decide(&self, kind: BatchKind, pairs: Kept, names: Option<&[Arc<str>]>) -> Outcome {
-        self.start_background();
-        // The one clock read of a check: its deadline, its lease time, its
-        // latency.
-        let started = Instant::now();
-        let deadline = Deadline {
-            at: started + self.deadline,
-            budget: self.deadline,
-        };
-        // A priority makes a CHECK a CHECK2, under a key of its own that a
-        // resend after a lost connection reuses (calls.rs).
-        let (kind, tag) = match (kind, self.priority) {
-            (BatchKind::Check, Some(priority)) => {
-                let key = IdempotencyKey::from_u128(fastrand::u128(1..));
-                (BatchKind::Check2, Some(CheckTag::new(key, priority)))
+    ///
+    /// An async block rather than an `async fn`, so the arguments are kept
+    /// once in the future's state, not twice (captured, then as locals).
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    fn decide<'a>(
+        &'a self,
+        kind: BatchKind,
+        pairs: Kept,
+        names: Option<&'a [Arc<str>]>,
+    ) -> impl Future<Output = Outcome> + Send + 'a {
+        async move {
+            self.start_background();
+            // The one clock read of a check: its deadline, its lease time,
+            // its latency.
+            let started = Instant::now();
+            let deadline = Deadline {
+                at: started + self.deadline,
+                budget: self.deadline,
+            };
+            // A priority makes a CHECK a CHECK2, under a key of its own that
+            // a resend after a lost connection reuses (calls.rs).
+            let (kind, tag) = match (kind, self.priority) {
+                (BatchKind::Check, Some(priority)) => {
+                    let key = IdempotencyKey::from_u128(fastrand::u128(1..));
+                    (BatchKind::Check2, Some(CheckTag::new(key, priority)))
+                }
+                _ => (kind, None),
+            };
+            if self.inner.leases.is_some() && kind == BatchKind::Check && pairs.len() == 1 {
+                // Boxed: leasing is opt-in, its state need not weigh on every
+                // check's future. Scoped, so its outcome is not kept across
+                // the server call below.
+                if let Some(outcome) = Box::pin(self.leased(&pairs, names, started, deadline)).await
+                {
+                    self.observe(&outcome, started);
+                    return outcome;
+                }
             }
-            _ => (kind, None),
-        };
-        let leasing = self.inner.leases.is_some() && kind == BatchKind::Check && pairs.len() == 1;
-        let outcome = if leasing {
-            // Boxed: leasing is opt-in, its state need not weigh on every
-            // check's future.
-            Box::pin(self.leased(&pairs, names, started, deadline)).await
-        } else {
-            None
-        };
-        let outcome = match outcome {
-            Some(o) => o,
-            None => {
-                let checks = match (&pairs[..], tag) {
-                    (_, Some(tag)) => Checks::Tagged(tag, pairs.to_vec()),
-                    ([pair], None) => Checks::One(pair.clone()),
-                    (_, None) => Checks::Group(pairs.to_vec()),
-                };
-                let result = self.one(kind, checks, deadline).await;
-                self.conclude(kind, result, &pairs, names)
-            }
-        };
-        self.observe(&outcome, started);
-        outcome
+            let checks = match (&pairs[..], tag) {
+                (_, Some(tag)) => Checks::Tagged(tag, pairs.to_vec()),
+                ([pair], None) => Checks::One(pair.clone()),
+                (_, None) => Checks::Group(pairs.to_vec()),
+            };
+            let answer = self.inner.route.checks(kind, checks, deadline).await;
+            let outcome = self.conclude(kind, one_result(kind, answer), &pairs, names);
+            self.observe(&outcome, started);
+            outcome
+        }
     }
 
     fn observe(&self, outcome: &Outcome, started: Instant) {
@@ -310,16 +328,7 @@ impl Client {
         checks: Checks,
         deadline: Deadline,
     ) -> Result<CheckResult, Error> {
-        match self.inner.route.checks(kind, checks, deadline).await? {
-            Answer::One(result) => Ok(result),
-            Answer::Results(mut r) if r.len() == 1 => Ok(r.remove(0)),
-            other => calls::results(other, kind.name()).and_then(|r| {
-                Err(Error::ResultCount {
-                    expected: 1,
-                    got: r.len(),
-                })
-            }),
-        }
+        one_result(kind, self.inner.route.checks(kind, checks, deadline).await)
     }
 
     /// The limit of a pair: inline, or the rule's from the rule table.
@@ -425,5 +434,19 @@ impl Client {
             kind == BatchKind::Peek,
             Instant::now(),
         ))
+    }
+}
+
+/// The result of a one-check call's answer, or why there is none.
+fn one_result(kind: BatchKind, answer: Result<Answer, Error>) -> Result<CheckResult, Error> {
+    match answer? {
+        Answer::One(result) => Ok(result),
+        Answer::Results(mut r) if r.len() == 1 => Ok(r.remove(0)),
+        other => calls::results(other, kind.name()).and_then(|r| {
+            Err(Error::ResultCount {
+                expected: 1,
+                got: r.len(),
+            })
+        }),
     }
 }

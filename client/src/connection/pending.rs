@@ -483,8 +483,15 @@ impl Pending {
                 }
                 let mut results = results.into_iter();
                 for m in members {
-                    let own: Vec<CheckResult> = results.by_ref().take(m.shape.checks()).collect();
-                    let result = m.shape.answer(own);
+                    let result = match (m.shape, m.shape.checks()) {
+                        // A one-check call takes its result as is: no vector
+                        // per call (an allocation per check at batch 1).
+                        (Shape::One, _) => match results.next() {
+                            Some(one) => Ok(Answer::One(one)),
+                            None => Shape::One.answer(Vec::new()),
+                        },
+                        (shape, n) => shape.answer(results.by_ref().take(n).collect()),
+                    };
                     answered += u32::from(self.complete(m.id, result, wakers));
                 }
             }

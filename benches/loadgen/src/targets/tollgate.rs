@@ -18,7 +18,6 @@
 
 use std::sync::Mutex;
 
-use bytes::{Bytes, BytesMut};
 use tollgate_client::error::code_summary;
 use tollgate_client::{
     Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Outcome, Pair,
@@ -147,31 +146,20 @@ impl Connection for TollgateConn {
     fn build(&self, picker: &mut KeyPicker) -> Request {
         const LEN: usize = KeySpace::KEY_LEN;
         let checks = self.shape.batch as usize;
+        // All key names of the request in one shared buffer, each pair a
+        // slice of it: no allocation per key, nor per request.
+        let names = picker.next_keys(&self.shape.keys, checks);
+        let pair = |key| Pair {
+            key,
+            limit: self.limit.into(),
+            cost: self.shape.rule.cost,
+        };
         if checks == 1 {
-            let mut key = [0; LEN];
-            self.shape.keys.write_key(picker.next_index(), &mut key);
-            return Request::One(Pair {
-                key: Bytes::copy_from_slice(&key),
-                limit: self.limit.into(),
-                cost: self.shape.rule.cost,
-            });
+            return Request::One(pair(names));
         }
-        // All key names of the request in one buffer, each pair a slice of
-        // it: one allocation per request, not one per key.
-        let mut names = BytesMut::with_capacity(checks * LEN);
-        let mut key = [0; LEN];
-        for _ in 0..checks {
-            self.shape.keys.write_key(picker.next_index(), &mut key);
-            names.extend_from_slice(&key);
-        }
-        let names = names.freeze();
         let mut batch = CheckBatch::with_capacity(checks);
         for i in 0..checks {
-            batch.push(Pair {
-                key: names.slice(i * LEN..(i + 1) * LEN),
-                limit: self.limit.into(),
-                cost: self.shape.rule.cost,
-            });
+            batch.push(pair(names.slice(i * LEN..(i + 1) * LEN)));
         }
         Request::Batch(batch)
     }
