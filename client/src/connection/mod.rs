@@ -23,7 +23,6 @@ mod driver;
 pub(crate) mod pending;
 mod writer;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +39,7 @@ use tollgate_protocol::{
 use crate::config::ClientConfig;
 use crate::error::Error;
 use crate::shard::Node;
+use crate::sync::{AtomicBool, Ordering};
 use call::{Call, Shared};
 use pending::{Answer, Outgoing};
 
