@@ -31,6 +31,9 @@ use tollgate_protocol::{
 
 use crate::error::Error;
 
+#[cfg(test)]
+mod consistency;
+
 const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
 /// Most slots (waiting calls, merged frames and probes) per connection.
@@ -390,8 +393,13 @@ impl Pending {
         self.alloc(SlotState::Merged { members, name })
     }
 
-    /// Queues a PING probe due by `deadline`.
+    /// Queues a PING probe due by `deadline`; false when closed (the
+    /// driver queues it after its sweep, under another lock, so a close
+    /// can come in between) or full.
     pub(crate) fn probe(&mut self, deadline: Instant) -> bool {
+        if self.closed {
+            return false;
+        }
         let Some(id) = self.alloc(SlotState::Probe { deadline }) else {
             return false;
         };
