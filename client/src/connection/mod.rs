@@ -20,6 +20,8 @@
 
 mod call;
 mod driver;
+#[cfg(all(test, tollgate_loom))]
+mod loom_models;
 pub(crate) mod pending;
 mod writer;
 
