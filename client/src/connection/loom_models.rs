@@ -89,6 +89,12 @@ fn answer(request: &Request) -> Response {
     }
 }
 
+/// Checks the map's invariants mid-run (a model also checks them at its
+/// end, when nothing is in flight any more).
+fn check_map(shared: &Shared) {
+    shared.pending.lock().assert_consistent();
+}
+
 /// One writer pass that found something: parks (blocking on
 /// `writer_wake`) while the queue is empty. `None` once closed.
 fn take_some(shared: &Shared) -> Option<Vec<(RequestId, Request)>> {
@@ -98,7 +104,10 @@ fn take_some(shared: &Shared) -> Option<Vec<(RequestId, Request)>> {
         match take(shared, &mut taken, &mut frames, &Default::default()) {
             Take::Closed => return None,
             Take::Park => shared.writer_wake.wait(),
-            Take::Frames => return Some(frames),
+            Take::Frames => {
+                check_map(shared);
+                return Some(frames);
+            }
         }
     }
 }
@@ -110,6 +119,31 @@ fn poll_once<F: Future>(future: F) -> Poll<F::Output> {
     future
         .as_mut()
         .poll(&mut Context::from_waker(Waker::noop()))
+}
+
+/// Both futures to completion, polled in turn: two calls of one task.
+fn both<A: Future, B: Future>(a: A, b: B) -> impl Future<Output = (A::Output, B::Output)> {
+    let (mut a, mut b) = (Box::pin(a), Box::pin(b));
+    let (mut done_a, mut done_b) = (None, None);
+    std::future::poll_fn(move |cx| {
+        if done_a.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(cx) {
+                done_a = Some(v);
+            }
+        }
+        if done_b.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(cx) {
+                done_b = Some(v);
+            }
+        }
+        match (done_a.take(), done_b.take()) {
+            (Some(a), Some(b)) => Poll::Ready((a, b)),
+            (a, b) => {
+                (done_a, done_b) = (a, b);
+                Poll::Pending
+            }
+        }
+    })
 }
 
 /// Checks the map and that no slot is left in use.
@@ -138,7 +172,10 @@ fn answer_races_deadline() {
             hand_over(&s, &mut decoded, start, IDLE).answered
         });
         let s = Arc::clone(&shared);
-        let sweeper = thread::spawn(move || sweep_expired(&s, deadline, IDLE).0.timed_out);
+        let sweeper = thread::spawn(move || {
+            check_map(&s);
+            sweep_expired(&s, deadline, IDLE).0.timed_out
+        });
 
         let result = caller.join().expect("caller");
         let (answered, timed_out) = (
@@ -193,7 +230,8 @@ fn close_races_inserts() {
 /// A call gives up (its future dropped) while the writer may be taking its
 /// request; the next call reuses its slot. A request given up before the
 /// writer took it is not sent; the first call's answer, arriving late,
-/// never reaches the second call.
+/// never reaches the second call, whose answer wakes the task that awaits
+/// it, not the one that first polled it.
 #[test]
 fn reused_id_never_gets_an_old_answer() {
     loom::model(|| {
@@ -208,12 +246,18 @@ fn reused_id_never_gets_an_old_answer() {
             let first = Call::new(&s, ping(), deadline, IDLE);
             assert!(poll_once(first).is_pending(), "submitted, not answered");
             flag.store(true, SeqCst);
-            block_on(Call::new(
+            // Submitted from one task, awaited from another (a select!
+            // that moved on): the answer must wake the second one.
+            let mut second = pin!(Call::new(
                 &s,
                 Outgoing::Request(Request::Topology),
                 deadline,
                 IDLE,
-            ))
+            ));
+            match poll_once(second.as_mut()) {
+                Poll::Pending => block_on(second),
+                Poll::Ready(ended) => ended,
+            }
         });
         let s = Arc::clone(&shared);
         let server = thread::spawn(move || {
@@ -301,6 +345,64 @@ fn callers_race_the_writer() {
     });
 }
 
+/// Two checks of one task, merged into one frame when the writer finds
+/// both queued, race the first one's deadline: that call sees its result
+/// or its timeout, never both; the other gets its own result; each is
+/// answered or timed out exactly once.
+#[test]
+fn merged_answer_races_a_deadline() {
+    loom::model(|| {
+        let shared = shared();
+        let start = Instant::now();
+        let (soon, late) = (start + BUDGET, start + IDLE);
+
+        let s = Arc::clone(&shared);
+        let caller = thread::spawn(move || {
+            block_on(both(
+                Call::new(&s, check("a"), soon, BUDGET),
+                Call::new(&s, check("b"), late, IDLE),
+            ))
+        });
+        // Answers whatever is written until the connection closes (a call
+        // timed out before the take is not written at all).
+        let s = Arc::clone(&shared);
+        let server = thread::spawn(move || {
+            let mut answered = 0;
+            while let Some(frames) = take_some(&s) {
+                let mut decoded: Vec<_> =
+                    frames.iter().map(|(id, r)| (*id, Ok(answer(r)))).collect();
+                answered += hand_over(&s, &mut decoded, start, IDLE).answered;
+            }
+            answered
+        });
+        let s = Arc::clone(&shared);
+        let sweeper = thread::spawn(move || {
+            check_map(&s);
+            sweep_expired(&s, soon, IDLE).0.timed_out
+        });
+
+        let (a, b) = caller.join().expect("caller");
+        let timed_out = sweeper.join().expect("sweeper");
+        shared.close();
+        let answered = server.join().expect("server");
+        assert_eq!(
+            answered + timed_out,
+            2,
+            "answered {answered}, timed out {timed_out}"
+        );
+        match b {
+            Ok(Answer::One(r)) => assert_eq!(r, result_for(b"b")),
+            other => panic!("the call on b got {other:?}"),
+        }
+        match a {
+            Ok(Answer::One(r)) => assert_eq!((r, timed_out), (result_for(b"a"), 0)),
+            Err(Error::Timeout { .. }) => assert_eq!(timed_out, 1),
+            other => panic!("the call on a got {other:?}"),
+        }
+        assert_settled(&shared);
+    });
+}
+
 /// The sweep times a call out while its answer arrives late: the caller
 /// sees one ending, a late answer is dropped, and the probe the timeout
 /// queues is sent and answered, leaving nothing in flight.
@@ -321,6 +423,7 @@ fn sweep_races_late_answer() {
         });
         let s = Arc::clone(&shared);
         let sweeper = thread::spawn(move || {
+            check_map(&s);
             let (swept, _) = sweep_expired(&s, deadline, IDLE);
             if swept.timed_out > 0 {
                 queue_probe(&s, deadline + BUDGET);
@@ -368,6 +471,7 @@ fn close_races_probe() {
 
         let s = Arc::clone(&shared);
         let sweeper = thread::spawn(move || {
+            check_map(&s);
             if sweep_expired(&s, deadline, IDLE).0.timed_out > 0 {
                 queue_probe(&s, deadline + BUDGET);
             }
