@@ -17,6 +17,12 @@
 //! - with [`ClientConfig::tls`] the TLS handshake (the node verified by the
 //!   host part of its address) comes before HELLO, within the same
 //!   connect timeout; the tasks then work on the TLS stream's halves.
+//!
+//! The tasks' steps on the shared state (`writer::take`,
+//! `driver::hand_over`, `sweep_expired`, `queue_probe`) are plain
+//! functions apart from the socket I/O, so the loom models in
+//! `loom_models.rs` (`--cfg tollgate_loom`, scripts/loom.sh) drive them and
+//! the real `Call` future.
 
 mod call;
 mod driver;
