@@ -72,6 +72,7 @@
 //!   batches split per shard, MOVED and TryAgain;
 //! - `shard`: nodes, connection life cycle, primary rounds;
 //! - `connection`: the multiplexed connection (slots, writer, driver);
+//! - `sync`: its locks, atomics and wakeups (loom's under `cfg(tollgate_loom)`);
 //! - `breaker`: the per-node circuit breaker;
 //! - `fallback`, `lease`, `keymap`: the local limiters and their bounded map;
 //! - [`outcome`], [`decision`]: what a check comes to;
@@ -97,6 +98,7 @@ pub mod outcome;
 pub mod policy;
 pub mod rules;
 mod shard;
+mod sync;
 pub mod tls;
 
 pub use breaker::BreakerState;

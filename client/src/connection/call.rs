@@ -8,13 +8,12 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use parking_lot::Mutex;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 use tollgate_protocol::{Request, RequestId};
 
 use super::pending::{Answer, Outgoing, Pending, Shape, Wakers};
 use crate::error::Error;
+use crate::sync::{Mutex, Notify};
 
 /// The state a connection's calls, writer and driver share.
 pub(crate) struct Shared {

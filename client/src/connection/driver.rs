@@ -38,6 +38,87 @@ pub(super) struct DriverSettings {
     pub probe_timeout: Duration,
 }
 
+/// What handing over one read's answers came to.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HandedOver {
+    /// Calls answered.
+    pub answered: u32,
+    /// The probe's PING was answered.
+    pub probe_answered: bool,
+    /// What the sweep found, when `armed` had passed.
+    pub swept: Swept,
+    /// When to sweep next.
+    pub armed: Instant,
+}
+
+/// The driver's step on the shared state after a read: hands every decoded
+/// answer to its call(s) under one lock, sweeps when `armed` has passed by
+/// `now`, and wakes the callers after unlocking. Leaves `decoded` empty.
+pub(super) fn hand_over(
+    shared: &Shared,
+    decoded: &mut Vec<(RequestId, Result<Response, Error>)>,
+    now: Instant,
+    idle_rearm: Duration,
+) -> HandedOver {
+    let mut wakers = Wakers::new();
+    let out = {
+        let mut p = shared.pending.lock();
+        let (mut answered, mut probe_answered) = (0, false);
+        for (id, answer) in decoded.drain(..) {
+            let (n, probe) = p.deliver(id, answer, &mut wakers);
+            answered += n;
+            probe_answered |= probe;
+        }
+        let swept = if p.armed <= now {
+            p.sweep(now, idle_rearm, &mut wakers)
+        } else {
+            Swept::default()
+        };
+        HandedOver {
+            answered,
+            probe_answered,
+            swept,
+            armed: p.armed,
+        }
+    };
+    wakers.into_iter().for_each(std::task::Waker::wake);
+    out
+}
+
+/// The driver's deadline sweep: times out the calls due by `now`, wakes
+/// them after unlocking; returns what it found and when to sweep next.
+pub(super) fn sweep_expired(
+    shared: &Shared,
+    now: Instant,
+    idle_rearm: Duration,
+) -> (Swept, Instant) {
+    let mut wakers = Wakers::new();
+    let (swept, armed) = {
+        let mut p = shared.pending.lock();
+        (p.sweep(now, idle_rearm, &mut wakers), p.armed)
+    };
+    wakers.into_iter().for_each(std::task::Waker::wake);
+    (swept, armed)
+}
+
+/// After calls timed out: queues one PING probe due by `deadline` unless
+/// one is in flight (or the connection closed), waking a parked writer for
+/// it. Returns when to sweep next.
+pub(super) fn queue_probe(shared: &Shared, deadline: Instant) -> Instant {
+    let (armed, wake_writer) = {
+        let mut p = shared.pending.lock();
+        let queued = !p.probing && p.probe(deadline);
+        (
+            p.armed,
+            queued && std::mem::replace(&mut p.writer_parked, false),
+        )
+    };
+    if wake_writer {
+        shared.writer_wake.notify_one();
+    }
+    armed
+}
+
 pub(super) async fn drive<R: AsyncRead + Unpin>(
     mut socket: R,
     mut buf: BytesMut,
@@ -51,7 +132,6 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
     tokio::pin!(sleep);
     let mut decoded: Vec<(RequestId, Result<Response, Error>)> = Vec::new();
     'drive: loop {
-        let mut wakers = Wakers::new();
         let mut answered = 0u32;
         let mut swept = Swept::default();
         let mut probe_answered = false;
@@ -87,21 +167,10 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
                         },
                     }
                 }
-                let now = Instant::now();
-                {
-                    let mut p = shared.pending.lock();
-                    for (id, answer) in decoded.drain(..) {
-                        let (n, probe) = p.deliver(id, answer, &mut wakers);
-                        answered += n;
-                        probe_answered |= probe;
-                    }
-                    if p.armed <= now {
-                        swept = p.sweep(now, settings.idle_rearm, &mut wakers);
-                    }
-                    armed = p.armed;
-                }
+                let pass = hand_over(&shared, &mut decoded, Instant::now(), settings.idle_rearm);
+                (answered, probe_answered, swept, armed) =
+                    (pass.answered, pass.probe_answered, pass.swept, pass.armed);
                 if fatal {
-                    wakers.into_iter().for_each(std::task::Waker::wake);
                     break 'drive;
                 }
                 if buf.capacity() - buf.len() < READ_CHUNK / 4 {
@@ -109,15 +178,12 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
                 }
             }
             () = &mut sleep => {
-                let mut p = shared.pending.lock();
-                swept = p.sweep(Instant::now(), settings.idle_rearm, &mut wakers);
-                armed = p.armed;
+                (swept, armed) = sweep_expired(&shared, Instant::now(), settings.idle_rearm);
             }
             () = shared.sweep_wake.notified() => {
                 armed = shared.pending.lock().armed;
             }
         }
-        wakers.into_iter().for_each(std::task::Waker::wake);
         if probe_answered {
             tracing::debug!(addr = %node.addr, "suspect connection answered its probe");
         }
@@ -131,16 +197,7 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
             break;
         }
         if swept.timed_out > 0 {
-            let queued = {
-                let mut p = shared.pending.lock();
-                let deadline = Instant::now() + settings.probe_timeout;
-                let queued = !p.probing && p.probe(deadline);
-                armed = p.armed;
-                queued && std::mem::replace(&mut p.writer_parked, false)
-            };
-            if queued {
-                shared.writer_wake.notify_one();
-            }
+            armed = queue_probe(&shared, Instant::now() + settings.probe_timeout);
         }
         if sleep.deadline() != armed {
             sleep.as_mut().reset(armed);

@@ -17,13 +17,20 @@
 //! - with [`ClientConfig::tls`] the TLS handshake (the node verified by the
 //!   host part of its address) comes before HELLO, within the same
 //!   connect timeout; the tasks then work on the TLS stream's halves.
+//!
+//! The tasks' steps on the shared state (`writer::take`,
+//! `driver::hand_over`, `sweep_expired`, `queue_probe`) are plain
+//! functions apart from the socket I/O, so the loom models in
+//! `loom_models.rs` (`--cfg tollgate_loom`, scripts/loom.sh) drive them and
+//! the real `Call` future.
 
 mod call;
 mod driver;
+#[cfg(all(test, tollgate_loom))]
+mod loom_models;
 pub(crate) mod pending;
 mod writer;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +47,7 @@ use tollgate_protocol::{
 use crate::config::ClientConfig;
 use crate::error::Error;
 use crate::shard::Node;
+use crate::sync::{AtomicBool, Ordering};
 use call::{Call, Shared};
 use pending::{Answer, Outgoing};
 

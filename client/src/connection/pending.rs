@@ -13,11 +13,15 @@
 //! - a waiting slot ends exactly once: answered by the driver, timed out by
 //!   the sweep, failed when the connection closes, or freed by its dropped
 //!   call; only then can its index be reused;
-//! - once `closed`, no slot is added: a call fails at once with
-//!   `ConnectionLost` instead of at its deadline;
+//! - once `closed`, no slot is added (nor a probe): a call fails at once
+//!   with `ConnectionLost` instead of at its deadline;
 //! - no timer per call: each waiting slot records its deadline and the
 //!   driver sweeps them, armed at the earliest (`armed`); a call with a
 //!   deadline before `armed` wakes the driver to re-arm.
+//!
+//! `Pending::assert_consistent` (pending/consistency.rs) checks these; the
+//! loom models (`loom_models.rs`) call it under every interleaving of
+//! calls, writer, driver and close.
 
 use std::task::{Poll, Waker};
 use std::time::Duration;
@@ -30,6 +34,9 @@ use tollgate_protocol::{
 };
 
 use crate::error::Error;
+
+#[cfg(test)]
+mod consistency;
 
 const INDEX_BITS: u32 = 20;
 const INDEX_MASK: u32 = (1 << INDEX_BITS) - 1;
@@ -390,8 +397,13 @@ impl Pending {
         self.alloc(SlotState::Merged { members, name })
     }
 
-    /// Queues a PING probe due by `deadline`.
+    /// Queues a PING probe due by `deadline`; false when closed (the
+    /// driver queues it after its sweep, under another lock, so a close
+    /// can come in between) or full.
     pub(crate) fn probe(&mut self, deadline: Instant) -> bool {
+        if self.closed {
+            return false;
+        }
         let Some(id) = self.alloc(SlotState::Probe { deadline }) else {
             return false;
         };

@@ -139,6 +139,52 @@ fn flush(
     frames.push((frame_id, request));
 }
 
+/// What one pass of the writer found under the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Take {
+    /// The connection is closed: the writer stops.
+    Closed,
+    /// Nothing queued: the writer is marked parked and waits for
+    /// `writer_wake` (the next submit clears the mark and notifies).
+    Park,
+    /// `frames` holds what to encode and write.
+    Frames,
+}
+
+/// The writer's step on the shared state: takes the whole queue under the
+/// lock, plans it into `frames` (merged CHECKs, abandoned calls dropped),
+/// then wakes the calls failed on the way (too large, no slot) after
+/// unlocking. `taken` is scratch space, left empty.
+pub(super) fn take(
+    shared: &Shared,
+    taken: &mut Vec<(RequestId, Outgoing)>,
+    frames: &mut Vec<(RequestId, Request)>,
+    limits: &ServerLimits,
+) -> Take {
+    let mut wakers = Wakers::new();
+    {
+        let mut p = shared.pending.lock();
+        if p.closed {
+            return Take::Closed;
+        }
+        if p.queue.is_empty() {
+            p.writer_parked = true;
+            return Take::Park;
+        }
+        std::mem::swap(&mut p.queue, taken);
+        plan(&mut p, taken, frames, limits, &mut wakers);
+    }
+    wakers.into_iter().for_each(std::task::Waker::wake);
+    Take::Frames
+}
+
+/// Fails the call(s) of frame `id`, which could not be encoded.
+pub(super) fn fail_frame(shared: &Shared, id: RequestId, error: Error) {
+    let mut wakers = Wakers::new();
+    shared.pending.lock().deliver(id, Err(error), &mut wakers);
+    wakers.into_iter().for_each(std::task::Waker::wake);
+}
+
 /// The writer task. Generic over the sink so a test can count its writes.
 pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
     mut socket: W,
@@ -150,38 +196,19 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
     let mut frames: Vec<(RequestId, Request)> = Vec::new();
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     loop {
-        let mut wakers = Wakers::new();
-        let park = {
-            let mut p = shared.pending.lock();
-            if p.closed {
-                break;
-            }
-            if p.queue.is_empty() {
-                p.writer_parked = true;
-                true
-            } else {
-                std::mem::swap(&mut p.queue, &mut taken);
-                plan(&mut p, &mut taken, &mut frames, &limits, &mut wakers);
-                false
-            }
-        };
-        if park {
+        match take(&shared, &mut taken, &mut frames, &limits) {
+            Take::Closed => break,
             // A submit after the unlock stores a permit: not missed.
-            tokio::select! {
+            Take::Park => tokio::select! {
                 biased;
                 () = exit.stop.cancelled() => break,
                 () = shared.writer_wake.notified() => continue,
-            }
+            },
+            Take::Frames => {}
         }
-        wakers.into_iter().for_each(std::task::Waker::wake);
         for (id, request) in frames.drain(..) {
             if let Err(e) = encode_request(id, &request, &mut buf) {
-                let mut wakers = Wakers::new();
-                shared
-                    .pending
-                    .lock()
-                    .deliver(id, Err(Error::from(e)), &mut wakers);
-                wakers.into_iter().for_each(std::task::Waker::wake);
+                fail_frame(&shared, id, Error::from(e));
             }
         }
         if buf.is_empty() {
@@ -212,7 +239,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use std::pin::Pin;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::{Context, Poll, Waker};
     use std::time::Duration;
 
@@ -226,6 +253,7 @@ mod tests {
 
     use super::*;
     use crate::connection::pending::Shape;
+    use crate::sync::AtomicBool;
 
     /// A real socket's write half that counts the writes made on it.
     struct CountingWriter<W> {
