@@ -168,9 +168,8 @@ mod tests {
     /// up with the new one.
     #[tokio::test]
     async fn answers_in_release_order_and_reuses_slots() {
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..70)
-            .map(|_| oneshot::channel::<u32>())
-            .unzip();
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..70).map(|_| oneshot::channel::<u32>()).unzip();
         let mut receivers = receivers.into_iter().enumerate();
         let mut pipeline = Pipeline::new(66);
         for _ in 0..66 {
