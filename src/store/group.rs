@@ -14,7 +14,7 @@
 //! A group holds at most one concurrency pair, so an allowed check acquires
 //! at most one lease, which the group's decision carries.
 
-use super::tables::{Table, Tables};
+use super::tables::{Place, Table, Tables};
 use super::{Entry, Store, StoredKey};
 use crate::algorithm::{release_lease, Decision, Policy};
 use crate::clock::Nanos;
@@ -258,18 +258,18 @@ impl Store {
             return Ok(0);
         }
         let mut evicted = 0;
-        for table in [Table::Buckets, Table::Others] {
+        for place in Place::ALL {
             let (mut new, mut heap) = (0, 0);
             for ((key, entry), &hash) in keys.clone().zip(after).zip(hashes) {
                 let Some(entry) = entry else { continue };
-                if Table::of(&entry.state) == table && tables.is_new(hash, key, &entry.state) {
+                if Place::of(&entry.state) == place && tables.is_new(hash, key, &entry.state) {
                     new += 1;
                     heap += StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
                 }
             }
             let made = tables.make_room(
                 &self.hasher,
-                table,
+                place,
                 (new, heap),
                 (self.stripe_budget, self.on_full),
                 now,

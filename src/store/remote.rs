@@ -13,7 +13,7 @@
 //! charges what it is given (the regions layer applies each report once).
 
 use super::group::table_for;
-use super::tables::Table;
+use super::tables::Place;
 use super::{Entry, Locked, Store, StoredKey};
 use crate::algorithm::{InvalidLimit, Policy};
 use crate::clock::Nanos;
@@ -92,8 +92,8 @@ impl Store {
         }
         match entry {
             Some(entry) => {
-                if current.is_none() {
-                    self.room_for(tables, changes, stripe, table, key, &entry, now)?;
+                if tables.is_new(hash, key, &entry.state) {
+                    self.room_for(tables, changes, stripe, key, &entry, now)?;
                 }
                 tables.put(&self.hasher, hash, key, entry);
             }
@@ -107,13 +107,11 @@ impl Store {
 
     /// Makes room for a new key's `entry` within the stripe's memory share,
     /// as a check adding a key would (evicting or refusing by policy).
-    #[allow(clippy::too_many_arguments)]
     fn room_for(
         &self,
         tables: &mut super::Tables,
         changes: &mut super::ChangeLog,
         stripe: &super::Stripe,
-        table: Table,
         key: &[u8],
         entry: &Entry,
         now: Nanos,
@@ -124,7 +122,7 @@ impl Store {
         let heap = StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
         let room = tables.make_room(
             &self.hasher,
-            table,
+            Place::of(&entry.state),
             (1, heap),
             (self.stripe_budget, self.on_full),
             now,

@@ -1,32 +1,45 @@
 //! The tables inside one stripe, laid out for memory and kept within a budget.
 //!
-//! Token buckets are the common case and their whole state is GCRA's `tat`,
-//! which is also their expiry, so they get a table of 32-byte entries (a
-//! 24-byte [`StoredKey`] and the `tat`). Every other algorithm's state lives
-//! in a second table with an explicit expiry. A key's state is looked up in
-//! the table of the algorithm being checked, so one key may carry a bucket
-//! and a window side by side; each expires on its own and RESET drops both.
+//! A key holds at most two states: its token bucket, and one state of any
+//! other algorithm ([`Table`]). A key's state is looked up in the table of
+//! the algorithm being checked, so one key may carry a bucket and a window
+//! side by side; each expires on its own and RESET drops both.
+//!
+//! Where a state is stored ([`Place`]) is finer than that. GCRA's whole
+//! state is its `tat`, which is also its expiry, so token buckets and leaky
+//! buckets get tables of 32-byte entries (a 24-byte [`StoredKey`] and the
+//! `tat`), one each: a leaky bucket's state is kept apart from a token
+//! bucket's (switching a key between the two starts it afresh). Every other
+//! algorithm's state lives in a general table with an explicit expiry. The
+//! leaky table and the general table together hold a key's one "other"
+//! state: a lookup of it checks both, and storing it in one removes the
+//! key from the other.
 //!
 //! Hashes are computed once per key by the caller (one `ahash` for every
 //! table of the store) and passed in; the tables never rehash keys except
 //! when they grow or are compacted.
 //!
-//! Memory: [`Tables::memory_bytes`] is O(1): the slots both tables have
+//! Memory: [`Tables::memory_bytes`] is O(1): the slots every table has
 //! reserved (entry + control byte each) plus `heap_bytes`, the long keys and
 //! the logs and lease lists owned by states, kept up to date on every change.
-//! Before a new key would make a table grow past the stripe's budget,
-//! [`Tables::make_room`] drops expired entries and then, by policy, evicts
-//! the entries closest to expiry or refuses the key.
+//! The budget itself is kept by [`Tables::make_room`] (`budget`).
+
+mod budget;
+mod slots;
+
+pub use budget::Full;
 
 use super::{Entry, StoredKey};
 use crate::algorithm::{State, Verdict};
 use crate::clock::Nanos;
 use crate::sync::{AtomicU64, Ordering};
-use hashbrown::HashTable;
+use budget::Upkeep;
+use slots::Slots;
 
-/// A token bucket: the key and GCRA's theoretical arrival time.
+/// A token or leaky bucket: the key and GCRA's theoretical arrival time,
+/// which is also when the state expires.
 #[derive(Debug)]
-struct Bucket {
+struct Gcra {
     key: StoredKey,
     tat: Nanos,
 }
@@ -44,189 +57,128 @@ impl Other {
     }
 }
 
-/// Which table a state belongs to.
+/// Which of a key's two states: its token bucket, or its state of any
+/// other algorithm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Table {
     Buckets,
     Others,
 }
 
-impl Table {
+/// The table a state is stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Token buckets (32-byte entries).
+    Buckets,
+    /// Leaky buckets (32-byte entries); part of [`Table::Others`].
+    Leaky,
+    /// Every other algorithm; part of [`Table::Others`].
+    General,
+}
+
+impl Place {
+    pub const ALL: [Place; 3] = [Place::Buckets, Place::Leaky, Place::General];
+
     pub fn of(state: &State) -> Self {
         match state {
-            State::TokenBucket { .. } => Table::Buckets,
-            _ => Table::Others,
+            State::TokenBucket { .. } => Place::Buckets,
+            State::LeakyBucket { .. } => Place::Leaky,
+            _ => Place::General,
         }
-    }
-}
-
-/// What a full stripe does with a new key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Full {
-    /// Evict the entries closest to expiry (they carry the least state).
-    Evict,
-    /// Refuse the new key; existing keys keep working.
-    Refuse,
-}
-
-/// How [`Tables::make_room`] went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Room {
-    /// Expired entries dropped to make room.
-    pub expired: usize,
-    /// Live entries evicted to make room.
-    pub evicted: usize,
-    /// False when the new keys cannot be taken (policy `Refuse`).
-    pub granted: bool,
-}
-
-/// Fraction of a full table evicted at once (1/8): evicting in batches keeps
-/// the cost per new key O(1) amortized instead of a scan per insert.
-const EVICT_SHIFT: u32 = 3;
-
-/// A hash table and the capacity of its allocation. hashbrown's
-/// `capacity()` counts only the free slots left, which removals turn into
-/// tombstones, so the allocated size is tracked here: it changes only when an
-/// insert grows the table and when [`Slots::rebuild`] runs.
-#[derive(Debug)]
-struct Slots<T> {
-    table: HashTable<T>,
-    /// Capacity of the allocation, as hashbrown reports it when fresh.
-    full: usize,
-}
-
-impl<T> Default for Slots<T> {
-    fn default() -> Self {
-        Self {
-            table: HashTable::new(),
-            full: 0,
-        }
-    }
-}
-
-impl<T> Slots<T> {
-    fn insert(&mut self, hash: u64, item: T, rehash: impl Fn(&T) -> u64) {
-        self.table.insert_unique(hash, item, rehash);
-        self.full = self.full.max(self.table.capacity());
-    }
-
-    /// Bytes the allocation holds: an entry and a control byte per bucket.
-    fn bytes(&self) -> usize {
-        slot_bytes(self.full, std::mem::size_of::<T>())
-    }
-
-    /// Bytes once `new` more entries are in: an insert past the free slots
-    /// makes hashbrown grow (or rehash in place; counting it as growth only
-    /// errs on the safe side).
-    fn bytes_after(&self, new: usize) -> usize {
-        self.bytes_with(self.table.len() + new, self.table.capacity())
-    }
-
-    /// Bytes once every entry is gone (the allocation stays) and `new`
-    /// entries are in.
-    fn bytes_if_emptied(&self, new: usize) -> usize {
-        self.bytes_with(new, self.full)
-    }
-
-    /// Bytes for `needed` entries when `room` fit without growing.
-    fn bytes_with(&self, needed: usize, room: usize) -> usize {
-        if needed <= room {
-            return self.bytes();
-        }
-        let mut target = grown(self.full);
-        while needed > target {
-            target = grown(target);
-        }
-        slot_bytes(target, std::mem::size_of::<T>())
-    }
-
-    /// Whether removals left tombstones: hashbrown counts a tombstone
-    /// neither as an entry nor as a free slot.
-    fn has_tombstones(&self) -> bool {
-        self.table.capacity() < self.full
-    }
-
-    /// Rebuilds the table in an allocation of the same size, without the
-    /// tombstones removals left.
-    fn rebuild(&mut self, hash: impl Fn(&T) -> u64) {
-        let fresh = HashTable::with_capacity(self.full.max(self.table.len()));
-        let old = std::mem::replace(&mut self.table, fresh);
-        for item in old {
-            self.table.insert_unique(hash(&item), item, &hash);
-        }
-        self.full = self.table.capacity();
     }
 }
 
 #[derive(Debug, Default)]
 pub struct Tables {
-    buckets: Slots<Bucket>,
+    buckets: Slots<Gcra>,
+    leaky: Slots<Gcra>,
     others: Slots<Other>,
     /// Heap bytes owned by entries: long keys, logs, lease lists.
     heap_bytes: usize,
     upkeep: Upkeep,
 }
 
-/// When dropping expired entries and tombstones at the cap is worth a scan
-/// of the stripe (see [`Tables::make_room`]).
-#[derive(Debug, Default)]
-struct Upkeep {
-    /// No entry expires before this (a lower bound: lowered by every write,
-    /// made exact by every scan). 0 until the first scan.
-    next_expiry: Nanos,
-    /// When the last scan ran.
-    last: Nanos,
-    /// Requests over the budget since then.
-    misses: usize,
-}
-
-/// Least time between two scans of a stripe for expired entries at the cap
-/// (100 ms), unless requests over the budget have paid for one (see
-/// [`Tables::make_room`]).
-pub const UPKEEP_GAP: Nanos = 100 * crate::clock::NANOS_PER_MS;
-
-fn bucket_entry(b: &Bucket) -> Entry {
+fn bucket_entry(g: &Gcra) -> Entry {
     Entry {
-        state: State::TokenBucket { tat: b.tat },
-        expires_at: b.tat,
+        state: State::TokenBucket { tat: g.tat },
+        expires_at: g.tat,
     }
 }
 
-/// Bytes of the slots a table with `capacity` reserves: hashbrown keeps 1/8
-/// of its buckets free (all but one when tiny), each bucket an entry plus a
-/// control byte.
-fn slot_bytes(capacity: usize, entry: usize) -> usize {
-    let buckets = match capacity {
-        0 => 0,
-        1..=7 => capacity + 1,
-        _ => capacity / 7 * 8,
-    };
-    buckets * (entry + 1)
+fn leaky_entry(g: &Gcra) -> Entry {
+    Entry {
+        state: State::LeakyBucket { tat: g.tat },
+        expires_at: g.tat,
+    }
 }
 
-/// What a table of `capacity` grows to when full (hashbrown doubles).
-fn grown(capacity: usize) -> usize {
-    match capacity {
-        0 => 3,
-        1..=3 => 7,
-        _ => (capacity / 7 * 8 * 2) / 8 * 7,
+/// Sets the `tat` of `key` in a GCRA table, adding the key if new; returns
+/// the heap bytes added.
+fn put_gcra(
+    slots: &mut Slots<Gcra>,
+    hasher: &ahash::RandomState,
+    hash: u64,
+    key: &[u8],
+    tat: Nanos,
+) -> usize {
+    if let Some(g) = slots.table.find_mut(hash, |g| g.key.as_bytes() == key) {
+        g.tat = tat;
+        return 0;
     }
+    let key = StoredKey::new(key);
+    let heap = key.heap_bytes();
+    slots.insert(hash, Gcra { key, tat }, |g| {
+        hasher.hash_one(g.key.as_bytes())
+    });
+    heap
+}
+
+/// Keeps the entries of a GCRA table that satisfy `keep`; returns the heap
+/// bytes freed.
+fn retain_gcra(slots: &mut Slots<Gcra>, mut keep: impl FnMut(&Gcra) -> bool) -> usize {
+    let mut freed = 0;
+    slots.table.retain(|g| {
+        let kept = keep(g);
+        if !kept {
+            freed += g.key.heap_bytes();
+        }
+        kept
+    });
+    freed
 }
 
 impl Tables {
-    /// The entry of `key` in `table`, live or not.
-    pub fn find(&self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
-        match table {
-            Table::Buckets => self
-                .buckets
-                .table
-                .find(hash, |b| b.key.as_bytes() == key)
-                .map(bucket_entry),
-            Table::Others => self
+    /// The entry of `key` in `place`, live or not.
+    fn find_in(&self, place: Place, hash: u64, key: &[u8]) -> Option<Entry> {
+        let eq = |g: &Gcra| g.key.as_bytes() == key;
+        match place {
+            Place::Buckets => self.buckets.table.find(hash, eq).map(bucket_entry),
+            Place::Leaky => self.leaky.table.find(hash, eq).map(leaky_entry),
+            Place::General => self
                 .others
                 .table
                 .find(hash, |o| o.key.as_bytes() == key)
                 .map(|o| o.entry.clone()),
+        }
+    }
+
+    /// Whether `place` holds `key` (without copying its state).
+    fn holds(&self, place: Place, hash: u64, key: &[u8]) -> bool {
+        let eq = |k: &StoredKey| k.as_bytes() == key;
+        match place {
+            Place::Buckets => self.buckets.table.find(hash, |g| eq(&g.key)).is_some(),
+            Place::Leaky => self.leaky.table.find(hash, |g| eq(&g.key)).is_some(),
+            Place::General => self.others.table.find(hash, |o| eq(&o.key)).is_some(),
+        }
+    }
+
+    /// The entry of `key` in `table`, live or not.
+    pub fn find(&self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
+        match table {
+            Table::Buckets => self.find_in(Place::Buckets, hash, key),
+            Table::Others => self
+                .find_in(Place::Leaky, hash, key)
+                .or_else(|| self.find_in(Place::General, hash, key)),
         }
     }
 
@@ -307,81 +259,98 @@ impl Tables {
             .or_else(|| self.find(Table::Others, hash, key))
     }
 
-    /// Whether `put(.., entry)` for `key` would add an entry.
+    /// Whether `put(.., entry)` for `key` would add an entry to the place
+    /// of `state` (switching a key's other state between the leaky table
+    /// and the general one adds an entry to the new place).
     pub fn is_new(&self, hash: u64, key: &[u8], state: &State) -> bool {
-        self.find(Table::of(state), hash, key).is_none()
+        !self.holds(Place::of(state), hash, key)
     }
 
-    /// Stores `entry` for `key`, in the table its state belongs to.
+    /// Stores `entry` for `key`, in the place its state belongs to. A
+    /// bucket's expiry is its `tat` (GCRA writes them equal). An other
+    /// state replaces the key's other state wherever it was.
     pub fn put(&mut self, hasher: &ahash::RandomState, hash: u64, key: &[u8], entry: Entry) {
         self.upkeep.wrote(entry.expires_at);
-        let rehash = |k: &StoredKey| hasher.hash_one(k.as_bytes());
         match entry.state {
             State::TokenBucket { tat } => {
+                self.heap_bytes += put_gcra(&mut self.buckets, hasher, hash, key, tat);
+            }
+            State::LeakyBucket { tat } => {
+                self.remove_in(Place::General, hash, key);
+                self.heap_bytes += put_gcra(&mut self.leaky, hasher, hash, key, tat);
+            }
+            _ => {
+                self.remove_in(Place::Leaky, hash, key);
                 match self
-                    .buckets
+                    .others
                     .table
-                    .find_mut(hash, |b| b.key.as_bytes() == key)
+                    .find_mut(hash, |o| o.key.as_bytes() == key)
                 {
-                    Some(b) => b.tat = tat,
+                    Some(o) => {
+                        self.heap_bytes -= o.entry.state.heap_bytes();
+                        self.heap_bytes += entry.state.heap_bytes();
+                        o.entry = entry;
+                    }
                     None => {
-                        let key = StoredKey::new(key);
-                        self.heap_bytes += key.heap_bytes();
-                        self.buckets
-                            .insert(hash, Bucket { key, tat }, |b| rehash(&b.key));
+                        let other = Other {
+                            key: StoredKey::new(key),
+                            entry,
+                        };
+                        self.heap_bytes += other.heap_bytes();
+                        self.others
+                            .insert(hash, other, |o| hasher.hash_one(o.key.as_bytes()));
                     }
                 }
             }
-            _ => match self
-                .others
-                .table
-                .find_mut(hash, |o| o.key.as_bytes() == key)
-            {
-                Some(o) => {
-                    self.heap_bytes -= o.entry.state.heap_bytes();
-                    self.heap_bytes += entry.state.heap_bytes();
-                    o.entry = entry;
-                }
-                None => {
-                    let other = Other {
-                        key: StoredKey::new(key),
-                        entry,
-                    };
-                    self.heap_bytes += other.heap_bytes();
-                    self.others.insert(hash, other, |o| rehash(&o.key));
-                }
-            },
         }
     }
 
-    pub fn remove(&mut self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
-        match table {
-            Table::Buckets => {
-                let found = self
-                    .buckets
-                    .table
-                    .find_entry(hash, |b| b.key.as_bytes() == key);
-                let (b, _) = found.ok()?.remove();
-                self.heap_bytes -= b.key.heap_bytes();
-                Some(bucket_entry(&b))
+    /// Removes `key` from `place`, returning its entry.
+    fn remove_in(&mut self, place: Place, hash: u64, key: &[u8]) -> Option<Entry> {
+        let gcra = |slots: &mut Slots<Gcra>| {
+            let found = slots.table.find_entry(hash, |g| g.key.as_bytes() == key);
+            found.ok().map(|f| f.remove().0)
+        };
+        let (entry, freed) = match place {
+            Place::Buckets => {
+                gcra(&mut self.buckets).map(|g| (bucket_entry(&g), g.key.heap_bytes()))
             }
-            Table::Others => {
+            Place::Leaky => gcra(&mut self.leaky).map(|g| (leaky_entry(&g), g.key.heap_bytes())),
+            Place::General => {
                 let found = self
                     .others
                     .table
                     .find_entry(hash, |o| o.key.as_bytes() == key);
-                let (o, _) = found.ok()?.remove();
-                self.heap_bytes -= o.heap_bytes();
-                Some(o.entry)
+                found.ok().map(|f| {
+                    let (o, _) = f.remove();
+                    let freed = o.heap_bytes();
+                    (o.entry, freed)
+                })
+            }
+        }?;
+        self.heap_bytes -= freed;
+        Some(entry)
+    }
+
+    /// Removes `key`'s state in `table`, returning it.
+    pub fn remove(&mut self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
+        match table {
+            Table::Buckets => self.remove_in(Place::Buckets, hash, key),
+            Table::Others => {
+                // A key has its other state in one place; both are cleared
+                // so that nothing could outlive a removal.
+                let leaky = self.remove_in(Place::Leaky, hash, key);
+                let general = self.remove_in(Place::General, hash, key);
+                leaky.or(general)
             }
         }
     }
 
     /// Removes `key` from every table; true when any removed state was live.
     pub fn remove_all(&mut self, hash: u64, key: &[u8], now: Nanos) -> bool {
-        [Table::Buckets, Table::Others]
+        Place::ALL
             .into_iter()
-            .filter_map(|t| self.remove(t, hash, key))
+            .filter_map(|p| self.remove_in(p, hash, key))
             .fold(false, |live, e| live | (e.expires_at > now))
     }
 
@@ -396,8 +365,11 @@ impl Tables {
     /// Calls `f` with every entry, live or not (one call per table a key
     /// has state in).
     pub fn for_each(&self, mut f: impl FnMut(&StoredKey, Entry)) {
-        for b in &self.buckets.table {
-            f(&b.key, bucket_entry(b));
+        for g in &self.buckets.table {
+            f(&g.key, bucket_entry(g));
+        }
+        for g in &self.leaky.table {
+            f(&g.key, leaky_entry(g));
         }
         for o in &self.others.table {
             f(&o.key, o.entry.clone());
@@ -406,14 +378,8 @@ impl Tables {
 
     /// Keeps only the entries whose key satisfies `keep`.
     pub fn retain_keys(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
-        let mut freed = 0;
-        self.buckets.table.retain(|b| {
-            let kept = keep(b.key.as_bytes());
-            if !kept {
-                freed += b.key.heap_bytes();
-            }
-            kept
-        });
+        let mut freed = retain_gcra(&mut self.buckets, |g| keep(g.key.as_bytes()));
+        freed += retain_gcra(&mut self.leaky, |g| keep(g.key.as_bytes()));
         self.others.table.retain(|o| {
             let kept = keep(o.key.as_bytes());
             if !kept {
@@ -428,25 +394,22 @@ impl Tables {
     /// Learns the earliest expiry of what is kept.
     fn retain_after(&mut self, cutoff: Nanos) -> usize {
         let before = self.len();
-        let mut freed = 0;
         let mut earliest = Nanos::MAX;
-        self.buckets.table.retain(|b| {
-            let keep = b.tat > cutoff;
-            if keep {
-                earliest = earliest.min(b.tat);
-            } else {
-                freed += b.key.heap_bytes();
+        let mut keep = |expires_at: Nanos| {
+            let kept = expires_at > cutoff;
+            if kept {
+                earliest = earliest.min(expires_at);
             }
-            keep
-        });
+            kept
+        };
+        let mut freed = retain_gcra(&mut self.buckets, |g| keep(g.tat));
+        freed += retain_gcra(&mut self.leaky, |g| keep(g.tat));
         self.others.table.retain(|o| {
-            let keep = o.entry.expires_at > cutoff;
-            if keep {
-                earliest = earliest.min(o.entry.expires_at);
-            } else {
+            let kept = keep(o.entry.expires_at);
+            if !kept {
                 freed += o.heap_bytes();
             }
-            keep
+            kept
         });
         self.heap_bytes -= freed;
         self.upkeep.next_expiry = earliest;
@@ -459,180 +422,11 @@ impl Tables {
     }
 
     pub fn len(&self) -> usize {
-        self.buckets.table.len() + self.others.table.len()
-    }
-
-    /// Reserved bytes: slots of both tables and the heap bytes of entries.
-    pub fn memory_bytes(&self) -> usize {
-        self.buckets.bytes() + self.others.bytes() + self.heap_bytes
-    }
-
-    /// Bytes after adding `new` entries to `table` (growing it if needed),
-    /// `heap` of them on the heap.
-    fn memory_after(&self, table: Table, new: usize, heap: usize) -> usize {
-        let (before, after) = match table {
-            Table::Buckets => (self.buckets.bytes(), self.buckets.bytes_after(new)),
-            Table::Others => (self.others.bytes(), self.others.bytes_after(new)),
-        };
-        self.memory_bytes() - before + after + heap
-    }
-
-    /// Bytes once every entry is evicted and `new` entries (`heap` bytes on
-    /// the heap) are in `table`.
-    fn memory_if_emptied(&self, table: Table, new: usize, heap: usize) -> usize {
-        let slots = match table {
-            Table::Buckets => self.buckets.bytes_if_emptied(new) + self.others.bytes(),
-            Table::Others => self.buckets.bytes() + self.others.bytes_if_emptied(new),
-        };
-        slots + heap
-    }
-
-    /// Makes sure `new` more entries (`heap` bytes of them on the heap) fit
-    /// in `table` within `budget` bytes (the stripe's share): expired entries
-    /// go first, then, by `full`, the live entries closest to expiry, or the
-    /// request is refused. With `ask` (a peek) no live entry is evicted:
-    /// the answer is whether the request would be granted.
-    pub fn make_room(
-        &mut self,
-        hasher: &ahash::RandomState,
-        table: Table,
-        (new, heap): (usize, usize),
-        (budget, full): (usize, Full),
-        now: Nanos,
-        ask: bool,
-    ) -> Room {
-        let mut room = Room {
-            granted: true,
-            ..Room::default()
-        };
-        if new == 0 || self.memory_after(table, new, heap) <= budget {
-            return room;
-        }
-        if ask && full == Full::Evict {
-            // The check would evict what it needs, unless even an emptied
-            // stripe has no room.
-            room.granted = self.memory_if_emptied(table, new, heap) <= budget;
-            return room;
-        }
-        if self.upkeep_due(now) {
-            room.expired = self.retain_after(now);
-            self.compact(hasher);
-            self.upkeep.last = now;
-            self.upkeep.misses = 0;
-        } else {
-            self.upkeep.misses += 1;
-        }
-        while self.memory_after(table, new, heap) > budget {
-            if full == Full::Refuse || self.len() == 0 {
-                room.granted = false;
-                return room;
-            }
-            room.evicted += self.evict_soonest(now);
-            self.compact(hasher);
-        }
-        room
-    }
-
-    /// Whether a request over the budget scans the stripe for expired
-    /// entries and tombstones first. Only when there may be some (an entry
-    /// may have expired, or removals left tombstones), and then only when
-    /// the requests over the budget since the last scan number 1/8 of the
-    /// entries (so a flood of refused new keys pays O(1) each for the
-    /// scans) or [`UPKEEP_GAP`] has passed (so a lone new key finds the
-    /// room expiries made within that time; the sweeper makes it too).
-    fn upkeep_due(&self, now: Nanos) -> bool {
-        let maybe = now >= self.upkeep.next_expiry
-            || self.buckets.has_tombstones()
-            || self.others.has_tombstones();
-        let paid = self.upkeep.misses.saturating_mul(1 << EVICT_SHIFT) >= self.len()
-            || now >= self.upkeep.last.saturating_add(UPKEEP_GAP);
-        maybe && paid
-    }
-
-    /// Evicts the 1/8 of entries (at least one) expiring soonest.
-    fn evict_soonest(&mut self, now: Nanos) -> usize {
-        let mut expiries: Vec<Nanos> = self
-            .buckets
-            .table
-            .iter()
-            .map(|b| b.tat)
-            .chain(self.others.table.iter().map(|o| o.entry.expires_at))
-            .collect();
-        let n = (expiries.len() >> EVICT_SHIFT).max(1);
-        let (_, cutoff, _) = expiries.select_nth_unstable(n - 1);
-        // Ties at the cutoff go too: slightly more than 1/8, never less.
-        self.retain_after((*cutoff).max(now))
-    }
-
-    /// Rebuilds the tables at their current size (those with tombstones):
-    /// removals leave tombstones
-    /// that hashbrown clears only by rehashing, and a rehash it starts on its
-    /// own (when tombstones use up its free slots) doubles a table this full,
-    /// past the budget. Rebuilding here keeps growth under our control.
-    /// O(n), after a batch removal only.
-    fn compact(&mut self, hasher: &ahash::RandomState) {
-        if self.buckets.has_tombstones() {
-            self.buckets.rebuild(|b| hasher.hash_one(b.key.as_bytes()));
-        }
-        if self.others.has_tombstones() {
-            self.others.rebuild(|o| hasher.hash_one(o.key.as_bytes()));
-        }
+        self.buckets.table.len() + self.leaky.table.len() + self.others.table.len()
     }
 }
 
-impl Upkeep {
-    /// An entry now expires at `expires_at`.
-    fn wrote(&mut self, expires_at: Nanos) {
-        self.next_expiry = self.next_expiry.min(expires_at);
-    }
-}
-
-const _: () = assert!(std::mem::size_of::<Bucket>() == 32);
+const _: () = assert!(std::mem::size_of::<Gcra>() == 32);
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rebuild_keeps_the_allocation_and_clears_tombstones() {
-        let hasher = ahash::RandomState::new();
-        let h = |v: &u64| hasher.hash_one(v);
-        let mut t: Slots<u64> = Slots::default();
-        for i in 0..28u64 {
-            t.insert(h(&i), i, h);
-        }
-        assert_eq!((t.table.capacity(), t.full), (28, 28));
-        let bytes = t.bytes();
-        t.table.retain(|v| *v % 2 == 0);
-        // Tombstones may hide free slots; the allocation is unchanged.
-        assert!(t.table.capacity() <= 28);
-        assert_eq!(t.bytes(), bytes);
-        t.rebuild(h);
-        assert_eq!((t.table.len(), t.table.capacity(), t.full), (14, 28, 28));
-        assert_eq!(t.bytes(), bytes);
-        for i in 0..14u64 {
-            assert!(t.table.find(h(&(i * 2)), |v| *v == i * 2).is_some());
-        }
-        // 14 free slots now: no growth predicted until they are used.
-        assert_eq!(t.bytes_after(14), bytes);
-        assert!(t.bytes_after(15) > bytes);
-    }
-
-    #[test]
-    fn growth_follows_hashbrown() {
-        // The capacities hashbrown reports as a table doubles.
-        let hasher = ahash::RandomState::new();
-        let mut t: HashTable<u64> = HashTable::new();
-        let mut cap = t.capacity();
-        for i in 0..10_000u64 {
-            if t.len() == t.capacity() {
-                let predicted = grown(t.capacity());
-                t.insert_unique(hasher.hash_one(i), i, |v| hasher.hash_one(v));
-                assert_eq!(t.capacity(), predicted, "from {cap}");
-                cap = t.capacity();
-            } else {
-                t.insert_unique(hasher.hash_one(i), i, |v| hasher.hash_one(v));
-            }
-        }
-    }
-}
+mod tests;

@@ -52,19 +52,20 @@ impl Store {
             }
             return Ok(answer);
         }
-        if current.is_none() {
-            let after = [Some(entry.clone())];
-            let evicted = self.make_room(
-                tables,
-                std::iter::once(key),
-                &after,
-                &[hash],
-                now,
-                Room::Make,
-            )?;
-            if evicted > 0 {
-                self.record_eviction(stripe, changes);
-            }
+        // Room for a new key, or for a state moving to another table (a
+        // counter written over a leaky bucket); `make_room` counts only
+        // what adds an entry.
+        let after = [Some(entry.clone())];
+        let evicted = self.make_room(
+            tables,
+            std::iter::once(key),
+            &after,
+            &[hash],
+            now,
+            Room::Make,
+        )?;
+        if evicted > 0 {
+            self.record_eviction(stripe, changes);
         }
         tables.put(&self.hasher, hash, key, entry);
         self.record_change(stripe, changes, key);

@@ -783,4 +783,5 @@ fn single_bucket_fast_path_answers_like_the_general_path() {
     assert_eq!(fast.expired_on_access(), general.expired_on_access());
 }
 
+mod compact;
 mod states;

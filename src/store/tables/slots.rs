@@ -1,0 +1,152 @@
+//! A hashbrown table that knows the size of its allocation, for the memory
+//! budget of [`Tables`](super::Tables).
+//!
+//! hashbrown reports only the free slots left, which removals turn into
+//! tombstones, so [`Slots`] tracks the allocated capacity itself and predicts
+//! what an insert would grow it to ([`grown`]), so that a stripe can make
+//! room *before* an insert would push it past its share.
+
+use hashbrown::HashTable;
+
+/// A hash table and the capacity of its allocation. hashbrown's
+/// `capacity()` counts only the free slots left, which removals turn into
+/// tombstones, so the allocated size is tracked here: it changes only when an
+/// insert grows the table and when [`Slots::rebuild`] runs.
+#[derive(Debug)]
+pub(super) struct Slots<T> {
+    pub(super) table: HashTable<T>,
+    /// Capacity of the allocation, as hashbrown reports it when fresh.
+    full: usize,
+}
+
+impl<T> Default for Slots<T> {
+    fn default() -> Self {
+        Self {
+            table: HashTable::new(),
+            full: 0,
+        }
+    }
+}
+
+impl<T> Slots<T> {
+    pub(super) fn insert(&mut self, hash: u64, item: T, rehash: impl Fn(&T) -> u64) {
+        self.table.insert_unique(hash, item, rehash);
+        self.full = self.full.max(self.table.capacity());
+    }
+
+    /// Bytes the allocation holds: an entry and a control byte per bucket.
+    pub(super) fn bytes(&self) -> usize {
+        slot_bytes(self.full, std::mem::size_of::<T>())
+    }
+
+    /// Bytes once `new` more entries are in: an insert past the free slots
+    /// makes hashbrown grow (or rehash in place; counting it as growth only
+    /// errs on the safe side).
+    pub(super) fn bytes_after(&self, new: usize) -> usize {
+        self.bytes_with(self.table.len() + new, self.table.capacity())
+    }
+
+    /// Bytes once every entry is gone (the allocation stays) and `new`
+    /// entries are in.
+    pub(super) fn bytes_if_emptied(&self, new: usize) -> usize {
+        self.bytes_with(new, self.full)
+    }
+
+    /// Bytes for `needed` entries when `room` fit without growing.
+    fn bytes_with(&self, needed: usize, room: usize) -> usize {
+        if needed <= room {
+            return self.bytes();
+        }
+        let mut target = grown(self.full);
+        while needed > target {
+            target = grown(target);
+        }
+        slot_bytes(target, std::mem::size_of::<T>())
+    }
+
+    /// Whether removals left tombstones: hashbrown counts a tombstone
+    /// neither as an entry nor as a free slot.
+    pub(super) fn has_tombstones(&self) -> bool {
+        self.table.capacity() < self.full
+    }
+
+    /// Rebuilds the table in an allocation of the same size, without the
+    /// tombstones removals left.
+    pub(super) fn rebuild(&mut self, hash: impl Fn(&T) -> u64) {
+        let fresh = HashTable::with_capacity(self.full.max(self.table.len()));
+        let old = std::mem::replace(&mut self.table, fresh);
+        for item in old {
+            self.table.insert_unique(hash(&item), item, &hash);
+        }
+        self.full = self.table.capacity();
+    }
+}
+
+/// Bytes of the slots a table with `capacity` reserves: hashbrown keeps 1/8
+/// of its buckets free (all but one when tiny), each bucket an entry plus a
+/// control byte.
+fn slot_bytes(capacity: usize, entry: usize) -> usize {
+    let buckets = match capacity {
+        0 => 0,
+        1..=7 => capacity + 1,
+        _ => capacity / 7 * 8,
+    };
+    buckets * (entry + 1)
+}
+
+/// What a table of `capacity` grows to when full (hashbrown doubles).
+fn grown(capacity: usize) -> usize {
+    match capacity {
+        0 => 3,
+        1..=3 => 7,
+        _ => (capacity / 7 * 8 * 2) / 8 * 7,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rebuild_keeps_the_allocation_and_clears_tombstones() {
+        let hasher = ahash::RandomState::new();
+        let h = |v: &u64| hasher.hash_one(v);
+        let mut t: Slots<u64> = Slots::default();
+        for i in 0..28u64 {
+            t.insert(h(&i), i, h);
+        }
+        assert_eq!((t.table.capacity(), t.full), (28, 28));
+        let bytes = t.bytes();
+        t.table.retain(|v| *v % 2 == 0);
+        // Tombstones may hide free slots; the allocation is unchanged.
+        assert!(t.table.capacity() <= 28);
+        assert_eq!(t.bytes(), bytes);
+        t.rebuild(h);
+        assert_eq!((t.table.len(), t.table.capacity(), t.full), (14, 28, 28));
+        assert_eq!(t.bytes(), bytes);
+        for i in 0..14u64 {
+            assert!(t.table.find(h(&(i * 2)), |v| *v == i * 2).is_some());
+        }
+        // 14 free slots now: no growth predicted until they are used.
+        assert_eq!(t.bytes_after(14), bytes);
+        assert!(t.bytes_after(15) > bytes);
+    }
+
+    #[test]
+    fn growth_follows_hashbrown() {
+        // The capacities hashbrown reports as a table doubles.
+        let hasher = ahash::RandomState::new();
+        let mut t: HashTable<u64> = HashTable::new();
+        let mut cap = t.capacity();
+        for i in 0..10_000u64 {
+            if t.len() == t.capacity() {
+                let predicted = grown(t.capacity());
+                t.insert_unique(hasher.hash_one(i), i, |v| hasher.hash_one(v));
+                assert_eq!(t.capacity(), predicted, "from {cap}");
+                cap = t.capacity();
+            } else {
+                t.insert_unique(hasher.hash_one(i), i, |v| hasher.hash_one(v));
+            }
+        }
+    }
+}
