@@ -30,6 +30,14 @@ for target in decode_request decode_response parse_rules put_rule; do
   dict=()
   case $target in decode_*) dict=(-dict=fuzz/decode.dict) ;; esac
   echo "== fuzz $target (${seconds}s)"
-  cargo fuzz run -s none "$target" "$scratch/$target" -- \
-    "${dict[@]}" -max_total_time="$seconds" -rss_limit_mb=2048
+  # libFuzzer reports every new input; CI shows the summary, or on a
+  # failure the end of the log (the crash, its input and the artifact).
+  log="$scratch/$target.log"
+  if ! cargo fuzz run -s none "$target" "$scratch/$target" -- \
+    "${dict[@]}" -max_total_time="$seconds" -rss_limit_mb=2048 >"$log" 2>&1; then
+    tail -n 80 "$log"
+    echo "fuzz-smoke: $target failed" >&2
+    exit 1
+  fi
+  grep -E '^Done [0-9]+ runs' "$log" || tail -n 5 "$log"
 done
