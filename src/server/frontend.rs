@@ -1,5 +1,5 @@
-//! What every port shares: the front ends' accept loop (accept, then
-//! admit or refuse), and what the drop-in front ends count.
+//! What every port shares: the accept loop (accept, then admit or
+//! refuse), and what the drop-in front ends count.
 //!
 //! Invariants:
 //! - every listening port (protocol, RESP, Envoy RLS) is admitted by one
@@ -23,7 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Accepts connections on `listener` until `shutdown`; hands each one
 /// admitted (with its place) to `serve`, and refuses the others with
-/// `answer`.
+/// `answer`. Only protocol connections may be shed to make room: a shed
+/// connection must be told why, which only the protocol port can say
+/// mid-connection (ERROR TooManyConnections).
 pub(super) async fn accept_loop<F, Fut>(
     listener: TcpListener,
     admission: Arc<Admission>,
@@ -52,7 +54,11 @@ pub(super) async fn accept_loop<F, Fut>(
             },
         };
         backoff = Duration::from_millis(5);
-        match admission.admit_unshed(peer.ip()) {
+        let admitted = match answer {
+            Answer::Protocol => admission.admit(peer.ip()),
+            Answer::Resp | Answer::Close => admission.admit_unshed(peer.ip()),
+        };
+        match admitted {
             Ok(ticket) => serve(stream, peer, ticket).await,
             Err(why) => admission.refuse(stream, peer, why, answer, shared.clone()),
         }

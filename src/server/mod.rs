@@ -77,6 +77,7 @@ use budget::Budget;
 use check::CheckMetrics;
 use conn_metrics::{ConnMetrics, ErrorCounters};
 use dedup::{DedupMetrics, RetryMemory};
+use frontend::accept_loop;
 use frontend::FrontendMetrics;
 use prometheus::Registry;
 use shed::Shedder;
@@ -84,7 +85,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 use sweeper::{KeyMetrics, Sweeper};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -539,30 +539,19 @@ impl Server {
         }
         #[cfg(not(feature = "envoy"))]
         drop(envoy);
-        let mut accept_backoff = Duration::from_millis(5);
-        loop {
-            let (stream, peer) = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                r = listener.accept() => match r {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning;
-                        // the server stays up for the connections it has.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(accept_backoff).await;
-                        accept_backoff = (accept_backoff * 2).min(Duration::from_secs(1));
-                        continue;
-                    }
-                },
-            };
-            accept_backoff = Duration::from_millis(5);
-            match admission.admit(peer.ip()) {
-                Ok(ticket) => {
-                    tracker.spawn(connection::serve(stream, peer, shared.clone(), ticket));
-                }
-                Err(why) => admission.refuse(stream, peer, why, Answer::Protocol, shared.clone()),
-            }
-        }
+        let serving = shared.clone();
+        accept_loop(
+            listener,
+            admission,
+            shared.clone(),
+            Answer::Protocol,
+            shutdown.clone(),
+            |stream, peer, ticket| {
+                tracker.spawn(connection::serve(stream, peer, serving.clone(), ticket));
+                std::future::ready(())
+            },
+        )
+        .await;
 
         tracing::info!(connections = shared.metrics.conns.open.get(), "draining");
         let lifecycle = &shared.lifecycle;

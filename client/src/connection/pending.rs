@@ -495,14 +495,14 @@ impl Pending {
                 }
                 let mut results = results.into_iter();
                 for m in members {
-                    let result = match (m.shape, m.shape.checks()) {
+                    let result = match m.shape {
                         // A one-check call takes its result as is: no vector
                         // per call (an allocation per check at batch 1).
-                        (Shape::One, _) => match results.next() {
+                        Shape::One => match results.next() {
                             Some(one) => Ok(Answer::One(one)),
                             None => Shape::One.answer(Vec::new()),
                         },
-                        (shape, n) => shape.answer(results.by_ref().take(n).collect()),
+                        shape => shape.answer(results.by_ref().take(shape.checks()).collect()),
                     };
                     answered += u32::from(self.complete(m.id, result, wakers));
                 }
