@@ -3,7 +3,10 @@
 //! recently used evicted first (CLOCK: each entry has a "used" bit; the
 //! oldest entry whose bit is clear goes, a set bit buys one more round).
 //!
-//! Sharded (up to 16 mutexes, by key hash) so gateway threads rarely meet.
+//! Sharded (up to 16 mutexes, by key hash) so gateway threads rarely meet,
+//! but never below [`MIN_PER_SHARD`] keys a shard: a shard evicts when it
+//! alone is full, so a small map split 16 ways would hold one key a shard
+//! and two keys of one group could evict each other.
 //! The eviction queue holds `(key, seq)`; an entry whose `seq` no longer
 //! matches (removed or replaced) is skipped, and the queue is compacted
 //! when it holds twice the map, so it never grows beyond `2 × max_keys`.
@@ -14,6 +17,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 const MAX_SHARDS: usize = 16;
+/// The fewest keys a shard holds before the map is split further.
+const MIN_PER_SHARD: usize = 64;
 
 struct Entry<V> {
     value: V,
@@ -35,7 +40,7 @@ pub(crate) struct KeyMap<V> {
 
 impl<V> KeyMap<V> {
     pub(crate) fn new(max_keys: usize) -> Self {
-        let count = max_keys.clamp(1, MAX_SHARDS);
+        let count = (max_keys / MIN_PER_SHARD).clamp(1, MAX_SHARDS);
         Self {
             shards: (0..count)
                 .map(|_| {
@@ -156,7 +161,6 @@ mod tests {
     #[test]
     fn bounded_and_recently_used_entries_survive() {
         let map: KeyMap<u32> = KeyMap::new(4);
-        assert_eq!(map.shards.len(), 4);
         // Bounded whatever is inserted.
         for i in 0..1000u32 {
             map.insert(Bytes::from(format!("k{i}")), i);
@@ -172,6 +176,27 @@ mod tests {
         assert_eq!(one.get(b"b", |v| *v), Some(2));
         assert_eq!(one.remove(b"b"), Some(2));
         assert_eq!(one.len(), 0);
+    }
+
+    #[test]
+    fn a_small_map_holds_max_keys_before_it_evicts() {
+        // Split 10 ways, 10 keys would have met in one shard and evicted
+        // each other (a fallback group lost its charge that way).
+        for max_keys in [2, 10, 100, 1000] {
+            let map: KeyMap<usize> = KeyMap::new(max_keys);
+            let per_shard = max_keys / map.shards.len();
+            assert!(per_shard >= MIN_PER_SHARD.min(max_keys), "{max_keys}");
+            let kept = max_keys.min(MIN_PER_SHARD);
+            for i in 0..kept {
+                assert_eq!(
+                    map.insert(Bytes::from(format!("k{i}")), i),
+                    None,
+                    "{max_keys}"
+                );
+            }
+            assert_eq!(map.len(), kept);
+        }
+        assert_eq!(KeyMap::<u8>::new(1 << 20).shards.len(), MAX_SHARDS);
     }
 
     #[test]
