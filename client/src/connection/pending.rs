@@ -29,7 +29,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 use tollgate_protocol::{
-    CheckBatch, CheckResult, CheckTag, Pair, Request, RequestId, Response, TaggedBatch,
+    opcode, CheckBatch, CheckResult, CheckTag, Pair, Request, RequestId, Response, TaggedBatch,
     IDEMPOTENCY_KEY_LEN,
 };
 
@@ -72,6 +72,16 @@ impl BatchKind {
             Self::Check | Self::Check2 => Request::Check(batch),
             Self::Peek => Request::Peek(batch),
             Self::Refund => Request::Refund(batch),
+        }
+    }
+
+    /// The frame's opcode.
+    pub(crate) fn opcode(self) -> u8 {
+        match self {
+            Self::Check => opcode::CHECK,
+            Self::Check2 => opcode::CHECK2,
+            Self::Peek => opcode::PEEK,
+            Self::Refund => opcode::REFUND,
         }
     }
 
@@ -149,6 +159,17 @@ impl Checks {
                 }
             }
         }
+    }
+
+    /// The checks, each as its pairs, in order (what a CHECK frame
+    /// encodes).
+    pub(crate) fn groups(&self) -> impl Iterator<Item = &[Pair]> {
+        let (one, batch) = match self {
+            Self::One(p) => (Some(std::slice::from_ref(p)), None),
+            Self::Group(g) | Self::Tagged(_, g) => (Some(g.as_slice()), None),
+            Self::Batch(b) => (None, Some(b.iter())),
+        };
+        one.into_iter().chain(batch.into_iter().flatten())
     }
 
     pub(crate) fn shape(&self) -> Shape {
@@ -238,9 +259,12 @@ enum SlotState {
     },
     /// Answered (or failed); the call has not taken it yet.
     Done(Result<Answer, Error>),
-    /// A merged CHECK frame: its answer is cut among the members.
+    /// A merged CHECK frame: its answer is cut among the members. A
+    /// vector (one allocation per frame, not per call) rather than an
+    /// inline array: every slot is as large as its largest state, and
+    /// slots are written and moved several times per call.
     Merged {
-        members: SmallVec<[Member; 8]>,
+        members: Vec<Member>,
         name: &'static str,
     },
     /// A PING the driver sent to a suspect connection.
@@ -389,11 +413,7 @@ impl Pending {
     }
 
     /// A slot for a merged frame of `members`.
-    pub(crate) fn merged(
-        &mut self,
-        members: SmallVec<[Member; 8]>,
-        name: &'static str,
-    ) -> Option<RequestId> {
+    pub(crate) fn merged(&mut self, members: Vec<Member>, name: &'static str) -> Option<RequestId> {
         self.alloc(SlotState::Merged { members, name })
     }
 
