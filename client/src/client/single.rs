@@ -45,7 +45,8 @@ pub(crate) struct Single<'a> {
     client: &'a Client,
     /// CHECK or PEEK; CHECK2 once a priority made it one.
     kind: BatchKind,
-    /// Kept to describe the answer and to fall back on.
+    /// Kept to describe the answer and to fall back on (its key only when
+    /// there is a fallback: see [`send`](Self::send)).
     pair: Pair,
     /// Set on the first poll: the check's one clock read (its deadline,
     /// its lease time, its latency).
@@ -88,12 +89,25 @@ impl<'a> Single<'a> {
 
     /// Sends the pair: on the shard's connection when it is up, else
     /// through the shared code.
-    fn send(&self, started: Instant, tag: Option<CheckTag>) -> Result<Step<'a>, Error> {
+    fn send(&mut self, started: Instant, tag: Option<CheckTag>) -> Result<Step<'a>, Error> {
         let (client, kind) = (self.client, self.kind);
         let deadline = self.deadline(started);
+        // The kept pair needs its key only for the local fallback (which
+        // decides on the key when the server cannot); without one the key
+        // goes with the call, and the pair keeps its limit for describing
+        // the answer. No second reference to the key, taken and dropped
+        // on different threads, per check.
+        let pair = match client.inner.fallback {
+            Some(_) => self.pair.clone(),
+            None => Pair {
+                key: std::mem::take(&mut self.pair.key),
+                limit: self.pair.limit.clone(),
+                cost: self.pair.cost,
+            },
+        };
         let checks = match tag {
-            Some(tag) => Checks::Tagged(tag, vec![self.pair.clone()]),
-            None => Checks::One(self.pair.clone()),
+            Some(tag) => Checks::Tagged(tag, vec![pair]),
+            None => Checks::One(pair),
         };
         match &client.inner.route {
             Route::Shard(shard) => match shard.ready() {
