@@ -13,7 +13,12 @@
 //! - a slot's bit in `ready` is set when its waker fires, and on push (so a
 //!   new future is polled once even before anything woke it);
 //! - `next` polls only the slots whose bit it took, so a wakeup costs the
-//!   futures it concerns, not the whole pipeline.
+//!   futures it concerns, not the whole pipeline;
+//! - a waker wakes the task only when it finds its word empty: a non-empty
+//!   word was set since the task last emptied it, by a waker that woke the
+//!   task then or by the task's own `push` (the task takes it on its next
+//!   `next`). `next` returns `Pending` only after finding every word empty
+//!   since it registered, so no bit is left without a wake coming.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,10 +35,12 @@ struct Ready {
 }
 
 impl Ready {
-    fn set(&self, slot: usize) {
+    /// Sets `slot`'s bit; true when its word was empty, i.e. when no
+    /// earlier bit of the word is still waiting to be taken.
+    fn set(&self, slot: usize) -> bool {
         // Release pairs with the Acquire swap in `next`: what the waking
         // side wrote before waking is seen by the poll it causes.
-        self.bits[slot / 64].fetch_or(1 << (slot % 64), Ordering::Release);
+        self.bits[slot / 64].fetch_or(1 << (slot % 64), Ordering::AcqRel) == 0
     }
 }
 
@@ -49,8 +56,13 @@ impl Wake for SlotWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.ready.set(self.slot);
-        self.ready.task.wake();
+        // Only the first bit of a word wakes the task: a later one finds
+        // the word non-empty, so the wake of its first bit (or the task
+        // itself, for a bit set by `push`) is still to take it. With 16
+        // answers per read this saves 15 task wakes of 16.
+        if self.ready.set(self.slot) {
+            self.ready.task.wake();
+        }
     }
 }
 
@@ -105,6 +117,7 @@ impl<F: Future> Pipeline<F> {
     pub fn push(&mut self, future: F) {
         let slot = self.free.pop().expect("a free pipeline slot");
         self.slots[slot].set(Some(future));
+        // The task itself takes this bit on its next `next`, woken or not.
         self.ready.set(slot);
     }
 
