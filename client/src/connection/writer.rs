@@ -84,9 +84,9 @@ impl Planned {
         self.checks.clear();
     }
 
-    /// The frames as requests, as the server decodes them (for the
-    /// models and tests that play the server).
-    #[cfg(test)]
+    /// The frames as requests, as the server decodes them (for the loom
+    /// models, which play the server).
+    #[cfg(all(test, tollgate_loom))]
     pub(super) fn into_requests(self) -> Vec<(RequestId, Request)> {
         let Self { frames, checks } = self;
         frames
