@@ -62,6 +62,11 @@ impl Node {
 
     /// Whether a call may go to this node now.
     pub(crate) fn admit(&self) -> Result<(), Error> {
+        // A closed breaker admits without the time: no clock read on every
+        // call's path (a read was ~2% of a client's CPU at batch 1).
+        if self.breaker.state() == BreakerState::Closed {
+            return Ok(());
+        }
         match self.breaker.admit(Instant::now()) {
             Ok(None) => Ok(()),
             Ok(Some(t)) => {

@@ -10,10 +10,17 @@
 //!
 //! Invariants:
 //! - a slot is free (`None`) or holds a future not yet finished;
-//! - a slot's bit in `ready` is set when its waker fires, and on push (so a
-//!   new future is polled once even before anything woke it);
+//! - a slot's bit in `ready` is set when its waker fires; a pushed slot's
+//!   bit goes in `pushed`, the task's own plain word (so a new future is
+//!   polled once even before anything woke it, with no atomic operation on
+//!   a word the wakers' threads write);
 //! - `next` polls only the slots whose bit it took, so a wakeup costs the
-//!   futures it concerns, not the whole pipeline.
+//!   futures it concerns, not the whole pipeline;
+//! - a waker wakes the task only when it finds its word empty: a non-empty
+//!   word was set since the task last emptied it by a waker that woke the
+//!   task then. `next` returns `Pending` only after finding every word
+//!   (and `pushed`) empty since it registered, so no bit is left without a
+//!   wake coming.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,10 +37,12 @@ struct Ready {
 }
 
 impl Ready {
-    fn set(&self, slot: usize) {
+    /// Sets `slot`'s bit; true when its word was empty, i.e. when no
+    /// earlier bit of the word is still waiting to be taken.
+    fn set(&self, slot: usize) -> bool {
         // Release pairs with the Acquire swap in `next`: what the waking
         // side wrote before waking is seen by the poll it causes.
-        self.bits[slot / 64].fetch_or(1 << (slot % 64), Ordering::Release);
+        self.bits[slot / 64].fetch_or(1 << (slot % 64), Ordering::AcqRel) == 0
     }
 }
 
@@ -49,8 +58,13 @@ impl Wake for SlotWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.ready.set(self.slot);
-        self.ready.task.wake();
+        // Only the first bit of a word wakes the task: a later one finds
+        // the word non-empty, so the wake of its first bit (or the task
+        // itself, for a bit set by `push`) is still to take it. With 16
+        // answers per read this saves 15 task wakes of 16.
+        if self.ready.set(self.slot) {
+            self.ready.task.wake();
+        }
     }
 }
 
@@ -60,6 +74,8 @@ pub struct Pipeline<F> {
     wakers: Vec<Waker>,
     ready: Arc<Ready>,
     free: Vec<usize>,
+    /// Slots pushed and not polled yet (only the task touches these).
+    pushed: Vec<u64>,
     /// Bits taken from `ready` and not polled yet, one word at a time.
     taken: (usize, u64),
 }
@@ -85,6 +101,7 @@ impl<F: Future> Pipeline<F> {
             wakers,
             ready,
             free: (0..capacity).rev().collect(),
+            pushed: vec![0; capacity.div_ceil(64)],
             taken: (0, 0),
         }
     }
@@ -105,7 +122,8 @@ impl<F: Future> Pipeline<F> {
     pub fn push(&mut self, future: F) {
         let slot = self.free.pop().expect("a free pipeline slot");
         self.slots[slot].set(Some(future));
-        self.ready.set(slot);
+        // Taken by the next `next`, which the task itself calls.
+        self.pushed[slot / 64] |= 1 << (slot % 64);
     }
 
     /// The output of the next future to finish; `None` when none is in
@@ -145,7 +163,8 @@ impl<F: Future> Pipeline<F> {
                 return Poll::Pending;
             }
             let next = (word + 1) % words;
-            let bits = self.ready.bits[next].swap(0, Ordering::Acquire);
+            let bits = self.ready.bits[next].swap(0, Ordering::Acquire)
+                | std::mem::take(&mut self.pushed[next]);
             empty = if bits == 0 { empty + 1 } else { 0 };
             self.taken = (next, bits);
         }

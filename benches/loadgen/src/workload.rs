@@ -27,8 +27,19 @@ use rand_distr::{Distribution, Zipf};
 const KEY_DIGITS: usize = 12;
 
 /// Bytes of key names a [`KeyPicker`] carves its `Bytes` from before it
-/// takes a new buffer (about 3,600 keys).
-const KEY_ARENA: usize = 64 * 1024;
+/// takes a new buffer (about 240 keys). Small on purpose: a buffer is
+/// freed only when its last key is, and 64 KiB buffers turning over went
+/// back to the OS and were faulted in (zeroed) again, 2-3% of the
+/// generator's CPU; 4 KiB ones are reused by the allocator as they are.
+const KEY_ARENA: usize = 4 * 1024;
+
+/// "00" to "99", back to back.
+const DIGIT_PAIRS: &[u8; 200] = b"\
+    0001020304050607080910111213141516171819\
+    2021222324252627282930313233343536373839\
+    4041424344454647484950515253545556575859\
+    6061626364656667686970717273747576777879\
+    8081828384858687888990919293949596979899";
 
 /// A rate as `COUNT/PERIOD` (`100/min`, `1000000/s`, `50/10s`); the same
 /// syntax as `tollgate check --rate`.
@@ -144,10 +155,12 @@ impl KeySpace {
     pub fn write_key(&self, index: u32, out: &mut [u8; Self::KEY_LEN]) {
         debug_assert!(index < self.count);
         out[..4].copy_from_slice(b"rl:{");
+        // Two digits at a time, from a table: half the divisions.
         let mut n = index;
-        for digit in out[4..4 + KEY_DIGITS].iter_mut().rev() {
-            *digit = b'0' + (n % 10) as u8;
-            n /= 10;
+        for pair in out[4..4 + KEY_DIGITS].rchunks_exact_mut(2) {
+            let d = (n % 100) as usize * 2;
+            pair.copy_from_slice(&DIGIT_PAIRS[d..d + 2]);
+            n /= 100;
         }
         out[Self::KEY_LEN - 1] = b'}';
     }
@@ -293,6 +306,8 @@ mod tests {
         assert_eq!(&space.key(0), b"rl:{000000000000}");
         assert_eq!(&space.key(42), b"rl:{000000000042}");
         assert_eq!(&space.key(999), b"rl:{000000000999}");
+        assert_eq!(&space.key(1_234_567), b"rl:{000001234567}");
+        assert_eq!(&space.key(90_807_060), b"rl:{000090807060}");
         assert_eq!(&space.key(u32::MAX - 1), b"rl:{004294967294}");
     }
 

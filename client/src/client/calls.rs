@@ -64,43 +64,62 @@ pub(crate) fn checks(
             None => Box::pin(shard.connection(Wait::Until(deadline))).await?,
         };
         check_limits(&checks, &conn.info().limits)?;
-        // A shard of several nodes may need to resend after NotPrimary, and
-        // a CHECK2 after a lost connection; the copy is cheap (`Bytes` and
-        // rule names are reference counted). One await of the exchange, so
-        // a call's future holds one exchange's state.
-        let retry = (shard.node_count() > 1 || kind == BatchKind::Check2).then(|| checks.clone());
+        let retry = retry_copy(shard, kind, &checks);
+        // One await of the exchange, so a call's future holds one
+        // exchange's state.
         let answer = conn
             .exchange(Outgoing::Checks { kind, checks }, deadline)
             .await;
-        match (answer, retry) {
-            // The same idempotency key on a new connection: charged at most
-            // once.
-            (Err(Error::ConnectionLost | Error::Io(_)), Some(checks))
-                if kind == BatchKind::Check2 =>
-            {
-                tracing::info!("connection lost under a CHECK2; sending it again, same key");
-                shard.invalidate(&conn);
-                Box::pin(resend(shard, kind, checks, deadline)).await
-            }
-            (
-                Ok(Answer::Response(Response::Error {
-                    code: ErrorCode::NotPrimary,
-                    message,
-                })),
-                Some(checks),
-            ) => {
-                tracing::info!(%message, "node is not primary; looking for the primary again");
+        match settle(kind, answer, retry) {
+            Ok(answer) => answer,
+            Err(checks) => {
                 shard.invalidate(&conn);
                 // Boxed: a rare path whose state need not weigh on every call.
                 Box::pin(resend(shard, kind, checks, deadline)).await
             }
-            (other, _) => other,
         }
     }
 }
 
+/// The copy of `checks` kept to send them again: a shard of several nodes
+/// may need to resend after NotPrimary, and a CHECK2 after a lost
+/// connection. Cheap (`Bytes` and rule names are reference counted).
+pub(crate) fn retry_copy(shard: &Shard, kind: BatchKind, checks: &Checks) -> Option<Checks> {
+    (shard.node_count() > 1 || kind == BatchKind::Check2).then(|| checks.clone())
+}
+
+/// What an exchange's answer comes to: `Ok` the answer, or `Err` the
+/// checks (from `retry`, see [`retry_copy`]) to send once more on a new
+/// connection, the one they went through being invalidated by the caller:
+/// after NotPrimary (nothing was charged), or a CHECK2 whose connection
+/// was lost (the same idempotency key on a new connection: charged at most
+/// once).
+pub(crate) fn settle(
+    kind: BatchKind,
+    answer: Result<Answer, Error>,
+    retry: Option<Checks>,
+) -> Result<Result<Answer, Error>, Checks> {
+    match (answer, retry) {
+        (Err(Error::ConnectionLost | Error::Io(_)), Some(checks)) if kind == BatchKind::Check2 => {
+            tracing::info!("connection lost under a CHECK2; sending it again, same key");
+            Err(checks)
+        }
+        (
+            Ok(Answer::Response(Response::Error {
+                code: ErrorCode::NotPrimary,
+                message,
+            })),
+            Some(checks),
+        ) => {
+            tracing::info!(%message, "node is not primary; looking for the primary again");
+            Err(checks)
+        }
+        (other, _) => Ok(other),
+    }
+}
+
 /// Sends checks once more, on a new connection, within the same deadline.
-async fn resend(
+pub(crate) async fn resend(
     shard: &Arc<Shard>,
     kind: BatchKind,
     checks: Checks,

@@ -23,6 +23,7 @@ use tollgate_protocol::{
     RuleName,
 };
 
+use super::single::Single;
 use super::{calls, Client};
 use crate::config::FailMode;
 use crate::connection::pending::{Answer, BatchKind, Checks};
@@ -33,7 +34,7 @@ use crate::outcome::{Failure, Outcome, Rejection};
 use crate::policy::Policy;
 
 /// The pairs of a check, kept to describe and fall back on its answer.
-type Kept = SmallVec<[Pair; 1]>;
+pub(super) type Kept = SmallVec<[Pair; 1]>;
 
 impl Client {
     /// Checks `cost` units of `key` against `limit`, charging them if
@@ -41,9 +42,10 @@ impl Client {
     /// on the server (then `cost` 0 takes the rule's default cost).
     ///
     /// A plain function returning the check's future (not an `async fn`):
-    /// the pair goes straight into the pipeline's future, with no layer of
-    /// state of its own around it. The caller's future embeds and moves
-    /// that state, so its size is part of what every check costs.
+    /// the pair goes straight into one hand-written state machine (module
+    /// `single`), with no layer of state of its own around it. The caller's
+    /// future embeds and moves that state, so its size is part of what
+    /// every check costs.
     pub fn check(
         &self,
         key: impl Into<Bytes>,
@@ -60,8 +62,7 @@ impl Client {
         limit: LimitRef,
         cost: u32,
     ) -> impl Future<Output = Outcome> + Send + '_ {
-        let pair = Pair { key, limit, cost };
-        self.decide(kind, smallvec::smallvec![pair], None)
+        Single::new(self, kind, Pair { key, limit, cost })
     }
 
     /// Checks several (key, limit, cost) pairs as one atomic group: all pass
@@ -233,7 +234,7 @@ impl Client {
         }
     }
 
-    fn observe(&self, outcome: &Outcome, started: Instant) {
+    pub(super) fn observe(&self, outcome: &Outcome, started: Instant) {
         if let Some(m) = &self.inner.metrics {
             m.observe(outcome, started.elapsed());
         }
@@ -242,7 +243,7 @@ impl Client {
     /// The leasing path of a single-pair CHECK: spend leased tokens, or ask
     /// for `cost + lease` when the key is hot. `None` when the key is not
     /// leased (not a known token bucket, not hot).
-    async fn leased(
+    pub(super) async fn leased(
         &self,
         pairs: &Kept,
         names: Option<&[Arc<str>]>,
@@ -290,7 +291,7 @@ impl Client {
 
     /// The outcome of a check's result: a decision, a rejection, or the
     /// fail mode's answer (the fallback's decision when it fails open).
-    fn conclude(
+    pub(super) fn conclude(
         &self,
         kind: BatchKind,
         result: Result<CheckResult, Error>,
@@ -438,7 +439,10 @@ impl Client {
 }
 
 /// The result of a one-check call's answer, or why there is none.
-fn one_result(kind: BatchKind, answer: Result<Answer, Error>) -> Result<CheckResult, Error> {
+pub(super) fn one_result(
+    kind: BatchKind,
+    answer: Result<Answer, Error>,
+) -> Result<CheckResult, Error> {
     match answer? {
         Answer::One(result) => Ok(result),
         Answer::Results(mut r) if r.len() == 1 => Ok(r.remove(0)),

@@ -5,6 +5,7 @@
 pub(crate) mod calls;
 mod decide;
 mod keyed;
+mod single;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -110,9 +110,13 @@ pub(crate) fn request_name(request: &Request) -> &'static str {
     }
 }
 
-/// A call in flight: submits on first poll, then waits for its slot.
-pub(crate) struct Call<'a> {
-    shared: &'a Shared,
+/// A call in flight, without the connection it goes through: submits on
+/// its first poll, then waits for its slot. Whoever holds it passes the
+/// connection's [`Shared`] to every poll and to [`release`](Self::release)
+/// when it is dropped unanswered: [`Call`] borrows the connection,
+/// [`OwnedCall`](super::OwnedCall) holds it (a future with no borrow, so a
+/// check's future can own its connection without a layer of its own).
+pub(crate) struct Exchange {
     state: CallState,
 }
 
@@ -126,6 +130,62 @@ enum CallState {
     Finished,
 }
 
+impl Exchange {
+    pub(crate) fn new(outgoing: Outgoing, deadline: Instant, budget: Duration) -> Self {
+        Self {
+            state: CallState::Start {
+                outgoing,
+                deadline,
+                budget,
+            },
+        }
+    }
+
+    /// Submits on the first poll, then takes the answer once it is there.
+    pub(crate) fn poll(
+        &mut self,
+        shared: &Shared,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Answer, Error>> {
+        match std::mem::replace(&mut self.state, CallState::Finished) {
+            CallState::Start {
+                outgoing,
+                deadline,
+                budget,
+            } => match shared.submit(outgoing, deadline, budget, cx.waker().clone()) {
+                Ok(id) => {
+                    self.state = CallState::Waiting(id);
+                    Poll::Pending
+                }
+                Err(e) => Poll::Ready(Err(e)),
+            },
+            CallState::Waiting(id) => {
+                let polled = shared.pending.lock().poll_answer(id, cx.waker());
+                if polled.is_pending() {
+                    self.state = CallState::Waiting(id);
+                }
+                polled
+            }
+            CallState::Finished => Poll::Ready(Err(Error::ConnectionLost)),
+        }
+    }
+
+    /// For a call dropped before its answer: frees its slot, so a queued
+    /// request is then not sent and a late answer finds nothing.
+    pub(crate) fn release(&mut self, shared: &Shared) {
+        if let CallState::Waiting(id) = self.state {
+            self.state = CallState::Finished;
+            shared.pending.lock().release(id);
+        }
+    }
+}
+
+/// A call in flight on a borrowed connection.
+pub(crate) struct Call<'a> {
+    shared: &'a Shared,
+    exchange: Exchange,
+}
+
 impl<'a> Call<'a> {
     pub(crate) fn new(
         shared: &'a Shared,
@@ -135,11 +195,7 @@ impl<'a> Call<'a> {
     ) -> Self {
         Self {
             shared,
-            state: CallState::Start {
-                outgoing,
-                deadline,
-                budget,
-            },
+            exchange: Exchange::new(outgoing, deadline, budget),
         }
     }
 }
@@ -149,39 +205,12 @@ impl Future for Call<'_> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        match std::mem::replace(&mut this.state, CallState::Finished) {
-            CallState::Start {
-                outgoing,
-                deadline,
-                budget,
-            } => match this
-                .shared
-                .submit(outgoing, deadline, budget, cx.waker().clone())
-            {
-                Ok(id) => {
-                    this.state = CallState::Waiting(id);
-                    Poll::Pending
-                }
-                Err(e) => Poll::Ready(Err(e)),
-            },
-            CallState::Waiting(id) => {
-                let polled = this.shared.pending.lock().poll_answer(id, cx.waker());
-                if polled.is_pending() {
-                    this.state = CallState::Waiting(id);
-                }
-                polled
-            }
-            CallState::Finished => Poll::Ready(Err(Error::ConnectionLost)),
-        }
+        this.exchange.poll(this.shared, cx)
     }
 }
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
-        // A call dropped before its answer frees its slot: a queued request
-        // is then not sent, a late answer finds nothing.
-        if let CallState::Waiting(id) = self.state {
-            self.shared.pending.lock().release(id);
-        }
+        self.exchange.release(self.shared);
     }
 }

@@ -15,6 +15,7 @@
 //! - Breaker: the answers and timeouts of each pass are reported to the
 //!   node's breaker in one go.
 
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,13 +132,18 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
     let sleep = tokio::time::sleep_until(armed);
     tokio::pin!(sleep);
     let mut decoded: Vec<(RequestId, Result<Response, Error>)> = Vec::new();
+    // Made once, not per pass (see the writer): registering and
+    // unregistering a waiter per read costs a lock each.
+    let stop = exit.stop.clone();
+    let mut cancelled = pin!(stop.cancelled());
+    let mut sweep_wake = pin!(shared.sweep_wake.notified());
     'drive: loop {
         let mut answered = 0u32;
         let mut swept = Swept::default();
         let mut probe_answered = false;
         tokio::select! {
             biased;
-            () = exit.stop.cancelled() => break,
+            () = &mut cancelled => break,
             read = socket.read_buf(&mut buf) => {
                 match read {
                     Ok(0) => {
@@ -180,7 +186,8 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
             () = &mut sleep => {
                 (swept, armed) = sweep_expired(&shared, Instant::now(), settings.idle_rearm);
             }
-            () = shared.sweep_wake.notified() => {
+            () = &mut sweep_wake => {
+                sweep_wake.set(shared.sweep_wake.notified());
                 armed = shared.pending.lock().armed;
             }
         }

@@ -33,7 +33,7 @@ use tollgate_protocol::{CheckResult, ErrorCode, Limit, Pair, Request, RequestId,
 use super::call::{Call, Shared};
 use super::driver::{hand_over, queue_probe, sweep_expired};
 use super::pending::{Answer, BatchKind, Checks, Outgoing};
-use super::writer::{take, Take};
+use super::writer::{take, Planned, Take};
 use crate::error::Error;
 
 /// Long enough that no sweep in a model fires on its own.
@@ -99,14 +99,14 @@ fn check_map(shared: &Shared) {
 /// `writer_wake`) while the queue is empty. `None` once closed.
 fn take_some(shared: &Shared) -> Option<Vec<(RequestId, Request)>> {
     let mut taken = Vec::new();
-    let mut frames = Vec::new();
+    let mut planned = Planned::default();
     loop {
-        match take(shared, &mut taken, &mut frames, &Default::default()) {
+        match take(shared, &mut taken, &mut planned, &Default::default()) {
             Take::Closed => return None,
             Take::Park => shared.writer_wake.wait(),
             Take::Frames => {
                 check_map(shared);
-                return Some(frames);
+                return Some(planned.into_requests());
             }
         }
     }

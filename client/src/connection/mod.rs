@@ -32,6 +32,7 @@ pub(crate) mod pending;
 mod writer;
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -48,7 +49,7 @@ use crate::config::ClientConfig;
 use crate::error::Error;
 use crate::shard::Node;
 use crate::sync::{AtomicBool, Ordering};
-use call::{Call, Shared};
+use call::{Call, Exchange, Shared};
 use pending::{Answer, Outgoing};
 
 /// Request id of HELLO. Slot ids are never 0.
@@ -263,6 +264,19 @@ impl Connection {
         Call::new(&self.shared, outgoing, deadline.at, deadline.budget)
     }
 
+    /// Like [`exchange`](Self::exchange), on a handle the returned future
+    /// keeps: no borrow, so it can be a field of a caller's future.
+    pub(crate) fn exchange_owned(
+        self: Arc<Self>,
+        outgoing: Outgoing,
+        deadline: Deadline,
+    ) -> OwnedCall {
+        OwnedCall {
+            exchange: Exchange::new(outgoing, deadline.at, deadline.budget),
+            conn: self,
+        }
+    }
+
     /// Sends a plain request and returns the response.
     pub(crate) async fn call(
         &self,
@@ -276,6 +290,29 @@ impl Connection {
                 got: "CHECKED",
             }),
         }
+    }
+}
+
+/// A call in flight that holds its connection (see [`Exchange`]).
+pub(crate) struct OwnedCall {
+    conn: Arc<Connection>,
+    exchange: Exchange,
+}
+
+impl OwnedCall {
+    pub(crate) fn conn(&self) -> &Arc<Connection> {
+        &self.conn
+    }
+
+    /// Polls the call (it is `Unpin`: no pinning needed by its holder).
+    pub(crate) fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<Result<Answer, Error>> {
+        self.exchange.poll(&self.conn.shared, cx)
+    }
+}
+
+impl Drop for OwnedCall {
+    fn drop(&mut self) {
+        self.exchange.release(&self.conn.shared);
     }
 }
 

@@ -356,6 +356,37 @@ fn encode_batch(
     })
 }
 
+/// Appends a CHECK, PEEK or REFUND frame (`opcode`) of the given checks,
+/// each given as its pairs, without a [`CheckBatch`] built first: a client
+/// that merges several callers' checks into one frame encodes them from
+/// where they are. The same bytes as [`encode_request`] with a batch of
+/// those checks. `expected` (how many checks there are) only sizes the
+/// buffer; the count on the wire is the checks actually encoded.
+///
+/// # Errors
+/// As [`encode_request`]; `dst` is then unchanged.
+pub fn encode_checks<'a>(
+    opcode: u8,
+    request_id: RequestId,
+    expected: usize,
+    checks: impl IntoIterator<Item = &'a [Pair]>,
+    dst: &mut BytesMut,
+) -> Result<(), EncodeError> {
+    let hint = 2 + expected * MIN_CHECK_LEN;
+    encode_frame(dst, opcode, request_id, hint, |dst| {
+        let at = dst.len();
+        dst.put_u16(0); // patched below
+        let mut count = 0;
+        for check in checks {
+            encode_group(check, dst)?;
+            count += 1;
+        }
+        let count = wire_len(count, "checks in a batch", u16::MAX)?;
+        dst[at..at + 2].copy_from_slice(&count.to_be_bytes());
+        Ok(())
+    })
+}
+
 fn encode_tagged_batch(
     request_id: RequestId,
     batch: &TaggedBatch,

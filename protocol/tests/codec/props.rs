@@ -265,6 +265,22 @@ proptest! {
         prop_assert!(src.is_empty());
     }
 
+    /// A frame encoded from its checks where they are is the frame of the
+    /// same checks as a batch, whatever the size hint says.
+    #[test]
+    fn checks_encoded_in_place_match_the_batch(
+        id in any::<u32>(),
+        batch in check_batch(),
+        hint in 0usize..64,
+    ) {
+        let mut whole = BytesMut::new();
+        encode_request(id, &Request::Peek(batch.clone()), &mut whole).expect("within limits");
+        let mut in_place = BytesMut::from(&b"left alone"[..]);
+        encode_checks(opcode::PEEK, id, hint, batch.iter(), &mut in_place).expect("within limits");
+        prop_assert_eq!(&in_place[..10], &b"left alone"[..]);
+        prop_assert_eq!(&in_place[10..], &whole[..]);
+    }
+
     #[test]
     fn responses_round_trip(id in any::<u32>(), response in response()) {
         let mut src = BytesMut::new();

@@ -169,7 +169,11 @@ impl Connection for TollgateConn {
             Request::One(pair) => count(&self.client.check(pair.key, pair.limit, pair.cost).await),
             Request::Batch(batch) => {
                 let checks = batch.len() as u32;
-                match self.client.check_batch(batch).await {
+                // Boxed (one allocation per batch, not per check): the
+                // batch call's state is larger than a single check's, and
+                // every request's future, batch 1 included, is as large as
+                // the larger of the two and moved into its pipeline slot.
+                match Box::pin(self.client.check_batch(batch)).await {
                     Ok(results) => fold(&results),
                     Err(e) => Answer::failed(checks, e.summary()),
                 }
