@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lints the code under the loom cfg, then runs the loom models against
-# the real code: the store and replication models (loom-tests/), then the client's pending-request map with its
-# calls, writer and driver (client/src/connection/loom_models.rs, unit
-# tests of the client crate because they need its private types).
+# the real code: the store and replication models (loom-tests/), then the
+# client's pending-request map with its calls, writer and driver
+# (client/src/connection/loom_models.rs, unit tests of the client crate
+# because they need its private types).
 # A separate target dir keeps the cfg'd build from invalidating the normal one.
 #
 # Arguments go to the loom-tests run (e.g. a test name filter). The client
