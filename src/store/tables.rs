@@ -132,7 +132,9 @@ impl Kind {
         match entry.state {
             State::TokenBucket { .. } => Kind::Buckets,
             State::LeakyBucket { .. } => Kind::Leaky,
-            State::FixedWindow(_) | State::SlidingWindow(_) if Window::pack(entry).is_some() => {
+            State::FixedWindow(_) | State::SlidingWindow(_)
+                if Window::pack(entry, None).is_some() =>
+            {
                 Kind::Windows
             }
             _ => Kind::General,
@@ -167,8 +169,7 @@ fn leaky_entry(tat: Tat) -> Entry {
 
 impl Tables {
     /// The entry of `key` in the tables of `kind`, live or not.
-    fn find_in(&self, kind: Kind, hash: u64, key: &[u8]) -> Option<Entry> {
-        let probe = Probe::of(key);
+    fn find_in(&self, kind: Kind, hash: u64, key: &[u8], probe: Probe) -> Option<Entry> {
         match kind {
             Kind::Buckets => self.buckets.get(hash, probe).copied().map(bucket_entry),
             Kind::Leaky => self.leaky.get(hash, probe).copied().map(leaky_entry),
@@ -196,14 +197,22 @@ impl Tables {
         }
     }
 
+    /// The entry of `key` in `table`, live or not, and the kind of table
+    /// holding it.
+    fn find_kind(&self, table: Table, hash: u64, key: &[u8]) -> Option<(Entry, Kind)> {
+        let probe = Probe::of(key);
+        let kinds: &[Kind] = match table {
+            Table::Buckets => &[Kind::Buckets],
+            Table::Others => &Kind::OTHERS,
+        };
+        kinds
+            .iter()
+            .find_map(|&k| Some((self.find_in(k, hash, key, probe)?, k)))
+    }
+
     /// The entry of `key` in `table`, live or not.
     pub fn find(&self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
-        match table {
-            Table::Buckets => self.find_in(Kind::Buckets, hash, key),
-            Table::Others => Kind::OTHERS
-                .into_iter()
-                .find_map(|k| self.find_in(k, hash, key)),
-        }
+        self.find_kind(table, hash, key).map(|(entry, _)| entry)
     }
 
     /// The live entry of `key` in `table`; an expired one is dropped on the
@@ -216,11 +225,12 @@ impl Tables {
         now: Nanos,
         expired: &AtomicU64,
     ) -> Option<Entry> {
-        let entry = self.find(table, hash, key)?;
+        let (entry, kind) = self.find_kind(table, hash, key)?;
         if entry.expires_at > now {
             return Some(entry);
         }
-        self.remove(table, hash, key);
+        // A key's other state is in one place: where it was found.
+        self.remove_in(kind, hash, key);
         // Relaxed: a statistic, read by the metrics only.
         expired.fetch_add(1, Ordering::Relaxed);
         None
@@ -304,20 +314,29 @@ impl Tables {
                 self.remove_others_but(Kind::Leaky, hash, key);
                 self.leaky.insert(hasher, hash, probe, Tat(tat))
             }
-            _ => match Window::pack(&entry) {
-                Some(window) => {
-                    if let Some(slot) = self.windows.get_mut(hash, probe) {
+            State::FixedWindow(_) | State::SlidingWindow(_) => {
+                let held = self.windows.get_mut(hash, probe);
+                let like = held.as_deref().copied();
+                match (held, Window::pack(&entry, like)) {
+                    (Some(slot), Some(window)) => {
                         *slot = window;
                         return;
                     }
-                    self.remove_others_but(Kind::Windows, hash, key);
-                    self.windows.insert(hasher, hash, probe, window)
+                    (None, Some(window)) => {
+                        self.remove_others_but(Kind::Windows, hash, key);
+                        self.windows.insert(hasher, hash, probe, window)
+                    }
+                    // Out of the windows table too (`put_general`).
+                    (_, None) => {
+                        self.put_general(hasher, hash, key, entry);
+                        0
+                    }
                 }
-                None => {
-                    self.put_general(hasher, hash, key, entry);
-                    0
-                }
-            },
+            }
+            _ => {
+                self.put_general(hasher, hash, key, entry);
+                0
+            }
         };
         self.heap_bytes += added;
     }

@@ -204,6 +204,17 @@ fn a_window_that_does_not_pack_lives_in_the_general_table() {
             (1, 0)
         );
     }
+    // Another window length (a changed rule): updated in place, once.
+    let longer = Entry {
+        state: State::FixedWindow(FixedWindowState { index: 0, count: 3 }),
+        expires_at: 2 * S,
+    };
+    f.put(key, longer.clone());
+    assert_eq!(
+        (f.tables.windows.len(), f.tables.others.table.len()),
+        (1, 0)
+    );
+    assert_eq!(f.find(Table::Others, key), Some(longer));
     // Expiry and walks read a packed window's expiry back.
     assert_eq!(f.tables.retain_live(2 * S), 1);
     assert_eq!(f.tables.len(), 0);
