@@ -344,7 +344,7 @@ fn live_entries(tables: &Tables, now: Nanos) -> Vec<(StoredKey, Entry)> {
     let mut out = Vec::with_capacity(tables.len());
     tables.for_each(|key, entry| {
         if entry.expires_at > now {
-            out.push((key.clone(), entry));
+            out.push((StoredKey::new(key), entry));
         }
     });
     out

@@ -262,7 +262,7 @@ impl Store {
             let (mut new, mut heap) = (0, 0);
             for ((key, entry), &hash) in keys.clone().zip(after).zip(hashes) {
                 let Some(entry) = entry else { continue };
-                if Place::of(&entry.state) == place && tables.is_new(hash, key, &entry.state) {
+                if Place::of(key, entry) == place && tables.is_new(hash, key, entry) {
                     new += 1;
                     heap += StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
                 }

@@ -30,8 +30,8 @@ impl Store {
         let locked = self.stripes[index & self.mask].tables.lock();
         let mut out = Vec::new();
         locked.tables.for_each(|key, entry| {
-            if entry.expires_at > now && wanted(Slot::of(key.as_bytes())) {
-                out.push((key.clone(), entry));
+            if entry.expires_at > now && wanted(Slot::of(key)) {
+                out.push((StoredKey::new(key), entry));
             }
         });
         out
@@ -47,8 +47,8 @@ impl Store {
             let Locked { tables, changes } = &mut *locked;
             let mut keys: Vec<StoredKey> = Vec::new();
             tables.for_each(|key, _| {
-                if wanted(Slot::of(key.as_bytes())) {
-                    keys.push(key.clone());
+                if wanted(Slot::of(key)) {
+                    keys.push(StoredKey::new(key));
                 }
             });
             keys.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));

@@ -92,7 +92,7 @@ impl Store {
         }
         match entry {
             Some(entry) => {
-                if tables.is_new(hash, key, &entry.state) {
+                if tables.is_new(hash, key, &entry) {
                     self.room_for(tables, changes, stripe, key, &entry, now)?;
                 }
                 tables.put(&self.hasher, hash, key, entry);
@@ -122,7 +122,7 @@ impl Store {
         let heap = StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
         let room = tables.make_room(
             &self.hasher,
-            Place::of(&entry.state),
+            Place::of(key, entry),
             (1, heap),
             (self.stripe_budget, self.on_full),
             now,

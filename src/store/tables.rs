@@ -5,15 +5,20 @@
 //! the algorithm being checked, so one key may carry a bucket and a window
 //! side by side; each expires on its own and RESET drops both.
 //!
-//! Where a state is stored ([`Place`]) is finer than that. GCRA's whole
-//! state is its `tat`, which is also its expiry, so token buckets and leaky
-//! buckets get tables of 32-byte entries (a 24-byte [`StoredKey`] and the
-//! `tat`), one each: a leaky bucket's state is kept apart from a token
-//! bucket's (switching a key between the two starts it afresh). Every other
-//! algorithm's state lives in a general table with an explicit expiry. The
-//! leaky table and the general table together hold a key's one "other"
-//! state: a lookup of it checks both, and storing it in one removes the
-//! key from the other.
+//! Where a state is stored ([`Place`]) is finer than that. States that
+//! pack into a fixed size beside their key have compact tables with no
+//! stored expiry, each split by key width (`split`): keys that fit a
+//! 16-byte [`ShortKey`](super::key::ShortKey) slot in one table, the rest
+//! in a 24-byte [`StoredKey`] in another. GCRA's whole state is its `tat`,
+//! which is also its expiry, so token buckets and leaky buckets get tables
+//! of 24-byte entries (32 with a long key), one each: a leaky bucket's
+//! state is kept apart from a token bucket's (switching a key between the
+//! two starts it afresh). Fixed and sliding windows share a table of
+//! 32-byte entries (40 with a long key; `packed`). Every other state
+//! (logs, leases, a window that does not pack) lives in a general table
+//! with an explicit expiry (64-byte entries). The leaky, windows and
+//! general tables together hold a key's one "other" state: a lookup of it
+//! checks each, and storing it in one removes the key from the others.
 //!
 //! Hashes are computed once per key by the caller (one `ahash` for every
 //! table of the store) and passed in; the tables never rehash keys except
@@ -25,7 +30,9 @@
 //! The budget itself is kept by [`Tables::make_room`] (`budget`).
 
 mod budget;
+mod packed;
 mod slots;
+mod split;
 
 pub use budget::Full;
 
@@ -34,15 +41,14 @@ use crate::algorithm::{State, Verdict};
 use crate::clock::Nanos;
 use crate::sync::{AtomicU64, Ordering};
 use budget::Upkeep;
+use packed::Window;
 use slots::Slots;
+use split::{Probe, Split};
 
-/// A token or leaky bucket: the key and GCRA's theoretical arrival time,
-/// which is also when the state expires.
-#[derive(Debug)]
-struct Gcra {
-    key: StoredKey,
-    tat: Nanos,
-}
+/// A token or leaky bucket: GCRA's theoretical arrival time, which is also
+/// when the state expires.
+#[derive(Debug, Clone, Copy)]
+struct Tat(Nanos);
 
 /// Any other algorithm's state.
 #[derive(Debug)]
@@ -65,96 +71,110 @@ pub enum Table {
     Others,
 }
 
-/// The table a state is stored in.
+/// Which kind of table a state is stored in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Place {
-    /// Token buckets (32-byte entries).
+pub enum Kind {
+    /// Token buckets.
     Buckets,
-    /// Leaky buckets (32-byte entries); part of [`Table::Others`].
+    /// Leaky buckets; part of [`Table::Others`].
     Leaky,
-    /// Every other algorithm; part of [`Table::Others`].
+    /// Fixed and sliding windows that pack; part of [`Table::Others`].
+    Windows,
+    /// Every other state; part of [`Table::Others`].
     General,
 }
 
-impl Place {
-    pub const ALL: [Place; 3] = [Place::Buckets, Place::Leaky, Place::General];
+/// The table a state is stored in: its kind and, for a compact kind,
+/// whether its key takes the short slot (the general table has one width;
+/// its `short` is always false).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    pub kind: Kind,
+    pub short: bool,
+}
 
-    pub fn of(state: &State) -> Self {
-        match state {
-            State::TokenBucket { .. } => Place::Buckets,
-            State::LeakyBucket { .. } => Place::Leaky,
-            _ => Place::General,
+impl Place {
+    /// Every table, each once.
+    pub const ALL: [Place; 7] = [
+        Place::compact(Kind::Buckets, true),
+        Place::compact(Kind::Buckets, false),
+        Place::compact(Kind::Leaky, true),
+        Place::compact(Kind::Leaky, false),
+        Place::compact(Kind::Windows, true),
+        Place::compact(Kind::Windows, false),
+        Place::GENERAL,
+    ];
+
+    const GENERAL: Place = Place {
+        kind: Kind::General,
+        short: false,
+    };
+
+    const fn compact(kind: Kind, short: bool) -> Self {
+        Place { kind, short }
+    }
+
+    /// Where `entry` for `key` is stored.
+    pub fn of(key: &[u8], entry: &Entry) -> Self {
+        let kind = Kind::of(entry);
+        match kind {
+            Kind::General => Place::GENERAL,
+            _ => Place::compact(kind, Probe::of(key).is_short()),
+        }
+    }
+}
+
+impl Kind {
+    /// The kinds that make up [`Table::Others`], in lookup order.
+    const OTHERS: [Kind; 3] = [Kind::Leaky, Kind::Windows, Kind::General];
+
+    fn of(entry: &Entry) -> Self {
+        match entry.state {
+            State::TokenBucket { .. } => Kind::Buckets,
+            State::LeakyBucket { .. } => Kind::Leaky,
+            State::FixedWindow(_) | State::SlidingWindow(_)
+                if Window::pack(entry, None).is_some() =>
+            {
+                Kind::Windows
+            }
+            _ => Kind::General,
         }
     }
 }
 
 #[derive(Debug, Default)]
 pub struct Tables {
-    buckets: Slots<Gcra>,
-    leaky: Slots<Gcra>,
+    buckets: Split<Tat>,
+    leaky: Split<Tat>,
+    windows: Split<Window>,
     others: Slots<Other>,
     /// Heap bytes owned by entries: long keys, logs, lease lists.
     heap_bytes: usize,
     upkeep: Upkeep,
 }
 
-fn bucket_entry(g: &Gcra) -> Entry {
+fn bucket_entry(tat: Tat) -> Entry {
     Entry {
-        state: State::TokenBucket { tat: g.tat },
-        expires_at: g.tat,
+        state: State::TokenBucket { tat: tat.0 },
+        expires_at: tat.0,
     }
 }
 
-fn leaky_entry(g: &Gcra) -> Entry {
+fn leaky_entry(tat: Tat) -> Entry {
     Entry {
-        state: State::LeakyBucket { tat: g.tat },
-        expires_at: g.tat,
+        state: State::LeakyBucket { tat: tat.0 },
+        expires_at: tat.0,
     }
-}
-
-/// Sets the `tat` of `key` in a GCRA table, adding the key if new; returns
-/// the heap bytes added.
-fn put_gcra(
-    slots: &mut Slots<Gcra>,
-    hasher: &ahash::RandomState,
-    hash: u64,
-    key: &[u8],
-    tat: Nanos,
-) -> usize {
-    if let Some(g) = slots.table.find_mut(hash, |g| g.key.as_bytes() == key) {
-        g.tat = tat;
-        return 0;
-    }
-    let key = StoredKey::new(key);
-    let heap = key.heap_bytes();
-    slots.insert(hash, Gcra { key, tat }, |g| {
-        hasher.hash_one(g.key.as_bytes())
-    });
-    heap
-}
-
-/// Keeps the entries of a GCRA table that satisfy `keep`; returns the heap
-/// bytes freed.
-fn retain_gcra(slots: &mut Slots<Gcra>, mut keep: impl FnMut(&Gcra) -> bool) -> usize {
-    let mut freed = 0;
-    slots.table.retain(|g| {
-        let kept = keep(g);
-        if !kept {
-            freed += g.key.heap_bytes();
-        }
-        kept
-    });
-    freed
 }
 
 impl Tables {
-    /// The entry of `key` in `place`, live or not.
-    fn find_in(&self, place: Place, hash: u64, key: &[u8]) -> Option<Entry> {
-        let eq = |g: &Gcra| g.key.as_bytes() == key;
-        match place {
-            Place::Buckets => self.buckets.table.find(hash, eq).map(bucket_entry),
-            Place::Leaky => self.leaky.table.find(hash, eq).map(leaky_entry),
-            Place::General => self
+    /// The entry of `key` in the tables of `kind`, live or not.
+    fn find_in(&self, kind: Kind, hash: u64, key: &[u8], probe: Probe) -> Option<Entry> {
+        match kind {
+            Kind::Buckets => self.buckets.get(hash, probe).copied().map(bucket_entry),
+            Kind::Leaky => self.leaky.get(hash, probe).copied().map(leaky_entry),
+            Kind::Windows => self.windows.get(hash, probe).map(|w| w.entry()),
+            Kind::General => self
                 .others
                 .table
                 .find(hash, |o| o.key.as_bytes() == key)
@@ -162,24 +182,37 @@ impl Tables {
         }
     }
 
-    /// Whether `place` holds `key` (without copying its state).
-    fn holds(&self, place: Place, hash: u64, key: &[u8]) -> bool {
-        let eq = |k: &StoredKey| k.as_bytes() == key;
-        match place {
-            Place::Buckets => self.buckets.table.find(hash, |g| eq(&g.key)).is_some(),
-            Place::Leaky => self.leaky.table.find(hash, |g| eq(&g.key)).is_some(),
-            Place::General => self.others.table.find(hash, |o| eq(&o.key)).is_some(),
+    /// Whether the tables of `kind` hold `key` (without copying its state).
+    fn holds(&self, kind: Kind, hash: u64, key: &[u8]) -> bool {
+        let probe = Probe::of(key);
+        match kind {
+            Kind::Buckets => self.buckets.get(hash, probe).is_some(),
+            Kind::Leaky => self.leaky.get(hash, probe).is_some(),
+            Kind::Windows => self.windows.get(hash, probe).is_some(),
+            Kind::General => self
+                .others
+                .table
+                .find(hash, |o| o.key.as_bytes() == key)
+                .is_some(),
         }
+    }
+
+    /// The entry of `key` in `table`, live or not, and the kind of table
+    /// holding it.
+    fn find_kind(&self, table: Table, hash: u64, key: &[u8]) -> Option<(Entry, Kind)> {
+        let probe = Probe::of(key);
+        let kinds: &[Kind] = match table {
+            Table::Buckets => &[Kind::Buckets],
+            Table::Others => &Kind::OTHERS,
+        };
+        kinds
+            .iter()
+            .find_map(|&k| Some((self.find_in(k, hash, key, probe)?, k)))
     }
 
     /// The entry of `key` in `table`, live or not.
     pub fn find(&self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
-        match table {
-            Table::Buckets => self.find_in(Place::Buckets, hash, key),
-            Table::Others => self
-                .find_in(Place::Leaky, hash, key)
-                .or_else(|| self.find_in(Place::General, hash, key)),
-        }
+        self.find_kind(table, hash, key).map(|(entry, _)| entry)
     }
 
     /// The live entry of `key` in `table`; an expired one is dropped on the
@@ -192,11 +225,12 @@ impl Tables {
         now: Nanos,
         expired: &AtomicU64,
     ) -> Option<Entry> {
-        let entry = self.find(table, hash, key)?;
+        let (entry, kind) = self.find_kind(table, hash, key)?;
         if entry.expires_at > now {
             return Some(entry);
         }
-        self.remove(table, hash, key);
+        // A key's other state is in one place: where it was found.
+        self.remove_in(kind, hash, key);
         // Relaxed: a statistic, read by the metrics only.
         expired.fetch_add(1, Ordering::Relaxed);
         None
@@ -217,11 +251,7 @@ impl Tables {
         expired: &AtomicU64,
         evaluate: impl FnOnce(Option<&State>) -> Verdict,
     ) -> Verdict {
-        let found = self
-            .buckets
-            .table
-            .find_mut(hash, |b| b.key.as_bytes() == key);
-        let Some(bucket) = found else {
+        let Some(bucket) = self.buckets.get_mut(hash, Probe::of(key)) else {
             let verdict = evaluate(None);
             if let (true, true, Some(state)) = (charge, verdict.decision.allowed, &verdict.state) {
                 let entry = Entry {
@@ -232,12 +262,12 @@ impl Tables {
             }
             return verdict;
         };
-        let live = bucket.tat > now;
-        let current = live.then_some(State::TokenBucket { tat: bucket.tat });
+        let live = bucket.0 > now;
+        let current = live.then_some(State::TokenBucket { tat: bucket.0 });
         let verdict = evaluate(current.as_ref());
         let written = match (&verdict.state, charge && verdict.decision.allowed) {
             (Some(State::TokenBucket { tat }), true) => {
-                bucket.tat = *tat;
+                bucket.0 = *tat;
                 self.upkeep.wrote(*tat);
                 true
             }
@@ -260,63 +290,103 @@ impl Tables {
     }
 
     /// Whether `put(.., entry)` for `key` would add an entry to the place
-    /// of `state` (switching a key's other state between the leaky table
-    /// and the general one adds an entry to the new place).
-    pub fn is_new(&self, hash: u64, key: &[u8], state: &State) -> bool {
-        !self.holds(Place::of(state), hash, key)
+    /// of `entry` (a key's other state moving to another place, say from a
+    /// leaky bucket to a window, adds an entry there).
+    pub fn is_new(&self, hash: u64, key: &[u8], entry: &Entry) -> bool {
+        !self.holds(Kind::of(entry), hash, key)
     }
 
-    /// Stores `entry` for `key`, in the place its state belongs to. A
-    /// bucket's expiry is its `tat` (GCRA writes them equal). An other
-    /// state replaces the key's other state wherever it was.
+    /// Stores `entry` for `key`, in the place it belongs to. A compact
+    /// entry's expiry is its state's (GCRA's `tat`, a window's end: the
+    /// algorithms write them so; a window that does not pack goes to the
+    /// general table). An other state replaces the key's other state
+    /// wherever it was.
     pub fn put(&mut self, hasher: &ahash::RandomState, hash: u64, key: &[u8], entry: Entry) {
         self.upkeep.wrote(entry.expires_at);
-        match entry.state {
-            State::TokenBucket { tat } => {
-                self.heap_bytes += put_gcra(&mut self.buckets, hasher, hash, key, tat);
-            }
+        let probe = Probe::of(key);
+        let added = match entry.state {
+            State::TokenBucket { tat } => self.buckets.put(hasher, hash, probe, Tat(tat)),
             State::LeakyBucket { tat } => {
-                self.remove_in(Place::General, hash, key);
-                self.heap_bytes += put_gcra(&mut self.leaky, hasher, hash, key, tat);
+                if let Some(slot) = self.leaky.get_mut(hash, probe) {
+                    *slot = Tat(tat);
+                    return;
+                }
+                self.remove_others_but(Kind::Leaky, hash, key);
+                self.leaky.insert(hasher, hash, probe, Tat(tat))
             }
-            _ => {
-                self.remove_in(Place::Leaky, hash, key);
-                match self
-                    .others
-                    .table
-                    .find_mut(hash, |o| o.key.as_bytes() == key)
-                {
-                    Some(o) => {
-                        self.heap_bytes -= o.entry.state.heap_bytes();
-                        self.heap_bytes += entry.state.heap_bytes();
-                        o.entry = entry;
+            State::FixedWindow(_) | State::SlidingWindow(_) => {
+                let held = self.windows.get_mut(hash, probe);
+                let like = held.as_deref().copied();
+                match (held, Window::pack(&entry, like)) {
+                    (Some(slot), Some(window)) => {
+                        *slot = window;
+                        return;
                     }
-                    None => {
-                        let other = Other {
-                            key: StoredKey::new(key),
-                            entry,
-                        };
-                        self.heap_bytes += other.heap_bytes();
-                        self.others
-                            .insert(hash, other, |o| hasher.hash_one(o.key.as_bytes()));
+                    (None, Some(window)) => {
+                        self.remove_others_but(Kind::Windows, hash, key);
+                        self.windows.insert(hasher, hash, probe, window)
+                    }
+                    // Out of the windows table too (`put_general`).
+                    (_, None) => {
+                        self.put_general(hasher, hash, key, entry);
+                        0
                     }
                 }
             }
+            _ => {
+                self.put_general(hasher, hash, key, entry);
+                0
+            }
+        };
+        self.heap_bytes += added;
+    }
+
+    /// Removes `key`'s other state from every place but `kind` (only a key
+    /// new to `kind` can have one elsewhere).
+    fn remove_others_but(&mut self, kind: Kind, hash: u64, key: &[u8]) {
+        for other in Kind::OTHERS.into_iter().filter(|&k| k != kind) {
+            self.remove_in(other, hash, key);
         }
     }
 
-    /// Removes `key` from `place`, returning its entry.
-    fn remove_in(&mut self, place: Place, hash: u64, key: &[u8]) -> Option<Entry> {
-        let gcra = |slots: &mut Slots<Gcra>| {
-            let found = slots.table.find_entry(hash, |g| g.key.as_bytes() == key);
-            found.ok().map(|f| f.remove().0)
+    fn put_general(&mut self, hasher: &ahash::RandomState, hash: u64, key: &[u8], entry: Entry) {
+        let found = self
+            .others
+            .table
+            .find_mut(hash, |o| o.key.as_bytes() == key);
+        if let Some(o) = found {
+            self.heap_bytes -= o.entry.state.heap_bytes();
+            self.heap_bytes += entry.state.heap_bytes();
+            o.entry = entry;
+            return;
+        }
+        self.remove_others_but(Kind::General, hash, key);
+        let other = Other {
+            key: StoredKey::new(key),
+            entry,
         };
-        let (entry, freed) = match place {
-            Place::Buckets => {
-                gcra(&mut self.buckets).map(|g| (bucket_entry(&g), g.key.heap_bytes()))
-            }
-            Place::Leaky => gcra(&mut self.leaky).map(|g| (leaky_entry(&g), g.key.heap_bytes())),
-            Place::General => {
+        self.heap_bytes += other.heap_bytes();
+        self.others
+            .insert(hash, other, |o| hasher.hash_one(o.key.as_bytes()));
+    }
+
+    /// Removes `key` from the tables of `kind`, returning its entry.
+    fn remove_in(&mut self, kind: Kind, hash: u64, key: &[u8]) -> Option<Entry> {
+        let probe = Probe::of(key);
+        let (entry, freed) = match kind {
+            Kind::Buckets => self
+                .buckets
+                .take(hash, probe)
+                .map(|(t, heap)| (bucket_entry(t), heap)),
+            Kind::Leaky => self
+                .leaky
+                .take(hash, probe)
+                .map(|(t, heap)| (leaky_entry(t), heap)),
+            Kind::Windows => self
+                .windows
+                .take(hash, probe)
+                .map(|(w, heap)| (w.entry(), heap)),
+            Kind::General => {
                 let found = self
                     .others
                     .table
@@ -335,22 +405,21 @@ impl Tables {
     /// Removes `key`'s state in `table`, returning it.
     pub fn remove(&mut self, table: Table, hash: u64, key: &[u8]) -> Option<Entry> {
         match table {
-            Table::Buckets => self.remove_in(Place::Buckets, hash, key),
-            Table::Others => {
-                // A key has its other state in one place; both are cleared
-                // so that nothing could outlive a removal.
-                let leaky = self.remove_in(Place::Leaky, hash, key);
-                let general = self.remove_in(Place::General, hash, key);
-                leaky.or(general)
-            }
+            Table::Buckets => self.remove_in(Kind::Buckets, hash, key),
+            // A key has its other state in one place; every place is
+            // cleared so that nothing could outlive a removal.
+            Table::Others => Kind::OTHERS
+                .into_iter()
+                .filter_map(|k| self.remove_in(k, hash, key))
+                .reduce(|first, _| first),
         }
     }
 
     /// Removes `key` from every table; true when any removed state was live.
     pub fn remove_all(&mut self, hash: u64, key: &[u8], now: Nanos) -> bool {
-        Place::ALL
+        [Kind::Buckets, Kind::Leaky, Kind::Windows, Kind::General]
             .into_iter()
-            .filter_map(|p| self.remove_in(p, hash, key))
+            .filter_map(|k| self.remove_in(k, hash, key))
             .fold(false, |live, e| live | (e.expires_at > now))
     }
 
@@ -364,30 +433,34 @@ impl Tables {
 
     /// Calls `f` with every entry, live or not (one call per table a key
     /// has state in).
-    pub fn for_each(&self, mut f: impl FnMut(&StoredKey, Entry)) {
-        for g in &self.buckets.table {
-            f(&g.key, bucket_entry(g));
-        }
-        for g in &self.leaky.table {
-            f(&g.key, leaky_entry(g));
-        }
+    pub fn for_each(&self, mut f: impl FnMut(&[u8], Entry)) {
+        self.buckets.each(|k, &t| f(k, bucket_entry(t)));
+        self.leaky.each(|k, &t| f(k, leaky_entry(t)));
+        self.windows.each(|k, w| f(k, w.entry()));
         for o in &self.others.table {
-            f(&o.key, o.entry.clone());
+            f(o.key.as_bytes(), o.entry.clone());
         }
     }
 
-    /// Keeps only the entries whose key satisfies `keep`.
-    pub fn retain_keys(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
-        let mut freed = retain_gcra(&mut self.buckets, |g| keep(g.key.as_bytes()));
-        freed += retain_gcra(&mut self.leaky, |g| keep(g.key.as_bytes()));
+    /// Keeps the entries for which `keep(key, expires_at)`; returns the
+    /// heap bytes freed.
+    fn retain_by(&mut self, mut keep: impl FnMut(&[u8], Nanos) -> bool) -> usize {
+        let mut freed = self.buckets.retain(|k, t| keep(k, t.0));
+        freed += self.leaky.retain(|k, t| keep(k, t.0));
+        freed += self.windows.retain(|k, w| keep(k, w.expires_at()));
         self.others.table.retain(|o| {
-            let kept = keep(o.key.as_bytes());
+            let kept = keep(o.key.as_bytes(), o.entry.expires_at);
             if !kept {
                 freed += o.heap_bytes();
             }
             kept
         });
-        self.heap_bytes -= freed;
+        freed
+    }
+
+    /// Keeps only the entries whose key satisfies `keep`.
+    pub fn retain_keys(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        self.heap_bytes -= self.retain_by(|k, _| keep(k));
     }
 
     /// Drops every entry expiring at or before `cutoff`; returns how many.
@@ -395,23 +468,13 @@ impl Tables {
     fn retain_after(&mut self, cutoff: Nanos) -> usize {
         let before = self.len();
         let mut earliest = Nanos::MAX;
-        let mut keep = |expires_at: Nanos| {
+        self.heap_bytes -= self.retain_by(|_, expires_at| {
             let kept = expires_at > cutoff;
             if kept {
                 earliest = earliest.min(expires_at);
             }
             kept
-        };
-        let mut freed = retain_gcra(&mut self.buckets, |g| keep(g.tat));
-        freed += retain_gcra(&mut self.leaky, |g| keep(g.tat));
-        self.others.table.retain(|o| {
-            let kept = keep(o.entry.expires_at);
-            if !kept {
-                freed += o.heap_bytes();
-            }
-            kept
         });
-        self.heap_bytes -= freed;
         self.upkeep.next_expiry = earliest;
         before - self.len()
     }
@@ -422,11 +485,16 @@ impl Tables {
     }
 
     pub fn len(&self) -> usize {
-        self.buckets.table.len() + self.leaky.table.len() + self.others.table.len()
+        self.buckets.len() + self.leaky.len() + self.windows.len() + self.others.table.len()
     }
 }
 
-const _: () = assert!(std::mem::size_of::<Gcra>() == 32);
+const _: () =
+    assert!(std::mem::size_of::<split::Compact<crate::store::key::ShortKey, Tat>>() == 24);
+const _: () = assert!(std::mem::size_of::<split::Compact<StoredKey, Tat>>() == 32);
+const _: () =
+    assert!(std::mem::size_of::<split::Compact<crate::store::key::ShortKey, Window>>() == 32);
+const _: () = assert!(std::mem::size_of::<split::Compact<StoredKey, Window>>() == 40);
 
 #[cfg(test)]
 mod tests;

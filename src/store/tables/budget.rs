@@ -6,7 +6,7 @@
 //! the key. The accounting it relies on is O(1): each table's allocation
 //! ([`Slots`](super::slots::Slots)) plus the heap bytes entries own.
 
-use super::{Place, Tables};
+use super::{Kind, Place, Tables};
 use crate::clock::Nanos;
 
 /// What a full stripe does with a new key.
@@ -62,19 +62,23 @@ impl Tables {
     /// Reserved bytes: the slots of every table and the heap bytes of
     /// entries.
     pub fn memory_bytes(&self) -> usize {
-        self.buckets.bytes() + self.leaky.bytes() + self.others.bytes() + self.heap_bytes
+        self.buckets.bytes()
+            + self.leaky.bytes()
+            + self.windows.bytes()
+            + self.others.bytes()
+            + self.heap_bytes
     }
 
     /// Bytes of `place`'s slots now, and with `new` more entries (`emptied`:
     /// once every entry is gone and `new` entries are in).
     fn slot_bytes(&self, place: Place, new: usize, emptied: bool) -> (usize, usize) {
-        match (place, emptied) {
-            (Place::Buckets, false) => (self.buckets.bytes(), self.buckets.bytes_after(new)),
-            (Place::Buckets, true) => (self.buckets.bytes(), self.buckets.bytes_if_emptied(new)),
-            (Place::Leaky, false) => (self.leaky.bytes(), self.leaky.bytes_after(new)),
-            (Place::Leaky, true) => (self.leaky.bytes(), self.leaky.bytes_if_emptied(new)),
-            (Place::General, false) => (self.others.bytes(), self.others.bytes_after(new)),
-            (Place::General, true) => (self.others.bytes(), self.others.bytes_if_emptied(new)),
+        let short = place.short;
+        match (place.kind, emptied) {
+            (Kind::Buckets, _) => self.buckets.slot_bytes(short, new, emptied),
+            (Kind::Leaky, _) => self.leaky.slot_bytes(short, new, emptied),
+            (Kind::Windows, _) => self.windows.slot_bytes(short, new, emptied),
+            (Kind::General, false) => (self.others.bytes(), self.others.bytes_after(new)),
+            (Kind::General, true) => (self.others.bytes(), self.others.bytes_if_emptied(new)),
         }
     }
 
@@ -150,6 +154,7 @@ impl Tables {
         let maybe = now >= self.upkeep.next_expiry
             || self.buckets.has_tombstones()
             || self.leaky.has_tombstones()
+            || self.windows.has_tombstones()
             || self.others.has_tombstones();
         let paid = self.upkeep.misses.saturating_mul(1 << EVICT_SHIFT) >= self.len()
             || now >= self.upkeep.last.saturating_add(UPKEEP_GAP);
@@ -161,10 +166,10 @@ impl Tables {
     fn evict_soonest(&mut self, now: Nanos) -> usize {
         let mut expiries: Vec<Nanos> = self
             .buckets
-            .table
-            .iter()
-            .chain(&self.leaky.table)
-            .map(|g| g.tat)
+            .states()
+            .chain(self.leaky.states())
+            .map(|t| t.0)
+            .chain(self.windows.states().map(|w| w.expires_at()))
             .chain(self.others.table.iter().map(|o| o.entry.expires_at))
             .collect();
         let n = (expiries.len() >> EVICT_SHIFT).max(1);
@@ -179,12 +184,9 @@ impl Tables {
     /// doubles a table this full, past the budget. Rebuilding here keeps
     /// growth under our control. O(n), after a batch removal only.
     fn compact(&mut self, hasher: &ahash::RandomState) {
-        if self.buckets.has_tombstones() {
-            self.buckets.rebuild(|g| hasher.hash_one(g.key.as_bytes()));
-        }
-        if self.leaky.has_tombstones() {
-            self.leaky.rebuild(|g| hasher.hash_one(g.key.as_bytes()));
-        }
+        self.buckets.compact(hasher);
+        self.leaky.compact(hasher);
+        self.windows.compact(hasher);
         if self.others.has_tombstones() {
             self.others.rebuild(|o| hasher.hash_one(o.key.as_bytes()));
         }
