@@ -223,6 +223,23 @@ impl Connection {
     /// Serves the connection; `opened` is when it was accepted (the
     /// handshake timeout counts from it).
     async fn run(&mut self, opened: Instant) -> Result<(), ConnError> {
+        let shared = self.shared.clone();
+        // Waiting on the server-wide tokens directly would add and remove a
+        // waiter on their one shared list at every read, under a lock every
+        // connection contends for. Tokens of this connection's own, cancelled
+        // with the server's, are waited on by futures that live as long as
+        // the loop: registered once, each read only re-checks them.
+        let abort = shared.lifecycle.abort.child_token();
+        let draining = shared.lifecycle.draining.child_token();
+        let mut aborted = std::pin::pin!(abort.cancelled());
+        let mut drained = std::pin::pin!(draining.cancelled());
+        let mut shed = std::pin::pin!(self.ticket.shed().clone().cancelled_owned());
+        // One timer for the connection's life rather than one per read: the
+        // idle deadline moves with every read, but the timer is only moved
+        // earlier at once (a frame's deadline); when it fires before the
+        // deadline in force, it is set to that deadline and waited on again.
+        let (deadline, _) = self.read_deadline(opened);
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
         loop {
             if self.answer_buffered().await? != Flow::Continue {
                 return self.flush().await;
@@ -230,15 +247,14 @@ impl Connection {
             self.flush().await?;
 
             let (deadline, on_timeout) = self.read_deadline(opened);
-            let shared = self.shared.clone();
             if let Room::Short(needed) = self.rbuf.make_room() {
                 // Read nothing more until the frame has memory: its bytes
                 // wait in the kernel.
                 tokio::select! {
                     biased;
-                    _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-                    _ = shared.lifecycle.draining.cancelled() => return self.drain().await,
-                    _ = self.ticket.shed().cancelled() => return self.goodbye(Goodbye::Shed).await,
+                    _ = aborted.as_mut() => return Ok(()),
+                    _ = drained.as_mut() => return self.drain().await,
+                    _ = shed.as_mut() => return self.goodbye(Goodbye::Shed).await,
                     room = ReadBuffer::wait_for(&shared.budget, needed, deadline) => {
                         if !room {
                             let frame = self.rbuf.front_frame();
@@ -248,18 +264,27 @@ impl Connection {
                 }
                 continue;
             }
+            if deadline < timer.deadline() {
+                timer.as_mut().reset(deadline);
+            }
             tokio::select! {
                 biased;
-                _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-                _ = shared.lifecycle.draining.cancelled() => return self.drain().await,
-                _ = self.ticket.shed().cancelled() => return self.goodbye(Goodbye::Shed).await,
-                read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf.buf)) => {
+                _ = aborted.as_mut() => return Ok(()),
+                _ = drained.as_mut() => return self.drain().await,
+                _ = shed.as_mut() => return self.goodbye(Goodbye::Shed).await,
+                read = self.stream.read_buf(&mut self.rbuf.buf) => {
                     match read {
-                        Ok(Ok(0)) => return Ok(()),
-                        Ok(Ok(_)) => self.ticket.touch(),
-                        Ok(Err(e)) => return Err(e.into()),
-                        Err(_) => return Err(on_timeout),
+                        Ok(0) => return Ok(()),
+                        Ok(_) => self.ticket.touch(),
+                        Err(e) => return Err(e.into()),
                     }
+                }
+                () = timer.as_mut() => {
+                    if Instant::now() >= deadline {
+                        return Err(on_timeout);
+                    }
+                    // Fired at an older, earlier deadline.
+                    timer.as_mut().reset(deadline);
                 }
             }
         }
@@ -522,7 +547,6 @@ impl Connection {
     }
 }
 
-/// Writes `bytes` whole and flushes them out of any TLS buffer.
 /// Why answers could not be written out.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum WriteError {
@@ -552,6 +576,26 @@ pub(super) async fn write_out(
 ) -> Result<bool, WriteError> {
     if bytes.is_empty() {
         return Ok(true);
+    }
+    let mut bytes = bytes;
+    // Most answers fit in the socket's send buffer at once: one write, with
+    // no timer and no waiter on the shared abort token (whose one lock every
+    // connection would contend for). What does not fit takes the path below.
+    if let Socket::Plain(tcp) = stream {
+        if shared.lifecycle.abort.is_cancelled() {
+            return Ok(false);
+        }
+        match tcp.try_write(bytes) {
+            Ok(n) if n == bytes.len() => return Ok(true),
+            Ok(n) => bytes = &bytes[n..],
+            // Not writable now (or interrupted): the path below waits.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(e) => return Err(WriteError::Io(e)),
+        }
     }
     let t = shared.network.write_timeout;
     tokio::select! {
