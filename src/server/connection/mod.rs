@@ -51,6 +51,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tollgate_protocol::{
     decode_request, encode_response, ErrorCode, Moved, Request, RequestId, Response,
     MAX_HELLO_FRAME, MIN_FRAME_BODY,
@@ -119,6 +120,11 @@ struct Connection {
     partial_since: Option<Instant>,
     /// Set with [`Flow::HandOver`].
     replicate: Option<Replicate>,
+    /// The server's `abort` and `draining`, as tokens of this connection's
+    /// own: checking or waiting on the server-wide tokens takes a lock that
+    /// every connection contends for, these a lock of this connection's.
+    abort: CancellationToken,
+    draining: CancellationToken,
 }
 
 pub(super) async fn serve(
@@ -137,6 +143,8 @@ pub(super) async fn serve(
     let Some(stream) = secure(stream, peer, &shared).await else {
         return;
     };
+    let abort = shared.lifecycle.abort.child_token();
+    let draining = shared.lifecycle.draining.child_token();
     let mut conn = Connection {
         stream,
         peer,
@@ -149,6 +157,8 @@ pub(super) async fn serve(
         client_name: String::new(),
         partial_since: None,
         replicate: None,
+        abort,
+        draining,
     };
     tracing::debug!(%peer, tls = conn.stream.is_tls(), "connection opened");
     match conn.run(opened).await {
@@ -224,15 +234,11 @@ impl Connection {
     /// handshake timeout counts from it).
     async fn run(&mut self, opened: Instant) -> Result<(), ConnError> {
         let shared = self.shared.clone();
-        // Waiting on the server-wide tokens directly would add and remove a
-        // waiter on their one shared list at every read, under a lock every
-        // connection contends for. Tokens of this connection's own, cancelled
-        // with the server's, are waited on by futures that live as long as
-        // the loop: registered once, each read only re-checks them.
-        let abort = shared.lifecycle.abort.child_token();
-        let draining = shared.lifecycle.draining.child_token();
-        let mut aborted = std::pin::pin!(abort.cancelled());
-        let mut drained = std::pin::pin!(draining.cancelled());
+        // Waits that live as long as the loop: registered once, each read
+        // only re-checks them (a wait made per read would add and remove a
+        // waiter every time).
+        let mut aborted = std::pin::pin!(self.abort.clone().cancelled_owned());
+        let mut drained = std::pin::pin!(self.draining.clone().cancelled_owned());
         let mut shed = std::pin::pin!(self.ticket.shed().clone().cancelled_owned());
         // One timer for the connection's life rather than one per read: the
         // idle deadline moves with every read, but the timer is only moved
@@ -507,7 +513,7 @@ impl Connection {
     }
 
     async fn flush(&mut self) -> Result<(), ConnError> {
-        if write_out(&mut self.stream, &self.wbuf, &self.shared).await? {
+        if write_out(&mut self.stream, &self.wbuf, &self.shared, &self.abort).await? {
             self.wbuf.clear();
         }
         Ok(())
@@ -518,7 +524,7 @@ impl Connection {
     /// stops once the client has been quiet for [`DRAIN_QUIET`]; a client that
     /// keeps sending is cut off when the grace period ends (`abort`).
     async fn drain(&mut self) -> Result<(), ConnError> {
-        let shared = self.shared.clone();
+        let abort = self.abort.clone();
         loop {
             if self.answer_buffered().await? != Flow::Continue {
                 return self.flush().await;
@@ -530,7 +536,7 @@ impl Connection {
             }
             tokio::select! {
                 biased;
-                _ = shared.lifecycle.abort.cancelled() => return Ok(()),
+                _ = abort.cancelled() => return Ok(()),
                 read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf.buf)) => {
                     match read {
                         Ok(Ok(0)) | Err(_) => break,
@@ -567,22 +573,24 @@ impl From<WriteError> for ConnError {
 
 /// Writes `bytes` out within the write timeout, flushed: TLS may keep the
 /// tail of a write in its buffer when the socket is full (a no-op on plain
-/// TCP). Ok(false) when the server aborted first (nothing more is sent);
-/// the protocol port and the RESP front end share it.
+/// TCP). Ok(false) when the server aborted first (`abort`: the server's
+/// token or one cancelled with it; nothing more is sent); the protocol port
+/// and the RESP front end share it.
 pub(super) async fn write_out(
     stream: &mut Socket,
     bytes: &[u8],
     shared: &Shared,
+    abort: &CancellationToken,
 ) -> Result<bool, WriteError> {
     if bytes.is_empty() {
         return Ok(true);
     }
     let mut bytes = bytes;
     // Most answers fit in the socket's send buffer at once: one write, with
-    // no timer and no waiter on the shared abort token (whose one lock every
-    // connection would contend for). What does not fit takes the path below.
+    // no timer and no waiter on `abort`. What does not fit takes the path
+    // below.
     if let Socket::Plain(tcp) = stream {
-        if shared.lifecycle.abort.is_cancelled() {
+        if abort.is_cancelled() {
             return Ok(false);
         }
         match tcp.try_write(bytes) {
@@ -600,7 +608,7 @@ pub(super) async fn write_out(
     let t = shared.network.write_timeout;
     tokio::select! {
         biased;
-        _ = shared.lifecycle.abort.cancelled() => Ok(false),
+        _ = abort.cancelled() => Ok(false),
         r = tokio::time::timeout(t, async {
             stream.write_all(bytes).await?;
             stream.flush().await
