@@ -273,24 +273,29 @@ impl Connection {
             if deadline < timer.deadline() {
                 timer.as_mut().reset(deadline);
             }
-            tokio::select! {
-                biased;
-                _ = aborted.as_mut() => return Ok(()),
-                _ = drained.as_mut() => return self.drain().await,
-                _ = shed.as_mut() => return self.goodbye(Goodbye::Shed).await,
-                read = self.stream.read_buf(&mut self.rbuf.buf) => {
-                    match read {
-                        Ok(0) => return Ok(()),
-                        Ok(_) => self.ticket.touch(),
-                        Err(e) => return Err(e.into()),
+            // Until a read completes: `deadline` stays the one computed
+            // above, however often the timer fires early.
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = aborted.as_mut() => return Ok(()),
+                    _ = drained.as_mut() => return self.drain().await,
+                    _ = shed.as_mut() => return self.goodbye(Goodbye::Shed).await,
+                    read = self.stream.read_buf(&mut self.rbuf.buf) => {
+                        match read {
+                            Ok(0) => return Ok(()),
+                            Ok(_) => self.ticket.touch(),
+                            Err(e) => return Err(e.into()),
+                        }
+                        break;
                     }
-                }
-                () = timer.as_mut() => {
-                    if Instant::now() >= deadline {
-                        return Err(on_timeout);
+                    () = timer.as_mut() => {
+                        if Instant::now() >= deadline {
+                            return Err(on_timeout);
+                        }
+                        // Fired at an older, earlier deadline.
+                        timer.as_mut().reset(deadline);
                     }
-                    // Fired at an older, earlier deadline.
-                    timer.as_mut().reset(deadline);
                 }
             }
         }
