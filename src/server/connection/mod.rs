@@ -1,9 +1,11 @@
 //! One client connection: handshake, then pipelined requests.
 //!
 //! The loop reads whatever the socket has, answers every complete frame in
-//! the buffer, and writes all those answers with one `write_all`: responses
+//! the buffer, and writes all those answers at once (`write.rs`): responses
 //! are coalesced per read, never flushed one by one. The clock is read once
-//! per frame, so all checks of a batch see the same `now`.
+//! per frame, so all checks of a batch see the same `now`. What a read
+//! waits on besides the socket (shutdown, shedding, its timeout) is set up
+//! once per connection, not once per read.
 //!
 //! Errors are split the way the protocol requires: a frame that is bad but
 //! complete gets an ERROR frame with its request id and the connection goes
@@ -34,6 +36,9 @@
 //! line (`crate::log_text`).
 
 mod control;
+mod write;
+
+pub(super) use write::{write_out, WriteError};
 
 use crate::node::{Access, Gate, Handover, Refusal};
 use crate::server::admission::Ticket;
@@ -558,68 +563,11 @@ impl Connection {
     }
 }
 
-/// Why answers could not be written out.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum WriteError {
-    #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("client did not read its answers within {0:?}")]
-    Timeout(Duration),
-}
-
 impl From<WriteError> for ConnError {
     fn from(e: WriteError) -> Self {
         match e {
             WriteError::Io(e) => Self::Io(e),
             WriteError::Timeout(t) => Self::WriteTimeout(t),
         }
-    }
-}
-
-/// Writes `bytes` out within the write timeout, flushed: TLS may keep the
-/// tail of a write in its buffer when the socket is full (a no-op on plain
-/// TCP). Ok(false) when the server aborted first (`abort`: the server's
-/// token or one cancelled with it; nothing more is sent); the protocol port
-/// and the RESP front end share it.
-pub(super) async fn write_out(
-    stream: &mut Socket,
-    bytes: &[u8],
-    shared: &Shared,
-    abort: &CancellationToken,
-) -> Result<bool, WriteError> {
-    if bytes.is_empty() {
-        return Ok(true);
-    }
-    let mut bytes = bytes;
-    // Most answers fit in the socket's send buffer at once: one write, with
-    // no timer and no waiter on `abort`. What does not fit takes the path
-    // below.
-    if let Socket::Plain(tcp) = stream {
-        if abort.is_cancelled() {
-            return Ok(false);
-        }
-        match tcp.try_write(bytes) {
-            Ok(n) if n == bytes.len() => return Ok(true),
-            Ok(n) => bytes = &bytes[n..],
-            // Not writable now (or interrupted): the path below waits.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => return Err(WriteError::Io(e)),
-        }
-    }
-    let t = shared.network.write_timeout;
-    tokio::select! {
-        biased;
-        _ = abort.cancelled() => Ok(false),
-        r = tokio::time::timeout(t, async {
-            stream.write_all(bytes).await?;
-            stream.flush().await
-        }) => match r {
-            Ok(r) => r.map(|()| true).map_err(WriteError::Io),
-            Err(_) => Err(WriteError::Timeout(t)),
-        },
     }
 }
