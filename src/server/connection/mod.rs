@@ -1,9 +1,11 @@
 //! One client connection: handshake, then pipelined requests.
 //!
 //! The loop reads whatever the socket has, answers every complete frame in
-//! the buffer, and writes all those answers with one `write_all`: responses
+//! the buffer, and writes all those answers at once (`write.rs`): responses
 //! are coalesced per read, never flushed one by one. The clock is read once
-//! per frame, so all checks of a batch see the same `now`.
+//! per frame, so all checks of a batch see the same `now`. What a read
+//! waits on besides the socket (shutdown, shedding, its timeout) is set up
+//! once per connection, not once per read.
 //!
 //! Errors are split the way the protocol requires: a frame that is bad but
 //! complete gets an ERROR frame with its request id and the connection goes
@@ -34,6 +36,9 @@
 //! line (`crate::log_text`).
 
 mod control;
+mod write;
+
+pub(super) use write::{write_out, WriteError};
 
 use crate::node::{Access, Gate, Handover, Refusal};
 use crate::server::admission::Ticket;
@@ -51,6 +56,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tollgate_protocol::{
     decode_request, encode_response, ErrorCode, Moved, Request, RequestId, Response,
     MAX_HELLO_FRAME, MIN_FRAME_BODY,
@@ -119,6 +125,11 @@ struct Connection {
     partial_since: Option<Instant>,
     /// Set with [`Flow::HandOver`].
     replicate: Option<Replicate>,
+    /// The server's `abort` and `draining`, as tokens of this connection's
+    /// own: checking or waiting on the server-wide tokens takes a lock that
+    /// every connection contends for, these a lock of this connection's.
+    abort: CancellationToken,
+    draining: CancellationToken,
 }
 
 pub(super) async fn serve(
@@ -137,6 +148,8 @@ pub(super) async fn serve(
     let Some(stream) = secure(stream, peer, &shared).await else {
         return;
     };
+    let abort = shared.lifecycle.abort.child_token();
+    let draining = shared.lifecycle.draining.child_token();
     let mut conn = Connection {
         stream,
         peer,
@@ -149,6 +162,8 @@ pub(super) async fn serve(
         client_name: String::new(),
         partial_since: None,
         replicate: None,
+        abort,
+        draining,
     };
     tracing::debug!(%peer, tls = conn.stream.is_tls(), "connection opened");
     match conn.run(opened).await {
@@ -223,6 +238,19 @@ impl Connection {
     /// Serves the connection; `opened` is when it was accepted (the
     /// handshake timeout counts from it).
     async fn run(&mut self, opened: Instant) -> Result<(), ConnError> {
+        let shared = self.shared.clone();
+        // Waits that live as long as the loop: registered once, each read
+        // only re-checks them (a wait made per read would add and remove a
+        // waiter every time).
+        let mut aborted = std::pin::pin!(self.abort.clone().cancelled_owned());
+        let mut drained = std::pin::pin!(self.draining.clone().cancelled_owned());
+        let mut shed = std::pin::pin!(self.ticket.shed().clone().cancelled_owned());
+        // One timer for the connection's life rather than one per read: the
+        // idle deadline moves with every read, but the timer is only moved
+        // earlier at once (a frame's deadline); when it fires before the
+        // deadline in force, it is set to that deadline and waited on again.
+        let (deadline, _) = self.read_deadline(opened);
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
         loop {
             if self.answer_buffered().await? != Flow::Continue {
                 return self.flush().await;
@@ -230,15 +258,14 @@ impl Connection {
             self.flush().await?;
 
             let (deadline, on_timeout) = self.read_deadline(opened);
-            let shared = self.shared.clone();
             if let Room::Short(needed) = self.rbuf.make_room() {
                 // Read nothing more until the frame has memory: its bytes
                 // wait in the kernel.
                 tokio::select! {
                     biased;
-                    _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-                    _ = shared.lifecycle.draining.cancelled() => return self.drain().await,
-                    _ = self.ticket.shed().cancelled() => return self.goodbye(Goodbye::Shed).await,
+                    _ = aborted.as_mut() => return Ok(()),
+                    _ = drained.as_mut() => return self.drain().await,
+                    _ = shed.as_mut() => return self.goodbye(Goodbye::Shed).await,
                     room = ReadBuffer::wait_for(&shared.budget, needed, deadline) => {
                         if !room {
                             let frame = self.rbuf.front_frame();
@@ -248,17 +275,31 @@ impl Connection {
                 }
                 continue;
             }
-            tokio::select! {
-                biased;
-                _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-                _ = shared.lifecycle.draining.cancelled() => return self.drain().await,
-                _ = self.ticket.shed().cancelled() => return self.goodbye(Goodbye::Shed).await,
-                read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf.buf)) => {
-                    match read {
-                        Ok(Ok(0)) => return Ok(()),
-                        Ok(Ok(_)) => self.ticket.touch(),
-                        Ok(Err(e)) => return Err(e.into()),
-                        Err(_) => return Err(on_timeout),
+            if deadline < timer.deadline() {
+                timer.as_mut().reset(deadline);
+            }
+            // Until a read completes: `deadline` stays the one computed
+            // above, however often the timer fires early.
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = aborted.as_mut() => return Ok(()),
+                    _ = drained.as_mut() => return self.drain().await,
+                    _ = shed.as_mut() => return self.goodbye(Goodbye::Shed).await,
+                    read = self.stream.read_buf(&mut self.rbuf.buf) => {
+                        match read {
+                            Ok(0) => return Ok(()),
+                            Ok(_) => self.ticket.touch(),
+                            Err(e) => return Err(e.into()),
+                        }
+                        break;
+                    }
+                    () = timer.as_mut() => {
+                        if Instant::now() >= deadline {
+                            return Err(on_timeout);
+                        }
+                        // Fired at an older, earlier deadline.
+                        timer.as_mut().reset(deadline);
                     }
                 }
             }
@@ -482,7 +523,7 @@ impl Connection {
     }
 
     async fn flush(&mut self) -> Result<(), ConnError> {
-        if write_out(&mut self.stream, &self.wbuf, &self.shared).await? {
+        if write_out(&mut self.stream, &self.wbuf, &self.shared, &self.abort).await? {
             self.wbuf.clear();
         }
         Ok(())
@@ -493,7 +534,7 @@ impl Connection {
     /// stops once the client has been quiet for [`DRAIN_QUIET`]; a client that
     /// keeps sending is cut off when the grace period ends (`abort`).
     async fn drain(&mut self) -> Result<(), ConnError> {
-        let shared = self.shared.clone();
+        let abort = self.abort.clone();
         loop {
             if self.answer_buffered().await? != Flow::Continue {
                 return self.flush().await;
@@ -505,7 +546,7 @@ impl Connection {
             }
             tokio::select! {
                 biased;
-                _ = shared.lifecycle.abort.cancelled() => return Ok(()),
+                _ = abort.cancelled() => return Ok(()),
                 read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf.buf)) => {
                     match read {
                         Ok(Ok(0)) | Err(_) => break,
@@ -522,47 +563,11 @@ impl Connection {
     }
 }
 
-/// Writes `bytes` whole and flushes them out of any TLS buffer.
-/// Why answers could not be written out.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum WriteError {
-    #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("client did not read its answers within {0:?}")]
-    Timeout(Duration),
-}
-
 impl From<WriteError> for ConnError {
     fn from(e: WriteError) -> Self {
         match e {
             WriteError::Io(e) => Self::Io(e),
             WriteError::Timeout(t) => Self::WriteTimeout(t),
         }
-    }
-}
-
-/// Writes `bytes` out within the write timeout, flushed: TLS may keep the
-/// tail of a write in its buffer when the socket is full (a no-op on plain
-/// TCP). Ok(false) when the server aborted first (nothing more is sent);
-/// the protocol port and the RESP front end share it.
-pub(super) async fn write_out(
-    stream: &mut Socket,
-    bytes: &[u8],
-    shared: &Shared,
-) -> Result<bool, WriteError> {
-    if bytes.is_empty() {
-        return Ok(true);
-    }
-    let t = shared.network.write_timeout;
-    tokio::select! {
-        biased;
-        _ = shared.lifecycle.abort.cancelled() => Ok(false),
-        r = tokio::time::timeout(t, async {
-            stream.write_all(bytes).await?;
-            stream.flush().await
-        }) => match r {
-            Ok(r) => r.map(|()| true).map_err(WriteError::Io),
-            Err(_) => Err(WriteError::Timeout(t)),
-        },
     }
 }

@@ -261,7 +261,14 @@ impl Connection {
     }
 
     async fn flush(&mut self) -> Result<(), ConnError> {
-        if write_out(&mut self.stream, &self.wbuf, &self.shared).await? {
+        if write_out(
+            &mut self.stream,
+            &self.wbuf,
+            &self.shared,
+            &self.shared.lifecycle.abort,
+        )
+        .await?
+        {
             self.wbuf.clear();
         }
         Ok(())
