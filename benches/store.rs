@@ -1,6 +1,11 @@
 //! Micro-benchmarks of the in-process store: one check per iteration on a
 //! hot key and over 1M keys, per algorithm, on one thread and on two
 //! threads sharing the store (the throughput per element is for both).
+//! The single-thread checks run twice: with 19-byte keys
+//! (`rl:{user00000000}:s`, `hot_key` and `1M_keys`), which the compact
+//! tables hold in their long key slot, and with 16-byte keys
+//! (`rl:{0000abcd}:ab`, `hot_short_key` and `1M_short_keys`), which take
+//! the 16-byte short slot.
 //!
 //! Also: checks at the memory cap with `--on-full refuse` (new keys refused
 //! against existing keys admitted), and the throttled-keys sketch's deny
@@ -65,10 +70,23 @@ fn limit(algorithm: Algorithm) -> Limit {
     }
 }
 
+/// `n` pairs with 19-byte keys (the long key slot).
 fn pairs(algorithm: Algorithm, n: usize) -> Vec<Pair> {
+    keyed_pairs(algorithm, n, |i| format!("rl:{{user{i:08}}}:s"))
+}
+
+/// `n` pairs with 16-byte keys, shaped as the memory bench's (the short
+/// key slot).
+fn short_pairs(algorithm: Algorithm, n: usize) -> Vec<Pair> {
+    let pairs = keyed_pairs(algorithm, n, |i| format!("rl:{{{i:08x}}}:ab"));
+    assert!(pairs.iter().all(|p| p.key.len() == 16));
+    pairs
+}
+
+fn keyed_pairs(algorithm: Algorithm, n: usize, key: impl Fn(usize) -> String) -> Vec<Pair> {
     (0..n)
         .map(|i| Pair {
-            key: Bytes::from(format!("rl:{{user{i:08}}}:s")),
+            key: Bytes::from(key(i)),
             limit: limit(algorithm).into(),
             cost: 1,
         })
@@ -79,40 +97,50 @@ fn check(c: &mut Criterion) {
     let mut group = c.benchmark_group("store_check");
     group.throughput(Throughput::Elements(1));
     for algorithm in Algorithm::ALL {
-        let store = Store::new(StoreConfig::default());
-        let hot = pairs(algorithm, 1);
-        let mut now = 1_000_000_000u64;
-        group.bench_function(BenchmarkId::new("hot_key", algorithm.name()), |b| {
-            b.iter_custom(|iters| {
-                timed(|| {
-                    for _ in 0..iters {
-                        now += 1_000;
-                        black_box(store.check(black_box(&hot[..1]), now, Mode::Charge));
-                    }
+        let cases = [
+            (
+                "hot_key",
+                "1M_keys",
+                pairs as fn(Algorithm, usize) -> Vec<Pair>,
+            ),
+            ("hot_short_key", "1M_short_keys", short_pairs),
+        ];
+        for (hot_name, many_name, make) in cases {
+            let store = Store::new(StoreConfig::default());
+            let hot = make(algorithm, 1);
+            let mut now = 1_000_000_000u64;
+            group.bench_function(BenchmarkId::new(hot_name, algorithm.name()), |b| {
+                b.iter_custom(|iters| {
+                    timed(|| {
+                        for _ in 0..iters {
+                            now += 1_000;
+                            black_box(store.check(black_box(&hot[..1]), now, Mode::Charge));
+                        }
+                    })
                 })
-            })
-        });
+            });
 
-        let store = Store::new(StoreConfig::default());
-        let many = pairs(algorithm, KEYS);
-        for p in &many {
-            store.check(std::slice::from_ref(p), now, Mode::Charge);
-        }
-        let mut i = 0usize;
-        group.bench_function(BenchmarkId::new("1M_keys", algorithm.name()), |b| {
-            b.iter_custom(|iters| {
-                timed(|| {
-                    for _ in 0..iters {
-                        // A large odd stride walks the keys in a
-                        // cache-unfriendly order.
-                        i = (i + 7_919) % KEYS;
-                        now += 1_000;
-                        let pair = std::slice::from_ref(&many[i]);
-                        black_box(store.check(pair, now, Mode::Charge));
-                    }
+            let store = Store::new(StoreConfig::default());
+            let many = make(algorithm, KEYS);
+            for p in &many {
+                store.check(std::slice::from_ref(p), now, Mode::Charge);
+            }
+            let mut i = 0usize;
+            group.bench_function(BenchmarkId::new(many_name, algorithm.name()), |b| {
+                b.iter_custom(|iters| {
+                    timed(|| {
+                        for _ in 0..iters {
+                            // A large odd stride walks the keys in a
+                            // cache-unfriendly order.
+                            i = (i + 7_919) % KEYS;
+                            now += 1_000;
+                            let pair = std::slice::from_ref(&many[i]);
+                            black_box(store.check(pair, now, Mode::Charge));
+                        }
+                    })
                 })
-            })
-        });
+            });
+        }
     }
     group.finish();
 }
