@@ -333,6 +333,15 @@ impl Policy {
         }
     }
 
+    /// The window length of a fixed or sliding window, in nanoseconds.
+    pub fn window(&self) -> Option<Nanos> {
+        match self {
+            Policy::FixedWindow(p) => Some(p.window()),
+            Policy::SlidingWindow(p) => Some(p.window()),
+            _ => None,
+        }
+    }
+
     /// Whether this is a concurrency limit (whose allowed checks hold a lease).
     pub fn is_concurrency(&self) -> bool {
         matches!(self, Policy::Concurrency(_))

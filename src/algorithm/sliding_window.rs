@@ -42,6 +42,11 @@ pub struct WindowState {
 }
 
 impl SlidingWindow {
+    /// The window length, in nanoseconds.
+    pub fn window(&self) -> Nanos {
+        self.window
+    }
+
     pub fn new(limit: u64, window: Nanos) -> Self {
         Self { limit, window }
     }

@@ -188,7 +188,7 @@ impl Store {
                     // Refunded back to nothing: nothing left to keep.
                     tables.remove(table_for(policy), hash, &pair.key);
                 } else {
-                    tables.put(&self.hasher, hash, &pair.key, entry);
+                    tables.put_hinted(&self.hasher, hash, &pair.key, entry, policy.window());
                 }
                 // Under the lock already held: no extra lock per check.
                 self.record_change(stripe, changes, &pair.key);

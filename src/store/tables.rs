@@ -302,6 +302,21 @@ impl Tables {
     /// general table). An other state replaces the key's other state
     /// wherever it was.
     pub fn put(&mut self, hasher: &ahash::RandomState, hash: u64, key: &[u8], entry: Entry) {
+        self.put_hinted(hasher, hash, key, entry, None);
+    }
+
+    /// [`Tables::put`], told the window length (ns) of the policy that
+    /// wrote `entry` when it is a fixed or sliding window: packing it then
+    /// multiplies where it would divide (a new key, or one whose expired
+    /// state was just dropped). A wrong `window` costs the division only.
+    pub fn put_hinted(
+        &mut self,
+        hasher: &ahash::RandomState,
+        hash: u64,
+        key: &[u8],
+        entry: Entry,
+        window: Option<Nanos>,
+    ) {
         self.upkeep.wrote(entry.expires_at);
         let probe = Probe::of(key);
         let added = match entry.state {
@@ -316,8 +331,8 @@ impl Tables {
             }
             State::FixedWindow(_) | State::SlidingWindow(_) => {
                 let held = self.windows.get_mut(hash, probe);
-                let like = held.as_deref().copied();
-                match (held, Window::pack(&entry, like)) {
+                let hint = window.or_else(|| held.as_deref().map(|w| w.window()));
+                match (held, Window::pack(&entry, hint)) {
                     (Some(slot), Some(window)) => {
                         *slot = window;
                         return;

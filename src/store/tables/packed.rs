@@ -50,9 +50,10 @@ fn whole_ms(window: Nanos) -> Option<u64> {
 
 /// The length in whole milliseconds of the window that makes `windows`
 /// of them end at `expires_at`, when there is one and it fits a `u32`;
-/// `like`'s length is tried first.
-fn window_ms(expires_at: Nanos, windows: u64, like: Option<Window>) -> Option<u64> {
-    if let Some(ms) = like.map(Window::window_ms) {
+/// `hint` (a length in nanoseconds) is tried first.
+fn window_ms(expires_at: Nanos, windows: u64, hint: Option<Nanos>) -> Option<u64> {
+    // `whole_ms` divides by a constant: a multiplication, not a `div`.
+    if let Some(ms) = hint.and_then(whole_ms) {
         if windows.checked_mul(ms * NANOS_PER_MS) == Some(expires_at) {
             return Some(ms);
         }
@@ -86,16 +87,17 @@ impl Window {
     }
 
     /// `entry` packed, when it is a fixed or sliding window that packs
-    /// exactly (`Window::entry` gives `entry` back). `like` is the key's
-    /// packed state now, if any: when `entry` has the same window length
-    /// (a key charged again, the common write) that length is confirmed by
-    /// a multiplication; otherwise it is found by a division, which costs
-    /// tens of cycles more.
-    pub(super) fn pack(entry: &Entry, like: Option<Window>) -> Option<Self> {
+    /// exactly (`Window::entry` gives `entry` back). `hint` is the window
+    /// length `entry` most likely has, in nanoseconds (the policy's that
+    /// wrote it, or the key's packed state's): when right, that length is
+    /// confirmed by a multiplication; otherwise it is found by a division,
+    /// which costs tens of cycles more. A wrong hint changes nothing but
+    /// the cost.
+    pub(super) fn pack(entry: &Entry, hint: Option<Nanos>) -> Option<Self> {
         let expires_at = entry.expires_at;
         let bits = match &entry.state {
             State::FixedWindow(s) => {
-                let ms = window_ms(expires_at, s.index.checked_add(1)?, like)?;
+                let ms = window_ms(expires_at, s.index.checked_add(1)?, hint)?;
                 let count = u32::try_from(s.count).ok()?;
                 if s.index >= 1 << 62 {
                     return None;
@@ -104,7 +106,7 @@ impl Window {
             }
             State::SlidingWindow(s) => {
                 let windows = s.index.checked_add(sliding_windows(s.cur))?;
-                let ms = window_ms(expires_at, windows, like)?;
+                let ms = window_ms(expires_at, windows, hint)?;
                 if s.index >= 1 << 46 || s.prev > U24 || s.cur > U24 {
                     return None;
                 }
@@ -117,6 +119,11 @@ impl Window {
             _ => return None,
         };
         Some(Self::from_bits(bits))
+    }
+
+    /// The window length in nanoseconds.
+    pub(super) fn window(self) -> Nanos {
+        self.window_ms() * NANOS_PER_MS
     }
 
     /// The window length in milliseconds.
@@ -184,23 +191,33 @@ mod tests {
         }
     }
 
-    /// Packing beside a key's current state (its window length tried
-    /// first) gives what packing alone does, whatever that length is.
-    fn same_packing_like_any_window(e: &Entry, packed: Window) {
-        let likes = [
-            packed,
-            Window::pack(&fixed(1, 1, 2 * S), None).unwrap(),
-            Window::pack(&sliding(1, 1, 0, 2 * NANOS_PER_MS), None).unwrap(),
-            // A length that divides this one: right for the multiplication
-            // only when the index says so.
-            Window::pack(&fixed(0, 1, NANOS_PER_MS), None).unwrap(),
-        ];
-        for like in likes {
-            assert_eq!(
-                Window::pack(e, Some(like)),
-                Some(packed),
-                "{e:?} like {like:?}"
-            );
+    /// Window lengths (ns) to hint with: right or wrong for any entry of
+    /// these tests, and some no packed window can have.
+    fn hints(e: &Entry) -> Vec<Nanos> {
+        vec![
+            2 * S,
+            2 * NANOS_PER_MS,
+            // A length that divides most: right for the multiplication only
+            // when the index says so.
+            NANOS_PER_MS,
+            // Not whole milliseconds, zero, past u32 ms, and the entry's
+            // own expiry (right for index 0 only).
+            NANOS_PER_MS + 1,
+            0,
+            (u64::from(u32::MAX) + 1) * NANOS_PER_MS,
+            u64::MAX,
+            e.expires_at,
+        ]
+    }
+
+    /// Packing with a hint of the window length (the policy's, or the
+    /// key's current state's) gives what packing alone does, whatever the
+    /// hint.
+    fn same_packing_with_any_hint(e: &Entry, packed: Option<Window>) {
+        let mut hints = hints(e);
+        hints.extend(packed.map(Window::window));
+        for hint in hints {
+            assert_eq!(Window::pack(e, Some(hint)), packed, "{e:?} hint {hint}");
         }
     }
 
@@ -218,7 +235,7 @@ mod tests {
             let packed = Window::pack(&e, None).expect("packs");
             assert_eq!(packed.entry(), e);
             assert_eq!(packed.expires_at(), e.expires_at);
-            same_packing_like_any_window(&e, packed);
+            same_packing_with_any_hint(&e, Some(packed));
         }
         // Not the end of its window, not whole milliseconds, a count or a
         // window past u32, a zero end: kept whole elsewhere.
@@ -232,8 +249,7 @@ mod tests {
             fixed(1 << 62, 1, ((1 << 62) + 1) * 2),
         ] {
             assert!(Window::pack(&e, None).is_none(), "{e:?}");
-            let like = Window::pack(&fixed(1, 1, 2 * S), None);
-            assert!(Window::pack(&e, like).is_none(), "{e:?}");
+            same_packing_with_any_hint(&e, None);
         }
         let bucket = Entry {
             state: State::TokenBucket { tat: S },
@@ -259,7 +275,7 @@ mod tests {
             let packed = Window::pack(&e, None).expect("packs");
             assert_eq!(packed.entry(), e);
             assert_eq!(packed.expires_at(), e.expires_at);
-            same_packing_like_any_window(&e, packed);
+            same_packing_with_any_hint(&e, Some(packed));
         }
         for e in [
             // Ends that are not the algorithm's.
@@ -275,6 +291,7 @@ mod tests {
             sliding(u64::MAX, 0, 1, 7 * S),
         ] {
             assert!(Window::pack(&e, None).is_none(), "{e:?}");
+            same_packing_with_any_hint(&e, None);
         }
     }
 }
