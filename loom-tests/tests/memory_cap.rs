@@ -19,9 +19,10 @@ use tollgate_protocol::{Algorithm, CheckResult, ErrorCode, Limit, Pair};
 
 const NOW: u64 = 1_000_000_000;
 /// What a table of three token buckets with short keys reserves: four
-/// hashbrown buckets (three usable) of a 32-byte entry and a control byte.
-/// A fourth key would double the table.
-const ROOM_FOR_THREE: usize = 4 * 33;
+/// hashbrown buckets (three usable) of a 24-byte entry (the 16-byte short
+/// key slot and the `tat`) and a control byte. A fourth key would double
+/// the table.
+const ROOM_FOR_THREE: usize = 4 * 25;
 const KEYS: [&str; 4] = ["{t}old1", "{t}old2", "{t}new1", "{t}new2"];
 
 fn charge(key: &'static str) -> Pair {
