@@ -171,9 +171,13 @@ fn shown_file(specs: &[RuleSpec]) -> String {
 fn check_error_position(e: &SpecError, text: &str) {
     assert!(!e.reason.is_empty(), "a refusal says why");
     if let Some(line) = e.line {
-        // Lines as YAML counts them: "\r\n", a lone "\r" and "\n" each
-        // end one (an editor shows a lone CR as a line break too).
-        let lines = text.replace("\r\n", "\n").split(['\n', '\r']).count();
+        // Lines as the YAML reader counts them: "\r\n", a lone "\r" and
+        // "\n" each end one, and so do NEL, LS and PS (U+0085, U+2028,
+        // U+2029: YAML 1.1 line breaks), which an editor may show as none.
+        let lines = text
+            .replace("\r\n", "\n")
+            .split(['\n', '\r', '\u{85}', '\u{2028}', '\u{2029}'])
+            .count();
         assert!(
             (1..=lines + 1).contains(&line),
             "line {line} of a {lines}-line text: {e}"
