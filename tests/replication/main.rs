@@ -264,9 +264,15 @@ async fn sigkill_of_the_primary_promotes_the_standby_and_the_old_primary_returns
         .iter()
         .map(|f| f["reason"].as_str().unwrap_or_default().to_owned())
         .collect();
-    assert_eq!(
-        reasons,
-        ["start: the peer is primary"],
+    // One role change, to a standby of B. Which of two events settles it
+    // is a race, and both are right: its own start-up question to B, or
+    // B's announce (B probes every heartbeat) arriving first.
+    assert!(
+        matches!(
+            reasons.iter().map(String::as_str).collect::<Vec<_>>()[..],
+            ["start: the peer is primary"]
+                | ["told of a primary at a higher epoch than the one followed"]
+        ),
         "{:#?}",
         a.logged("role change")
     );
