@@ -126,7 +126,7 @@ fn decode_batch(r: &mut PayloadReader, limits: &ServerLimits) -> Result<CheckBat
     let n_checks = batch_count(r, limits)?;
     let mut batch = CheckBatch::with_capacity(capacity_for(r, n_checks, MIN_CHECK_LEN));
     for check in 0..n_checks {
-        decode_group(r, limits, check, |pairs| batch.push_check(pairs))?;
+        decode_group(r, limits, check, &mut batch)?;
     }
     Ok(batch)
 }
@@ -147,18 +147,19 @@ fn decode_tagged_batch(
             value: raw.into(),
         })?;
         let tag = CheckTag::new(IdempotencyKey::new(key), priority);
-        decode_group(r, limits, check, |pairs| batch.push_check(tag, pairs))?;
+        decode_group(r, limits, check, batch.tagged(tag))?;
     }
     Ok(batch)
 }
 
-/// One check: `n_pairs` (1..=max_group), then its pairs, handed to `push`
-/// as they decode (no vector per check).
+/// One check: `n_pairs` (1..=max_group), then its pairs, appended to
+/// `batch` as they decode (no vector per check, no iterator between the
+/// decoder and the batch).
 fn decode_group(
     r: &mut PayloadReader,
     limits: &ServerLimits,
     check: u16,
-    push: impl FnOnce(&mut dyn Iterator<Item = Pair>),
+    batch: &mut CheckBatch,
 ) -> Result<(), DecodeError> {
     let n_pairs = r.u8()?;
     if n_pairs == 0 {
@@ -177,17 +178,11 @@ fn decode_group(
     }
     // Stop at the first decode error and report it. The half-pushed check
     // does not matter: the whole batch is dropped with the error.
-    let mut failed = None;
-    push(
-        &mut (0..n_pairs).map_while(|_| match decode_pair(r, limits) {
-            Ok(pair) => Some(pair),
-            Err(e) => {
-                failed = Some(e);
-                None
-            }
-        }),
-    );
-    failed.map_or(Ok(()), Err)
+    for _ in 0..n_pairs {
+        batch.push_pair(decode_pair(r, limits)?);
+    }
+    batch.end_check();
+    Ok(())
 }
 
 fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, DecodeError> {
