@@ -50,8 +50,10 @@ use crate::server::Shared;
 use crate::store::Mode;
 use crate::tls::Socket;
 use bytes::BytesMut;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -75,6 +77,21 @@ enum Flow {
     Close,
     /// A REPLICATE was accepted: the socket goes to the replication task.
     HandOver,
+}
+
+/// What ended the wait for a read: a stop (in the order they are
+/// honoured), the read, or the read timer.
+enum Woke {
+    Aborted,
+    Drained,
+    Shed,
+    Read(std::io::Result<usize>),
+    Timer,
+}
+
+impl Woke {
+    /// The stops, in the order of [`Connection::run`]'s tokens.
+    const STOPS: [Woke; 3] = [Woke::Aborted, Woke::Drained, Woke::Shed];
 }
 
 /// The REPLICATE a connection ends with.
@@ -244,7 +261,8 @@ impl Connection {
         // waiter every time).
         let mut aborted = std::pin::pin!(self.abort.clone().cancelled_owned());
         let mut drained = std::pin::pin!(self.draining.clone().cancelled_owned());
-        let mut shed = std::pin::pin!(self.ticket.shed().clone().cancelled_owned());
+        let shed_token = self.ticket.shed().clone();
+        let mut shed = std::pin::pin!(shed_token.clone().cancelled_owned());
         // One timer for the connection's life rather than one per read: the
         // idle deadline moves with every read, but the timer is only moved
         // earlier at once (a frame's deadline); when it fires before the
@@ -281,12 +299,42 @@ impl Connection {
             // Until a read completes: `deadline` stays the one computed
             // above, however often the timer fires early.
             loop {
-                tokio::select! {
-                    biased;
-                    _ = aborted.as_mut() => return Ok(()),
-                    _ = drained.as_mut() => return self.drain().await,
-                    _ = shed.as_mut() => return self.goodbye(Goodbye::Shed).await,
-                    read = self.stream.read_buf(&mut self.rbuf.buf) => {
+                let woke = {
+                    let mut read = std::pin::pin!(self.stream.read_buf(&mut self.rbuf.buf));
+                    let stopped = [&self.abort, &self.draining, &shed_token];
+                    std::future::poll_fn(|cx| {
+                        // What the stops' waits would answer, checked first
+                        // as a biased select would, but without polling
+                        // them: while data keeps arriving they need not
+                        // be (re-)registered, which takes the locks of
+                        // their notifiers.
+                        for (token, woke) in stopped.iter().zip(Woke::STOPS) {
+                            if token.is_cancelled() {
+                                return Poll::Ready(woke);
+                            }
+                        }
+                        if let Poll::Ready(read) = read.as_mut().poll(cx) {
+                            return Poll::Ready(Woke::Read(read));
+                        }
+                        // About to wait: every stop must be able to wake us.
+                        if aborted.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(Woke::Aborted);
+                        }
+                        if drained.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(Woke::Drained);
+                        }
+                        if shed.as_mut().poll(cx).is_ready() {
+                            return Poll::Ready(Woke::Shed);
+                        }
+                        timer.as_mut().poll(cx).map(|()| Woke::Timer)
+                    })
+                    .await
+                };
+                match woke {
+                    Woke::Aborted => return Ok(()),
+                    Woke::Drained => return self.drain().await,
+                    Woke::Shed => return self.goodbye(Goodbye::Shed).await,
+                    Woke::Read(read) => {
                         match read {
                             Ok(0) => return Ok(()),
                             Ok(_) => self.ticket.touch(),
@@ -294,7 +342,7 @@ impl Connection {
                         }
                         break;
                     }
-                    () = timer.as_mut() => {
+                    Woke::Timer => {
                         if Instant::now() >= deadline {
                             return Err(on_timeout);
                         }
