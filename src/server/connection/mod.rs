@@ -5,7 +5,8 @@
 //! are coalesced per read, never flushed one by one. The clock is read once
 //! per frame, so all checks of a batch see the same `now`. What a read
 //! waits on besides the socket (shutdown, shedding, its timeout) is set up
-//! once per connection, not once per read.
+//! once per connection, not once per read, and polled only when the read
+//! is not ready (`wait.rs`).
 //!
 //! Errors are split the way the protocol requires: a frame that is bad but
 //! complete gets an ERROR frame with its request id and the connection goes
@@ -36,8 +37,10 @@
 //! line (`crate::log_text`).
 
 mod control;
+mod wait;
 mod write;
 
+use wait::Woke;
 pub(super) use write::{write_out, WriteError};
 
 use crate::node::{Access, Gate, Handover, Refusal};
@@ -50,10 +53,8 @@ use crate::server::Shared;
 use crate::store::Mode;
 use crate::tls::Socket;
 use bytes::BytesMut;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -77,21 +78,6 @@ enum Flow {
     Close,
     /// A REPLICATE was accepted: the socket goes to the replication task.
     HandOver,
-}
-
-/// What ended the wait for a read: a stop (in the order they are
-/// honoured), the read, or the read timer.
-enum Woke {
-    Aborted,
-    Drained,
-    Shed,
-    Read(std::io::Result<usize>),
-    Timer,
-}
-
-impl Woke {
-    /// The stops, in the order of [`Connection::run`]'s tokens.
-    const STOPS: [Woke; 3] = [Woke::Aborted, Woke::Drained, Woke::Shed];
 }
 
 /// The REPLICATE a connection ends with.
@@ -300,35 +286,10 @@ impl Connection {
             // above, however often the timer fires early.
             loop {
                 let woke = {
-                    let mut read = std::pin::pin!(self.stream.read_buf(&mut self.rbuf.buf));
-                    let stopped = [&self.abort, &self.draining, &shed_token];
-                    std::future::poll_fn(|cx| {
-                        // What the stops' waits would answer, checked first
-                        // as a biased select would, but without polling
-                        // them: while data keeps arriving they need not
-                        // be (re-)registered, which takes the locks of
-                        // their notifiers.
-                        for (token, woke) in stopped.iter().zip(Woke::STOPS) {
-                            if token.is_cancelled() {
-                                return Poll::Ready(woke);
-                            }
-                        }
-                        if let Poll::Ready(read) = read.as_mut().poll(cx) {
-                            return Poll::Ready(Woke::Read(read));
-                        }
-                        // About to wait: every stop must be able to wake us.
-                        if aborted.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(Woke::Aborted);
-                        }
-                        if drained.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(Woke::Drained);
-                        }
-                        if shed.as_mut().poll(cx).is_ready() {
-                            return Poll::Ready(Woke::Shed);
-                        }
-                        timer.as_mut().poll(cx).map(|()| Woke::Timer)
-                    })
-                    .await
+                    let read = std::pin::pin!(self.stream.read_buf(&mut self.rbuf.buf));
+                    let stops = [&self.abort, &self.draining, &shed_token];
+                    let waits = [aborted.as_mut(), drained.as_mut(), shed.as_mut()];
+                    wait::next_read(stops, waits, read, timer.as_mut()).await
                 };
                 match woke {
                     Woke::Aborted => return Ok(()),
