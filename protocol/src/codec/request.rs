@@ -32,6 +32,8 @@ const MIN_TAGGED_CHECK_LEN: usize = IDEMPOTENCY_KEY_LEN + 1 + MIN_CHECK_LEN;
 /// of the two limit forms (a rule: name_len and a 1-byte name; inline:
 /// count, period, burst), then cost.
 const MIN_PAIR_LEN: usize = 2 + 1 + 1 + 1 + 1 + 4;
+/// An inline limit's count, period and burst, then the pair's cost.
+const INLINE_TAIL_LEN: usize = 3 * 8 + 4;
 /// Smallest encoded RESET key: key_len and a 1-byte key.
 const MIN_KEY_LEN: usize = 2 + 1;
 /// Smallest encoded RELEASE entry: a 1-byte key and the lease id.
@@ -197,6 +199,29 @@ fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, Dec
                 algorithm: kind,
             });
         };
+        // The rest of the pair has a fixed size: read at once when it is
+        // all there (every pair of a well-formed frame), else field by
+        // field, for the error to name the field cut short.
+        if let Some(tail) = r.try_array::<INLINE_TAIL_LEN>() {
+            let u64_at = |at: usize| {
+                let mut be = [0; 8];
+                be.copy_from_slice(&tail[at..at + 8]);
+                u64::from_be_bytes(be)
+            };
+            let mut cost = [0; 4];
+            cost.copy_from_slice(&tail[24..]);
+            let limit = Limit {
+                algorithm,
+                count: u64_at(0),
+                period_ms: u64_at(8),
+                burst: u64_at(16),
+            };
+            return Ok(Pair {
+                key,
+                limit: LimitRef::Inline(limit),
+                cost: u32::from_be_bytes(cost),
+            });
+        }
         LimitRef::Inline(Limit {
             algorithm,
             count: r.u64()?,
