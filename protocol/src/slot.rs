@@ -11,7 +11,82 @@
 
 pub use crate::cluster::SLOT_COUNT;
 
-const CRC16: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
+/// CRC16-XMODEM (polynomial 0x1021, initial value 0, no reflection), one
+/// byte per step: `TABLE[i]` is the CRC of the byte `i`.
+const TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// Two bytes per step: `TABLE2[i]` is the CRC of the byte `i` followed by
+/// a zero byte (the CRC is linear, so the second byte's part comes from
+/// [`TABLE`]).
+const TABLE2: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let t = TABLE[i];
+        table[i] = ((t & 0xFF) << 8) ^ TABLE[(t >> 8) as usize];
+        i += 1;
+    }
+    table
+};
+
+/// CRC16-XMODEM of `bytes`. Two bytes per table step: every check pays
+/// for its key's slot, and keys are short, so the per-byte cost is what
+/// counts.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc = 0u16;
+    let mut pairs = bytes.chunks_exact(2);
+    for pair in &mut pairs {
+        let hi = usize::from((crc >> 8) as u8 ^ pair[0]);
+        let lo = usize::from(crc as u8 ^ pair[1]);
+        crc = TABLE2[hi] ^ TABLE[lo];
+    }
+    if let [b] = pairs.remainder() {
+        crc = (crc << 8) ^ TABLE[usize::from((crc >> 8) as u8 ^ b)];
+    }
+    crc
+}
+
+/// The index of the first `needle` in `hay`, eight bytes at a time (a
+/// key's braces are looked for on every check).
+fn find(hay: &[u8], needle: u8) -> Option<usize> {
+    const LOW: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let pattern = LOW * u64::from(needle);
+    let mut words = hay.chunks_exact(8);
+    let mut base = 0;
+    for word in &mut words {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(word);
+        // Zero bytes of `x` are the needle's places. The lowest flagged
+        // byte is a true zero: a false flag needs a borrow from below it.
+        let x = u64::from_le_bytes(bytes) ^ pattern;
+        let zeros = x.wrapping_sub(LOW) & !x & HIGH;
+        if zeros != 0 {
+            return Some(base + (zeros.trailing_zeros() / 8) as usize);
+        }
+        base += 8;
+    }
+    let tail = words.remainder();
+    tail.iter().position(|&b| b == needle).map(|i| base + i)
+}
 
 /// A hash slot in `0..SLOT_COUNT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -20,7 +95,7 @@ pub struct Slot(u16);
 impl Slot {
     /// The slot of `key`, honouring its hash tag.
     pub fn of(key: &[u8]) -> Self {
-        Slot(CRC16.checksum(hash_tag(key)) % SLOT_COUNT)
+        Slot(crc16(hash_tag(key)) % SLOT_COUNT)
     }
 
     pub fn get(self) -> u16 {
@@ -31,9 +106,9 @@ impl Slot {
 /// The bytes that decide a key's slot: the non-empty text between the first
 /// `{` and the first `}` after it, or the whole key.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
-    if let Some(open) = key.iter().position(|&b| b == b'{') {
+    if let Some(open) = find(key, b'{') {
         let rest = &key[open + 1..];
-        if let Some(close) = rest.iter().position(|&b| b == b'}') {
+        if let Some(close) = find(rest, b'}') {
             if close > 0 {
                 return &rest[..close];
             }
@@ -45,10 +120,50 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::strategy::Just;
+
+    /// The `crc` crate's CRC16-XMODEM, as the reference.
+    const CRC16: crc::Crc<u16> = crc::Crc::<u16>::new(&crc::CRC_16_XMODEM);
 
     #[test]
     fn crc16_matches_the_published_xmodem_vector() {
+        assert_eq!(crc16(b"123456789"), 0x31C3);
         assert_eq!(CRC16.checksum(b"123456789"), 0x31C3);
+    }
+
+    proptest::proptest! {
+        /// The slot is the reference CRC16 of the hash tag, for keys dense
+        /// in braces (the cases where the tag and the whole key differ).
+        #[test]
+        fn slot_matches_the_reference_crc_of_the_hash_tag(
+            key in proptest::collection::vec(
+                proptest::prop_oneof![
+                    Just(b'{'), Just(b'}'), Just(b'a'), proptest::num::u8::ANY
+                ],
+                0..40,
+            )
+        ) {
+            let expected = CRC16.checksum(hash_tag(&key)) % SLOT_COUNT;
+            proptest::prop_assert_eq!(Slot::of(&key).get(), expected);
+        }
+
+        /// The word-at-a-time search finds what a byte loop finds.
+        #[test]
+        fn find_matches_a_byte_loop(
+            hay in proptest::collection::vec(
+                proptest::prop_oneof![Just(b'{'), Just(b'}'), proptest::num::u8::ANY],
+                0..40,
+            ),
+            needle in proptest::prop_oneof![Just(b'{'), Just(b'}'), proptest::num::u8::ANY],
+        ) {
+            proptest::prop_assert_eq!(find(&hay, needle), hay.iter().position(|&b| b == needle));
+        }
+
+        /// The two-bytes-a-step CRC is the crate's, at every length.
+        #[test]
+        fn crc16_matches_the_reference(data in proptest::collection::vec(proptest::num::u8::ANY, 0..64)) {
+            proptest::prop_assert_eq!(crc16(&data), CRC16.checksum(&data));
+        }
     }
 
     #[test]

@@ -100,28 +100,24 @@ impl Store {
         if pairs[1..].iter().any(|p| Slot::of(&p.key) != slot) {
             return Err(ErrorCode::CrossSlot);
         }
-        let policies = pairs
-            .iter()
-            .map(|p| {
-                if p.cost == 0 {
-                    return Err(ErrorCode::InvalidLimit);
+        let policies: SmallVec<[Policy; 4]> = match pairs {
+            // The common check: one pair, its policy built in place rather
+            // than collected (a collect of Results through a SmallVec costs
+            // more than the policy itself).
+            [pair] => {
+                let policy = self.policy_of(pair)?;
+                if let (Policy::TokenBucket(_), Op::Check(mode)) = (&policy, op) {
+                    if self.stripe_budget == usize::MAX {
+                        return Ok(self.check_one_bucket(pair, &policy, slot, now, mode));
+                    }
                 }
-                // Named rules are resolved to inline limits by the caller
-                // (the server's rule set); the store holds no configuration.
-                let LimitRef::Inline(limit) = &p.limit else {
-                    return Err(ErrorCode::UnknownRule);
-                };
-                Policy::from_limit_with(limit, self.max_log_entries)
-                    .map_err(|_| ErrorCode::InvalidLimit)
-            })
-            .collect::<Result<SmallVec<[Policy; 4]>, _>>()?;
-        if let ([pair], [policy @ Policy::TokenBucket(_)], Op::Check(mode)) =
-            (pairs, &policies[..], op)
-        {
-            if self.stripe_budget == usize::MAX {
-                return Ok(self.check_one_bucket(pair, policy, slot, now, mode));
+                smallvec::smallvec![policy]
             }
-        }
+            _ => pairs
+                .iter()
+                .map(|p| self.policy_of(p))
+                .collect::<Result<_, _>>()?,
+        };
         let leased = policies.iter().filter(|p| p.is_concurrency()).count();
         // One lease per decision; and leases are released, not refunded.
         if leased > 1 || (leased > 0 && op == Op::Refund) {
@@ -206,6 +202,20 @@ impl Store {
 }
 
 impl Store {
+    /// The policy of one pair, or why the group is refused: a cost of 0 or
+    /// an invalid limit is InvalidLimit, a rule name UnknownRule.
+    fn policy_of(&self, pair: &Pair) -> Result<Policy, ErrorCode> {
+        if pair.cost == 0 {
+            return Err(ErrorCode::InvalidLimit);
+        }
+        // Named rules are resolved to inline limits by the caller (the
+        // server's rule set); the store holds no configuration.
+        let LimitRef::Inline(limit) = &pair.limit else {
+            return Err(ErrorCode::UnknownRule);
+        };
+        Policy::from_limit_with(limit, self.max_log_entries).map_err(|_| ErrorCode::InvalidLimit)
+    }
+
     /// The common case, a single token-bucket pair with no memory cap: one
     /// table lookup, the state updated in place. Same answers as the
     /// general path (the store tests run through both).

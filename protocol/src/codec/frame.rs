@@ -144,6 +144,16 @@ impl PayloadReader {
         Ok(out)
     }
 
+    /// The next `N` bytes, copied, when that many remain; None (nothing
+    /// read) otherwise, for the caller to read field by field and report
+    /// the first field cut short.
+    pub fn try_array<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let mut out = [0; N];
+        out.copy_from_slice(self.rest.get(..N)?);
+        self.rest.advance(N);
+        Some(out)
+    }
+
     /// The next `len` bytes as UTF-8 text; `field` names it in the error.
     pub fn string(&mut self, len: usize, field: &'static str) -> Result<String, DecodeError> {
         let raw = self.bytes(len)?;

@@ -32,6 +32,8 @@ const MIN_TAGGED_CHECK_LEN: usize = IDEMPOTENCY_KEY_LEN + 1 + MIN_CHECK_LEN;
 /// of the two limit forms (a rule: name_len and a 1-byte name; inline:
 /// count, period, burst), then cost.
 const MIN_PAIR_LEN: usize = 2 + 1 + 1 + 1 + 1 + 4;
+/// An inline limit's count, period and burst, then the pair's cost.
+const INLINE_TAIL_LEN: usize = 3 * 8 + 4;
 /// Smallest encoded RESET key: key_len and a 1-byte key.
 const MIN_KEY_LEN: usize = 2 + 1;
 /// Smallest encoded RELEASE entry: a 1-byte key and the lease id.
@@ -126,7 +128,7 @@ fn decode_batch(r: &mut PayloadReader, limits: &ServerLimits) -> Result<CheckBat
     let n_checks = batch_count(r, limits)?;
     let mut batch = CheckBatch::with_capacity(capacity_for(r, n_checks, MIN_CHECK_LEN));
     for check in 0..n_checks {
-        decode_group(r, limits, check, |pairs| batch.push_check(pairs))?;
+        decode_group(r, limits, check, &mut batch)?;
     }
     Ok(batch)
 }
@@ -147,18 +149,19 @@ fn decode_tagged_batch(
             value: raw.into(),
         })?;
         let tag = CheckTag::new(IdempotencyKey::new(key), priority);
-        decode_group(r, limits, check, |pairs| batch.push_check(tag, pairs))?;
+        decode_group(r, limits, check, batch.tagged(tag))?;
     }
     Ok(batch)
 }
 
-/// One check: `n_pairs` (1..=max_group), then its pairs, handed to `push`
-/// as they decode (no vector per check).
+/// One check: `n_pairs` (1..=max_group), then its pairs, appended to
+/// `batch` as they decode (no vector per check, no iterator between the
+/// decoder and the batch).
 fn decode_group(
     r: &mut PayloadReader,
     limits: &ServerLimits,
     check: u16,
-    push: impl FnOnce(&mut dyn Iterator<Item = Pair>),
+    batch: &mut CheckBatch,
 ) -> Result<(), DecodeError> {
     let n_pairs = r.u8()?;
     if n_pairs == 0 {
@@ -177,17 +180,11 @@ fn decode_group(
     }
     // Stop at the first decode error and report it. The half-pushed check
     // does not matter: the whole batch is dropped with the error.
-    let mut failed = None;
-    push(
-        &mut (0..n_pairs).map_while(|_| match decode_pair(r, limits) {
-            Ok(pair) => Some(pair),
-            Err(e) => {
-                failed = Some(e);
-                None
-            }
-        }),
-    );
-    failed.map_or(Ok(()), Err)
+    for _ in 0..n_pairs {
+        batch.push_pair(decode_pair(r, limits)?);
+    }
+    batch.end_check();
+    Ok(())
 }
 
 fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, DecodeError> {
@@ -202,6 +199,29 @@ fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, Dec
                 algorithm: kind,
             });
         };
+        // The rest of the pair has a fixed size: read at once when it is
+        // all there (every pair of a well-formed frame), else field by
+        // field, for the error to name the field cut short.
+        if let Some(tail) = r.try_array::<INLINE_TAIL_LEN>() {
+            let u64_at = |at: usize| {
+                let mut be = [0; 8];
+                be.copy_from_slice(&tail[at..at + 8]);
+                u64::from_be_bytes(be)
+            };
+            let mut cost = [0; 4];
+            cost.copy_from_slice(&tail[24..]);
+            let limit = Limit {
+                algorithm,
+                count: u64_at(0),
+                period_ms: u64_at(8),
+                burst: u64_at(16),
+            };
+            return Ok(Pair {
+                key,
+                limit: LimitRef::Inline(limit),
+                cost: u32::from_be_bytes(cost),
+            });
+        }
         LimitRef::Inline(Limit {
             algorithm,
             count: r.u64()?,

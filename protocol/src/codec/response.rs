@@ -244,20 +244,29 @@ where
                     // A denial stays a denial whatever shadow_denied or
                     // lease say; a lease wins over shadow_denied.
                     let lease = d.lease.filter(|_| d.allowed);
-                    dst.put_u8(match (d.allowed, lease) {
+                    let status = match (d.allowed, lease) {
                         (false, _) => STATUS_DENIED,
                         (true, Some(_)) => STATUS_ALLOWED_WITH_LEASE,
                         (true, None) if d.shadow_denied => STATUS_SHADOW_DENIED,
                         (true, None) => STATUS_ALLOWED,
-                    });
-                    dst.put_u8(d.pair);
-                    dst.put_u64(d.limit);
-                    dst.put_u64(d.remaining);
-                    dst.put_u64(d.reset_after_ms);
-                    dst.put_u64(d.retry_after_ms);
-                    if let Some(lease) = lease {
-                        dst.put_u64(lease);
+                    };
+                    // Laid out on the stack and appended at once: one
+                    // capacity check per decision instead of one per field.
+                    let mut out = [0u8; LEASED_DECISION_LEN];
+                    out[0] = status;
+                    out[1] = d.pair;
+                    let fields = [d.limit, d.remaining, d.reset_after_ms, d.retry_after_ms];
+                    for (chunk, value) in out[2..DECISION_LEN].chunks_exact_mut(8).zip(fields) {
+                        chunk.copy_from_slice(&value.to_be_bytes());
                     }
+                    let len = match lease {
+                        Some(lease) => {
+                            out[DECISION_LEN..].copy_from_slice(&lease.to_be_bytes());
+                            LEASED_DECISION_LEN
+                        }
+                        None => DECISION_LEN,
+                    };
+                    dst.put_slice(&out[..len]);
                 }
                 CheckResult::Error(code) => {
                     dst.put_u8(STATUS_ERROR);

@@ -274,6 +274,18 @@ impl CheckBatch {
         self.push_check(std::iter::once(pair));
     }
 
+    /// For the decoder: appends a pair to the check being read, which
+    /// [`CheckBatch::end_check`] closes. A batch left with pairs after its
+    /// last end is never handed out: the decoder drops it with its error.
+    pub(crate) fn push_pair(&mut self, pair: Pair) {
+        self.pairs.push(pair);
+    }
+
+    /// For the decoder: the pairs pushed since the last end form a check.
+    pub(crate) fn end_check(&mut self) {
+        self.ends.push(self.pairs.len() as u32);
+    }
+
     /// Number of checks.
     pub fn len(&self) -> usize {
         self.ends.len()

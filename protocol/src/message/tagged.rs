@@ -131,6 +131,14 @@ impl TaggedBatch {
         self.push_check(tag, std::iter::once(pair));
     }
 
+    /// For the decoder: records the tag of the next check and hands out
+    /// the checks, to read that check's pairs into (see
+    /// [`CheckBatch::push_pair`]).
+    pub(crate) fn tagged(&mut self, tag: CheckTag) -> &mut CheckBatch {
+        self.tags.push(tag);
+        &mut self.checks
+    }
+
     /// Number of checks.
     pub fn len(&self) -> usize {
         self.tags.len()

@@ -5,7 +5,8 @@
 //! are coalesced per read, never flushed one by one. The clock is read once
 //! per frame, so all checks of a batch see the same `now`. What a read
 //! waits on besides the socket (shutdown, shedding, its timeout) is set up
-//! once per connection, not once per read.
+//! once per connection, not once per read, and polled only when the read
+//! is not ready (`wait.rs`).
 //!
 //! Errors are split the way the protocol requires: a frame that is bad but
 //! complete gets an ERROR frame with its request id and the connection goes
@@ -36,8 +37,10 @@
 //! line (`crate::log_text`).
 
 mod control;
+mod wait;
 mod write;
 
+use wait::Woke;
 pub(super) use write::{write_out, WriteError};
 
 use crate::node::{Access, Gate, Handover, Refusal};
@@ -244,7 +247,8 @@ impl Connection {
         // waiter every time).
         let mut aborted = std::pin::pin!(self.abort.clone().cancelled_owned());
         let mut drained = std::pin::pin!(self.draining.clone().cancelled_owned());
-        let mut shed = std::pin::pin!(self.ticket.shed().clone().cancelled_owned());
+        let shed_token = self.ticket.shed().clone();
+        let mut shed = std::pin::pin!(shed_token.clone().cancelled_owned());
         // One timer for the connection's life rather than one per read: the
         // idle deadline moves with every read, but the timer is only moved
         // earlier at once (a frame's deadline); when it fires before the
@@ -281,12 +285,17 @@ impl Connection {
             // Until a read completes: `deadline` stays the one computed
             // above, however often the timer fires early.
             loop {
-                tokio::select! {
-                    biased;
-                    _ = aborted.as_mut() => return Ok(()),
-                    _ = drained.as_mut() => return self.drain().await,
-                    _ = shed.as_mut() => return self.goodbye(Goodbye::Shed).await,
-                    read = self.stream.read_buf(&mut self.rbuf.buf) => {
+                let woke = {
+                    let read = std::pin::pin!(self.stream.read_buf(&mut self.rbuf.buf));
+                    let stops = [&self.abort, &self.draining, &shed_token];
+                    let waits = [aborted.as_mut(), drained.as_mut(), shed.as_mut()];
+                    wait::next_read(stops, waits, read, timer.as_mut()).await
+                };
+                match woke {
+                    Woke::Aborted => return Ok(()),
+                    Woke::Drained => return self.drain().await,
+                    Woke::Shed => return self.goodbye(Goodbye::Shed).await,
+                    Woke::Read(read) => {
                         match read {
                             Ok(0) => return Ok(()),
                             Ok(_) => self.ticket.touch(),
@@ -294,7 +303,7 @@ impl Connection {
                         }
                         break;
                     }
-                    () = timer.as_mut() => {
+                    Woke::Timer => {
                         if Instant::now() >= deadline {
                             return Err(on_timeout);
                         }
