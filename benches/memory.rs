@@ -2,12 +2,20 @@
 //! bytes and reports RSS growth / N, beside the tables' own accounting.
 //!
 //! `cargo bench --bench memory -- 1000000 10000000` (counts optional; each
-//! measurement runs in a fresh process).
+//! measurement runs in a fresh process). The heap is the server's: mimalloc
+//! with `--huge-pages on` (the default) or, with `--huge-pages off` among
+//! the arguments, without transparent huge pages.
 //! Reads /proc/self/statm, so Linux only. Nothing is asserted.
 
 use bytes::Bytes;
+use tollgate::huge_pages::HugePages;
 use tollgate::store::{Mode, Store, StoreConfig};
 use tollgate_protocol::{Algorithm, Limit, Pair};
+
+/// The server binary's allocator (src/main.rs), so that resident bytes are
+/// what `tollgate serve` would hold.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn rss_bytes() -> usize {
     let statm = std::fs::read_to_string("/proc/self/statm").expect("linux /proc");
@@ -58,7 +66,21 @@ fn measure(keys: usize, algorithm: Algorithm) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let held = tollgate::huge_pages::hold().expect("prctl");
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let huge_pages = match args.iter().position(|a| a == "--huge-pages") {
+        Some(at) => {
+            let mode = match args.get(at + 1).map(String::as_str) {
+                Some("on") => HugePages::On,
+                Some("off") => HugePages::Off,
+                other => panic!("--huge-pages on|off, not {other:?}"),
+            };
+            args.drain(at..at + 2);
+            mode
+        }
+        None => HugePages::On,
+    };
+    let applied = held.apply(huge_pages).expect("huge-page policy");
     let counts: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
     let counts = if counts.is_empty() {
         vec![1_000_000]
@@ -77,11 +99,25 @@ fn main() {
             return;
         }
     }
+    let mode = match huge_pages {
+        HugePages::On => "on",
+        HugePages::Off => "off",
+    };
+    println!(
+        "mimalloc, --huge-pages {mode}, host THP mode {}",
+        applied.host.map_or("none", |h| h.name())
+    );
     let exe = std::env::current_exe().expect("own path");
     for &n in &counts {
         for algorithm in Algorithm::ALL {
             let status = std::process::Command::new(&exe)
-                .args(["--one", algorithm.name(), &n.to_string()])
+                .args([
+                    "--huge-pages",
+                    mode,
+                    "--one",
+                    algorithm.name(),
+                    &n.to_string(),
+                ])
                 .status()
                 .expect("run measurement");
             assert!(status.success());
