@@ -1,8 +1,8 @@
 //! `--huge-pages`: with `on` the tables a fill allocates sit on transparent
-//! huge pages (AnonHugePages of the server process grows), with `off` none
-//! of them do. Which outcome `on` must have depends on the host's THP mode;
-//! under `never` the test says so on stderr and checks that neither mode
-//! gets huge pages.
+//! huge pages (AnonHugePages of the server process grows); with `off`, and
+//! without the flag (off is the default), none of them do. Which outcome
+//! `on` must have depends on the host's THP mode; under `never` the test
+//! says so on stderr and checks that no setting gets huge pages.
 
 use super::*;
 use bytes::Bytes;
@@ -24,10 +24,10 @@ fn anon_huge_kib(pid: u32) -> u64 {
         .expect("an AnonHugePages line")
 }
 
-/// Starts `serve --huge-pages MODE`, checks KEYS new token-bucket keys in
+/// Starts `serve` with `flags`, checks KEYS new token-bucket keys in
 /// batches, and returns AnonHugePages (KiB) before and after the fill.
-fn fill(mode: &str) -> (u64, u64) {
-    let server = ServeProcess::start(&["--huge-pages", mode]);
+fn fill(flags: &[&str]) -> (u64, u64) {
+    let server = ServeProcess::start(flags);
     let pid = server.child.id();
     let before = anon_huge_kib(pid);
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -69,16 +69,22 @@ fn fill(mode: &str) -> (u64, u64) {
 #[test]
 fn huge_pages_on_backs_the_tables_and_off_keeps_them_off() {
     let host = host_mode();
-    let (on_before, on_after) = fill("on");
-    let (off_before, off_after) = fill("off");
+    let (on_before, on_after) = fill(&["--huge-pages", "on"]);
+    let (off_before, off_after) = fill(&["--huge-pages", "off"]);
+    let (default_before, default_after) = fill(&[]);
     eprintln!(
         "host THP mode {:?}: AnonHugePages on {on_before} -> {on_after} KiB, \
-         off {off_before} -> {off_after} KiB",
+         off {off_before} -> {off_after} KiB, default {default_before} -> {default_after} KiB",
         host.map(HostMode::name)
     );
     // `off` never adds a huge page, whatever the host allows (only what
-    // was faulted in before the flags were read may be on them).
+    // was faulted in before the flags were read may be on them), and it is
+    // what a server started without the flag gets.
     assert_eq!(off_after, off_before, "--huge-pages off grew AnonHugePages");
+    assert_eq!(
+        default_after, default_before,
+        "serve without --huge-pages grew AnonHugePages: the default must be off"
+    );
     match host {
         Some(HostMode::Madvise | HostMode::Always) => assert!(
             on_after >= on_before + 4 * 2048,
