@@ -1,8 +1,9 @@
 //! The `tollgate` binary: see [`tollgate::cli`].
 #![deny(unsafe_code)]
 
-/// mimalloc, whose arenas take transparent huge pages: the store's tables
-/// then miss the TLB far less (`--huge-pages`, src/huge_pages.rs).
+/// mimalloc: with `--huge-pages on` its arenas take transparent huge pages
+/// and the store's tables miss the TLB far less; with `off` (the default)
+/// it gives freed memory back at once (src/huge_pages.rs).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
