@@ -4,7 +4,8 @@
 #   cli -> server -> node -> config -> store -> algorithm
 #                 \-> rules --------------------^
 #                    node -> cluster (etcd control plane) -> store
-#   (clock, slot, sync, units, throttled, tls: leaves that import no layer;
+#   (clock, slot, sync, units, throttled, tls, huge_pages: leaves that
+#    import no layer;
 #    events: a leaf the server feeds, which config describes)
 #
 # Each row below names a layer (a folder or file under src/) and the crate
@@ -29,6 +30,7 @@ RULES=(
   "src/slot.rs     $LEAVES"
   "src/sync.rs     $LEAVES"
   "src/units.rs    $LEAVES"
+  "src/huge_pages.rs $LEAVES"
   "src/throttled.rs $LEAVES"
   "src/tls         $LEAVES"
   "src/events      $LEAVES"

@@ -30,6 +30,8 @@
 //! - [`log_text`]: text a peer chose, escaped for log lines;
 //! - [`events`]: decision events, queued without waiting and published to
 //!   NATS (feature `events`);
+//! - [`huge_pages`]: `--huge-pages`, transparent huge pages for the
+//!   binary's heap (mimalloc); the crate's one `unsafe` call;
 //! - [`tls`]: rustls configs of every port and of a node's own connections,
 //!   reloadable, and the one socket type for plain TCP and TLS;
 //! - [`config`]: the settings by section, flags and the config file;
@@ -48,6 +50,9 @@
 //!  pair {key, rule name} -> RuleSet (ArcSwap) -> inline limit -> store
 //! ```
 
+// One FFI call is allowed, in `huge_pages` (its SAFETY comment says why).
+#![deny(unsafe_code)]
+
 pub mod admin_client;
 pub mod algorithm;
 pub mod cli;
@@ -56,6 +61,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod events;
+pub mod huge_pages;
 pub mod log_text;
 mod node;
 #[cfg(test)]

@@ -80,10 +80,18 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
+    // Before anything allocates much: see `huge_pages::hold`.
+    let held = crate::huge_pages::hold();
     let argv: Vec<_> = std::env::args_os().collect();
     let cli = match serve::with_config_file(Cli::parse_from(&argv), argv) {
         Ok(cli) => cli,
         Err(code) => return code,
+    };
+    // The heap's huge-page policy: before the runtime starts its threads and
+    // before the store allocates (src/huge_pages.rs); `serve` logs it.
+    let huge_pages = match &cli.command {
+        Command::Serve(args) => Some(held.and_then(|h| h.apply(args.config.store.huge_pages))),
+        _ => None,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -96,7 +104,7 @@ pub fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve::run(*args)),
+        Command::Serve(args) => runtime.block_on(serve::run(*args, huge_pages)),
         Command::Check(args) => runtime.block_on(check::run(args)),
         Command::Release(args) => runtime.block_on(release::run(args)),
         Command::Ping(args) => runtime.block_on(ping::run(args)),

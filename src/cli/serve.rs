@@ -5,6 +5,7 @@ use super::logging::init_logging;
 use super::signals::{cancel_on_signal, reload_on_sighup};
 use super::{Cli, Command};
 use crate::config::{AdminAddr, ConfigFile, ServerConfig};
+use crate::huge_pages::{self, HostMode, HugePages};
 use crate::server::Server;
 use clap::{Args, CommandFactory, FromArgMatches};
 use std::path::PathBuf;
@@ -51,7 +52,10 @@ pub(super) fn with_config_file(cli: Cli, argv: Vec<std::ffi::OsString>) -> Resul
     Ok(Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
 }
 
-pub(super) async fn run(args: ServeArgs) -> ExitCode {
+pub(super) async fn run(
+    args: ServeArgs,
+    heap_pages: Option<std::io::Result<huge_pages::Applied>>,
+) -> ExitCode {
     let config = args.config;
     if let Err(e) = config.validate() {
         eprintln!("error: invalid settings: {e}");
@@ -65,6 +69,9 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(config.logging.log_format);
+    if let Some(applied) = heap_pages {
+        log_huge_pages(applied);
+    }
     let listener = match crate::server::bind(config.network.listen, config.network.backlog) {
         Ok(l) => l,
         Err(e) => {
@@ -143,6 +150,43 @@ pub(super) async fn run(args: ServeArgs) -> ExitCode {
         Err(e) => {
             tracing::error!(error = %e, "server failed");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// What `--huge-pages` came to: logged once at start, with a warning when
+/// `on` cannot take effect on this host.
+fn log_huge_pages(applied: std::io::Result<huge_pages::Applied>) {
+    let applied = match applied {
+        Ok(a) => a,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot set the heap's huge-page policy");
+            return;
+        }
+    };
+    let mode = match applied.mode {
+        HugePages::On => "on",
+        HugePages::Off => "off",
+    };
+    let host = applied.host.map_or("none", HostMode::name);
+    tracing::info!(
+        huge_pages = mode,
+        host_thp = host,
+        effective = applied.effective(),
+        "heap pages"
+    );
+    if applied.mode == HugePages::On {
+        if applied.process_disabled {
+            tracing::warn!(
+                "--huge-pages on has no effect: transparent huge pages are disabled for this \
+                 process (PR_SET_THP_DISABLE, inherited from its parent)"
+            );
+        } else if !applied.effective() {
+            tracing::warn!(
+                host_thp = host,
+                "--huge-pages on has no effect: the host's THP mode \
+                 (/sys/kernel/mm/transparent_hugepage/enabled) is not madvise or always"
+            );
         }
     }
 }

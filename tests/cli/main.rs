@@ -1,9 +1,11 @@
 //! The real `tollgate` binary: `serve` on defaults, `check` (every
 //! algorithm), `release`, `ping`, `health` here; flags, `--print-config`,
 //! config files, rules at start and on SIGHUP, and the RESP front end from
-//! the command line in `config.rs`; a graceful exit on SIGTERM.
+//! the command line in `config.rs`; a graceful exit on SIGTERM;
+//! `--huge-pages` in `huge_pages.rs`.
 
 mod config;
+mod huge_pages;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
