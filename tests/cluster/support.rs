@@ -36,6 +36,28 @@ pub async fn join(etcd: &Etcd, keys: &Keyspace, addr: &str, shard: u16) -> Membe
     join_with(etcd, keys, addr, shard, &settings(vec!["unused".into()])).await
 }
 
+/// [`join`], asked again while etcd does not answer: right after a fault
+/// a request may time out once, and a node retries its join as well.
+pub async fn join_when_etcd_answers(
+    etcd: &Etcd,
+    keys: &Keyspace,
+    addr: &str,
+    shard: u16,
+) -> Member {
+    let settings = settings(vec!["unused".into()]);
+    eventually(&format!("{addr} joins shard {shard}"), || async {
+        let record = NodeRecord {
+            addr: addr.to_owned(),
+            shard: ShardId(shard),
+            admin: None,
+        };
+        Member::join(etcd.clone(), keys.clone(), record, &settings)
+            .await
+            .ok()
+    })
+    .await
+}
+
 pub async fn join_with(
     etcd: &Etcd,
     keys: &Keyspace,
