@@ -98,11 +98,9 @@ fn main() {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let huge_pages = match args.iter().position(|a| a == "--huge-pages") {
         Some(at) => {
-            let mode = match args.get(at + 1).map(String::as_str) {
-                Some("on") => HugePages::On,
-                Some("off") => HugePages::Off,
-                other => panic!("--huge-pages on|off, not {other:?}"),
-            };
+            let value = args.get(at + 1).map_or("", String::as_str);
+            let mode = <HugePages as clap::ValueEnum>::from_str(value, false)
+                .unwrap_or_else(|_| panic!("--huge-pages on|off, not {value:?}"));
             args.drain(at..at + 2);
             mode
         }
@@ -127,10 +125,7 @@ fn main() {
             return;
         }
     }
-    let mode = match huge_pages {
-        HugePages::On => "on",
-        HugePages::Off => "off",
-    };
+    let mode = huge_pages.name();
     println!(
         "mimalloc, --huge-pages {mode}, host THP mode {}",
         applied.host.map_or("none", |h| h.name())

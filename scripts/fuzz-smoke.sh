@@ -6,8 +6,10 @@
 # invariant fails the run (its input lands in protocol/fuzz/artifacts/).
 # Needs cargo-fuzz: installed here when missing. Run by .ci/run after the
 # tests. Built without a sanitizer (`-s none`): the targets check panics and
-# the invariants of fuzz/src/lib.rs, and the code under test has no unsafe
-# of its own, so AddressSanitizer would only slow the build and the runs.
+# the invariants of fuzz/src/lib.rs, and the code under test (decoders,
+# rules parser) has no unsafe of its own (the server's one unsafe call, a
+# mimalloc option set at start, is not on that path), so AddressSanitizer
+# would only slow the build and the runs.
 # The four targets are built once, up front, in one cargo invocation.
 set -euo pipefail
 cd "$(dirname "$0")/../protocol"

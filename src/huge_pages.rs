@@ -46,6 +46,16 @@ pub enum HugePages {
     Off,
 }
 
+impl HugePages {
+    /// The flag's value, as written on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            HugePages::On => "on",
+            HugePages::Off => "off",
+        }
+    }
+}
+
 /// The host's THP mode, `/sys/kernel/mm/transparent_hugepage/enabled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HostMode {

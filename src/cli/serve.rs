@@ -164,10 +164,7 @@ fn log_huge_pages(applied: std::io::Result<huge_pages::Applied>) {
             return;
         }
     };
-    let mode = match applied.mode {
-        HugePages::On => "on",
-        HugePages::Off => "off",
-    };
+    let mode = applied.mode.name();
     let host = applied.host.map_or("none", HostMode::name);
     tracing::info!(
         huge_pages = mode,

@@ -93,24 +93,19 @@ async fn a_primary_cut_off_from_etcd_stops_before_anyone_replaces_it() {
 /// member knows its lease is lost (a node then joins again with a new
 /// lease). Gives up with the last error.
 async fn answered_campaign(m: &tollgate::cluster::Member) -> Option<Campaign> {
-    let last = std::sync::Mutex::new(None);
+    let mut last = None;
     let answer = tokio::time::timeout(PATIENCE, async {
         loop {
             match m.campaign().await {
                 Ok(c) => return Some(c),
                 Err(ClusterError::LeaseLost { .. }) => return None,
-                Err(e) => *last.lock().unwrap() = Some(e),
+                Err(e) => last = Some(e),
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
     .await;
-    answer.unwrap_or_else(|_| {
-        panic!(
-            "no campaign answered in {PATIENCE:?}; last error: {:?}",
-            last.lock().unwrap()
-        )
-    })
+    answer.unwrap_or_else(|_| panic!("no campaign answered in {PATIENCE:?}; last error: {last:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
