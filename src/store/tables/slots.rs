@@ -6,6 +6,9 @@
 //! what an insert would grow it to ([`grown`]), so that a stripe can make
 //! room *before* an insert would push it past its share.
 
+use std::sync::Arc;
+
+use super::hint::Hint;
 use hashbrown::HashTable;
 
 /// A hash table and the capacity of its allocation. hashbrown's
@@ -17,6 +20,9 @@ pub(super) struct Slots<T> {
     pub(super) table: HashTable<T>,
     /// Capacity of the allocation, as hashbrown reports it when fresh.
     full: usize,
+    /// Where the allocation is, for prefetching without the lock; shared
+    /// with the stripe (`Tables::hints`), republished when it moves.
+    hint: Arc<Hint>,
 }
 
 impl<T> Default for Slots<T> {
@@ -24,14 +30,25 @@ impl<T> Default for Slots<T> {
         Self {
             table: HashTable::new(),
             full: 0,
+            hint: Arc::new(Hint::new::<T>()),
         }
     }
 }
 
 impl<T> Slots<T> {
     pub(super) fn insert(&mut self, hash: u64, item: T, rehash: impl Fn(&T) -> u64) {
+        let buckets = self.table.num_buckets();
         self.table.insert_unique(hash, item, rehash);
         self.full = self.full.max(self.table.capacity());
+        // The table moved when it grew; an emptied one has no hint left.
+        if self.table.num_buckets() != buckets || !self.hint.is_set() {
+            self.hint.publish(&self.table);
+        }
+    }
+
+    /// The hint of this table's place (see `hint`).
+    pub(super) fn hint(&self) -> Arc<Hint> {
+        Arc::clone(&self.hint)
     }
 
     /// Bytes the allocation holds: an entry and a control byte per bucket.
@@ -78,6 +95,7 @@ impl<T> Slots<T> {
         for item in old {
             self.table.insert_unique(hash(&item), item, &hash);
         }
+        self.hint.publish(&self.table);
         self.full = self.table.capacity();
     }
 }
