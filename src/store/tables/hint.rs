@@ -107,7 +107,7 @@ impl Hint {
     /// The address of the entry a probe of `hash` starts at (for the
     /// layout test).
     #[cfg(test)]
-    fn probe_start(&self, hash: u64) -> usize {
+    pub(super) fn probe_start(&self, hash: u64) -> usize {
         let pos = (hash as usize) & self.mask.load(Ordering::Relaxed);
         self.ctrl.load(Ordering::Relaxed) - (pos + 1) * self.entry
     }

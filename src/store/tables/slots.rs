@@ -150,6 +150,42 @@ mod tests {
         assert!(t.bytes_after(15) > bytes);
     }
 
+    /// For every key sitting where its probe starts, the published hint
+    /// names its entry.
+    fn assert_hint_current(t: &Slots<u64>, h: impl Fn(&u64) -> u64) {
+        let mut checked = 0;
+        for v in t.table.iter() {
+            let hash = h(v);
+            let index = t.table.find_bucket_index(hash, |x| x == v).unwrap();
+            if index == (hash as usize) & (t.table.num_buckets() - 1) {
+                let entry: *const u64 = t.table.get_bucket(index).unwrap();
+                assert_eq!(t.hint.probe_start(hash), entry as usize);
+                checked += 1;
+            }
+        }
+        assert!(checked > 0);
+    }
+
+    /// The hint names the current allocation after each growth and after
+    /// a rebuild moved the table (prefetches of a stale one are wasted).
+    #[test]
+    fn the_hint_follows_the_table() {
+        let hasher = ahash::RandomState::new();
+        let h = |v: &u64| hasher.hash_one(v);
+        let mut t: Slots<u64> = Slots::default();
+        assert!(!t.hint.is_set());
+        for i in 0..3_000u64 {
+            t.insert(h(&i), i, h);
+            if i.is_power_of_two() {
+                assert_hint_current(&t, h);
+            }
+        }
+        assert_hint_current(&t, h);
+        t.table.retain(|v| *v % 3 == 0);
+        t.rebuild(h);
+        assert_hint_current(&t, h);
+    }
+
     #[test]
     fn growth_follows_hashbrown() {
         // The capacities hashbrown reports as a table doubles.
