@@ -7,8 +7,9 @@
 # Needs cargo-fuzz: installed here when missing. Run by .ci/run after the
 # tests. Built without a sanitizer (`-s none`): the targets check panics and
 # the invariants of fuzz/src/lib.rs, and the code under test (decoders,
-# rules parser) has no unsafe of its own (the server's one unsafe call, a
-# mimalloc option set at start, is not on that path), so AddressSanitizer
+# rules parser) has no unsafe of its own (the server's two unsafe calls, a
+# mimalloc option set at start and a prefetch instruction in the store, are
+# not on that path), so AddressSanitizer
 # would only slow the build and the runs.
 # The four targets are built once, up front, in one cargo invocation.
 set -euo pipefail

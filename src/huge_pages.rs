@@ -6,7 +6,10 @@
 //! the store's hash tables (the control group, then the entry's key), and
 //! with 4 KiB pages nearly every one of them also misses the TLB: 1024
 //! stripes of tables spread over tens of MiB. Backing the heap with 2 MiB
-//! pages takes most TLB misses away.
+//! pages takes most TLB misses away. Since a frame's keys are prefetched
+//! before they are checked (`store/tables/hint.rs`), those misses overlap
+//! and huge pages measured no faster (docs/BENCHMARKS.md); the option stays
+//! for hosts where TLB misses cost more.
 //!
 //! mimalloc (v3, bundled by `libmimalloc-sys`) already asks for huge pages
 //! with `madvise(MADV_HUGEPAGE)` on the arenas it maps, so on a host whose

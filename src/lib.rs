@@ -24,14 +24,16 @@
 //! - [`slot`]: hash tags and Redis Cluster slots;
 //! - [`algorithm`]: token bucket, sliding window, fixed window, sliding log,
 //!   leaky bucket and concurrency leases, pure functions;
-//! - [`store`]: lock-striped per-key state, atomic groups, expiry;
+//! - [`store`]: lock-striped per-key state, atomic groups, expiry; a
+//!   frame's keys prefetched before its checks (`store/tables/hint.rs`, the
+//!   crate's other `unsafe` call: a prefetch instruction);
 //! - [`rules`]: named rules from the rules file, hot reload;
 //! - [`throttled`]: the most denied keys, in bounded memory;
 //! - [`log_text`]: text a peer chose, escaped for log lines;
 //! - [`events`]: decision events, queued without waiting and published to
 //!   NATS (feature `events`);
 //! - [`huge_pages`]: `--huge-pages`, transparent huge pages for the
-//!   binary's heap (mimalloc); the crate's one `unsafe` call;
+//!   binary's heap (mimalloc); one of the crate's two `unsafe` calls;
 //! - [`tls`]: rustls configs of every port and of a node's own connections,
 //!   reloadable, and the one socket type for plain TCP and TLS;
 //! - [`config`]: the settings by section, flags and the config file;

@@ -123,6 +123,7 @@ pub(super) fn answer(
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     in_frame(shared, verb, gate, batch.len(), |evaluation| {
+        batch.iter().for_each(|pairs| evaluation.prefetch(pairs));
         encode_checked(id, batch.iter().map(|pairs| evaluation.check(pairs)), dst)
     })
 }
@@ -142,6 +143,9 @@ pub(super) fn answer_tagged(
 ) -> Result<(), EncodeError> {
     let verb = Verb::Check(Mode::Charge);
     in_frame(shared, verb, gate, batch.len(), |evaluation| {
+        batch
+            .iter()
+            .for_each(|(_, pairs)| evaluation.prefetch(pairs));
         let results = batch.iter().map(|(tag, pairs)| {
             let fresh = || {
                 if shared.shedder.sheds(tag.priority, backlog) {
@@ -278,6 +282,21 @@ impl<'r> Decided<'r> {
 }
 
 impl Evaluation<'_> {
+    /// Starts fetching the table entries `pairs` will touch (see
+    /// `Store::prefetch`), so a frame's checks wait on memory together.
+    fn prefetch(&self, pairs: &[Pair]) {
+        for pair in pairs {
+            let algorithm = match &pair.limit {
+                LimitRef::Inline(limit) => limit.algorithm,
+                LimitRef::Rule(name) => match self.rules.get(name.as_bytes()) {
+                    Some(rule) => rule.limit.algorithm,
+                    None => continue,
+                },
+            };
+            self.shared.store.prefetch(&pair.key, algorithm);
+        }
+    }
+
     fn check(&self, pairs: &[Pair]) -> CheckResult {
         if pairs.first().is_some_and(|p| self.gate.moving(&p.key)) {
             // Nobody admits a moving slot; nothing is charged.

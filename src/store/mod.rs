@@ -31,13 +31,15 @@ use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
+use tollgate_protocol::Algorithm;
+
 use changes::ChangeLog;
 pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
 pub use group::Mode;
 pub use key::StoredKey;
 pub use remote::{AbsorbError, RemoteUsage};
 pub use tables::Full;
-use tables::{Table, Tables};
+use tables::{Hints, Kind, Table, Tables};
 pub use update::Update;
 
 /// One key's state and the moment it may be forgotten.
@@ -54,6 +56,9 @@ struct Stripe {
     /// Set under the lock when `changes` has something for the replication
     /// sender; cleared by the sender before it locks (see `changes`).
     pending: AtomicBool,
+    /// Where the compact tables are, read without the lock to prefetch
+    /// ([`Store::prefetch`]).
+    hints: Hints,
 }
 
 /// What a stripe's lock guards: the tables, and the keys changed since the
@@ -158,9 +163,13 @@ impl Store {
             .clamp(1, usize::from(crate::slot::SLOT_COUNT))
             .next_power_of_two();
         let stripes = (0..n)
-            .map(|_| Stripe {
-                tables: Mutex::new(Locked::default()),
-                pending: AtomicBool::new(false),
+            .map(|_| {
+                let locked = Locked::default();
+                Stripe {
+                    hints: locked.tables.hints(),
+                    tables: Mutex::new(locked),
+                    pending: AtomicBool::new(false),
+                }
             })
             .collect();
         Self {
@@ -202,6 +211,26 @@ impl Store {
 
     fn hash(&self, key: &[u8]) -> u64 {
         self.hasher.hash_one(key)
+    }
+
+    /// Starts fetching into the cache what a check of `key` under
+    /// `algorithm` will read, without taking any lock: called for each key
+    /// of a read before the keys are checked one by one, it lets their
+    /// cache misses overlap instead of each check waiting on its own (see
+    /// `tables/hint.rs`). Changes nothing; a stale hint costs only a wasted
+    /// fetch.
+    #[inline]
+    pub fn prefetch(&self, key: &[u8], algorithm: Algorithm) {
+        let kind = match algorithm {
+            Algorithm::TokenBucket => Kind::Buckets,
+            Algorithm::LeakyBucket => Kind::Leaky,
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => Kind::Windows,
+            // The general table: rare states, no hint.
+            Algorithm::SlidingLog | Algorithm::Concurrency => return,
+        };
+        self.stripe(Slot::of(key))
+            .hints
+            .prefetch(kind, key, self.hash(key));
     }
 
     /// The live state of one key, if any (for inspection and tests).

@@ -30,11 +30,13 @@
 //! The budget itself is kept by [`Tables::make_room`] (`budget`).
 
 mod budget;
+mod hint;
 mod packed;
 mod slots;
 mod split;
 
 pub use budget::Full;
+pub use hint::Hints;
 
 use super::{Entry, StoredKey};
 use crate::algorithm::{State, Verdict};
@@ -168,6 +170,16 @@ fn leaky_entry(tat: Tat) -> Entry {
 }
 
 impl Tables {
+    /// Where the compact tables are, for prefetching without the lock
+    /// (kept up to date by the tables as they grow).
+    pub fn hints(&self) -> Hints {
+        Hints {
+            buckets: self.buckets.hints(),
+            leaky: self.leaky.hints(),
+            windows: self.windows.hints(),
+        }
+    }
+
     /// The entry of `key` in the tables of `kind`, live or not.
     fn find_in(&self, kind: Kind, hash: u64, key: &[u8], probe: Probe) -> Option<Entry> {
         match kind {

@@ -6,6 +6,9 @@
 //! what an insert would grow it to ([`grown`]), so that a stripe can make
 //! room *before* an insert would push it past its share.
 
+use std::sync::Arc;
+
+use super::hint::Hint;
 use hashbrown::HashTable;
 
 /// A hash table and the capacity of its allocation. hashbrown's
@@ -17,6 +20,9 @@ pub(super) struct Slots<T> {
     pub(super) table: HashTable<T>,
     /// Capacity of the allocation, as hashbrown reports it when fresh.
     full: usize,
+    /// Where the allocation is, for prefetching without the lock; shared
+    /// with the stripe (`Tables::hints`), republished when it moves.
+    hint: Arc<Hint>,
 }
 
 impl<T> Default for Slots<T> {
@@ -24,14 +30,25 @@ impl<T> Default for Slots<T> {
         Self {
             table: HashTable::new(),
             full: 0,
+            hint: Arc::new(Hint::new::<T>()),
         }
     }
 }
 
 impl<T> Slots<T> {
     pub(super) fn insert(&mut self, hash: u64, item: T, rehash: impl Fn(&T) -> u64) {
+        let buckets = self.table.num_buckets();
         self.table.insert_unique(hash, item, rehash);
         self.full = self.full.max(self.table.capacity());
+        // The table moved when it grew; an emptied one has no hint left.
+        if self.table.num_buckets() != buckets || !self.hint.is_set() {
+            self.hint.publish(&self.table);
+        }
+    }
+
+    /// The hint of this table's place (see `hint`).
+    pub(super) fn hint(&self) -> Arc<Hint> {
+        Arc::clone(&self.hint)
     }
 
     /// Bytes the allocation holds: an entry and a control byte per bucket.
@@ -78,6 +95,7 @@ impl<T> Slots<T> {
         for item in old {
             self.table.insert_unique(hash(&item), item, &hash);
         }
+        self.hint.publish(&self.table);
         self.full = self.table.capacity();
     }
 }
@@ -130,6 +148,42 @@ mod tests {
         // 14 free slots now: no growth predicted until they are used.
         assert_eq!(t.bytes_after(14), bytes);
         assert!(t.bytes_after(15) > bytes);
+    }
+
+    /// For every key sitting where its probe starts, the published hint
+    /// names its entry.
+    fn assert_hint_current(t: &Slots<u64>, h: impl Fn(&u64) -> u64) {
+        let mut checked = 0;
+        for v in t.table.iter() {
+            let hash = h(v);
+            let index = t.table.find_bucket_index(hash, |x| x == v).unwrap();
+            if index == (hash as usize) & (t.table.num_buckets() - 1) {
+                let entry: *const u64 = t.table.get_bucket(index).unwrap();
+                assert_eq!(t.hint.probe_start(hash), entry as usize);
+                checked += 1;
+            }
+        }
+        assert!(checked > 0);
+    }
+
+    /// The hint names the current allocation after each growth and after
+    /// a rebuild moved the table (prefetches of a stale one are wasted).
+    #[test]
+    fn the_hint_follows_the_table() {
+        let hasher = ahash::RandomState::new();
+        let h = |v: &u64| hasher.hash_one(v);
+        let mut t: Slots<u64> = Slots::default();
+        assert!(!t.hint.is_set());
+        for i in 0..3_000u64 {
+            t.insert(h(&i), i, h);
+            if i.is_power_of_two() {
+                assert_hint_current(&t, h);
+            }
+        }
+        assert_hint_current(&t, h);
+        t.table.retain(|v| *v % 3 == 0);
+        t.rebuild(h);
+        assert_hint_current(&t, h);
     }
 
     #[test]

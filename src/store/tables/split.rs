@@ -55,6 +55,11 @@ impl<P> Default for Split<P> {
 }
 
 impl<P> Split<P> {
+    /// The short and the long table's hints (see `hint`).
+    pub(super) fn hints(&self) -> [std::sync::Arc<super::hint::Hint>; 2] {
+        [self.short.hint(), self.long.hint()]
+    }
+
     #[inline]
     pub(super) fn get(&self, hash: u64, probe: Probe) -> Option<&P> {
         match probe {

@@ -1,0 +1,173 @@
+//! Where a key's entry would be in one table, readable without the
+//! stripe's lock, so that a read's keys can be fetched into the cache
+//! before they are checked one by one.
+//!
+//! With a million keys the tables are far larger than the caches: a lookup
+//! waits on two loads from memory (the control group, then the entry), and
+//! checked one after another, each check waits on its own. Prefetching
+//! every key of a read first puts those waits side by side.
+//!
+//! A [`Hint`] is the table's control-byte address and bucket mask, kept by
+//! [`Slots`](super::slots::Slots) whenever the table is (re)allocated and
+//! read with relaxed loads by [`Hint::prefetch`]. It relies on hashbrown's
+//! layout (checked by `hint_finds_the_probe_start` below): the control
+//! bytes start where the buckets end, bucket `i` lies `i + 1` entries before
+//! that address, and a probe starts at bucket `hash & mask`. A stale or torn
+//! hint (a table that grew meanwhile) names the wrong address, which costs
+//! a wasted prefetch and nothing else: a prefetch reads nothing into the
+//! program and never faults.
+
+use std::sync::Arc;
+
+use super::split::Probe;
+use super::Kind;
+use crate::sync::{AtomicUsize, Ordering};
+use hashbrown::HashTable;
+
+/// The hints of one stripe's compact tables, short keys' then long keys'
+/// for each kind; the general table has none (its states are rare).
+#[derive(Debug)]
+pub struct Hints {
+    pub(super) buckets: [Arc<Hint>; 2],
+    pub(super) leaky: [Arc<Hint>; 2],
+    pub(super) windows: [Arc<Hint>; 2],
+}
+
+impl Hints {
+    /// Starts fetching where a lookup of `key` (hashed to `hash`) in the
+    /// tables of `kind` will look.
+    #[inline]
+    pub fn prefetch(&self, kind: Kind, key: &[u8], hash: u64) {
+        let pair = match kind {
+            Kind::Buckets => &self.buckets,
+            Kind::Leaky => &self.leaky,
+            Kind::Windows => &self.windows,
+            Kind::General => return,
+        };
+        let width = usize::from(!Probe::of(key).is_short());
+        pair[width].prefetch(hash);
+    }
+}
+
+/// A table's control bytes and bucket mask (see the module docs); a `ctrl`
+/// of 0 means no allocation worth prefetching (nothing is fetched).
+#[derive(Debug)]
+pub(crate) struct Hint {
+    ctrl: AtomicUsize,
+    mask: AtomicUsize,
+    /// Bytes of one entry.
+    entry: usize,
+}
+
+impl Hint {
+    pub(super) fn new<T>() -> Self {
+        Self {
+            ctrl: AtomicUsize::new(0),
+            mask: AtomicUsize::new(0),
+            entry: std::mem::size_of::<T>(),
+        }
+    }
+
+    /// Whether a table's place is published.
+    pub(super) fn is_set(&self) -> bool {
+        self.ctrl.load(Ordering::Relaxed) != 0
+    }
+
+    /// Records where `table`'s buckets are, from the address of any entry
+    /// it holds (none: the hint is cleared until the next publish).
+    pub(super) fn publish<T>(&self, table: &HashTable<T>) {
+        let place = table.iter_buckets().next().and_then(|i| {
+            let entry: *const T = table.get_bucket(i)?;
+            Some((entry as usize).wrapping_add((i + 1) * self.entry))
+        });
+        // Relaxed: a hint, read without ordering; a torn pair only names
+        // a wrong address (see the module docs).
+        match place {
+            Some(ctrl) => {
+                self.mask.store(table.num_buckets() - 1, Ordering::Relaxed);
+                self.ctrl.store(ctrl, Ordering::Relaxed);
+            }
+            None => self.ctrl.store(0, Ordering::Relaxed),
+        }
+    }
+
+    /// Starts fetching the control group and the first bucket a lookup of
+    /// `hash` probes.
+    #[inline]
+    pub(crate) fn prefetch(&self, hash: u64) {
+        let ctrl = self.ctrl.load(Ordering::Relaxed);
+        if ctrl == 0 {
+            return;
+        }
+        let pos = (hash as usize) & self.mask.load(Ordering::Relaxed);
+        prefetch_line(ctrl.wrapping_add(pos));
+        prefetch_line(ctrl.wrapping_sub((pos + 1).wrapping_mul(self.entry)));
+    }
+
+    /// The address of the entry a probe of `hash` starts at (for the
+    /// layout test).
+    #[cfg(test)]
+    pub(super) fn probe_start(&self, hash: u64) -> usize {
+        let pos = (hash as usize) & self.mask.load(Ordering::Relaxed);
+        self.ctrl.load(Ordering::Relaxed) - (pos + 1) * self.entry
+    }
+}
+
+/// Asks the CPU to bring the cache line holding `addr` in; elsewhere than
+/// x86_64, nothing.
+#[inline]
+#[allow(unsafe_code)]
+fn prefetch_line(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 is a hint with no architectural effect: it loads
+    // nothing the program sees and does not fault on any address, mapped or
+    // not (Intel SDM vol. 2, PREFETCHh; AMD APM vol. 3), so a stale address
+    // is harmless. `_mm_prefetch` is `unsafe` only for taking a raw pointer.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(addr as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
+#[cfg(all(test, not(tollgate_loom)))]
+mod tests {
+    use super::*;
+
+    /// The layout the hint assumes is hashbrown's: for every key sitting at
+    /// the start of its probe, the hint names its entry's address. A newer
+    /// hashbrown that lays its table out otherwise fails here (prefetches
+    /// would then be wasted, answers unchanged).
+    #[test]
+    fn hint_finds_the_probe_start() {
+        let hasher = ahash::RandomState::new();
+        let mut table: HashTable<[u64; 3]> = HashTable::new();
+        let hint = Hint::new::<[u64; 3]>();
+        for i in 0..5_000u64 {
+            table.insert_unique(hasher.hash_one(i), [i, 0, 0], |v| hasher.hash_one(v[0]));
+        }
+        hint.publish(&table);
+        assert!(hint.is_set());
+        let mut at_start = 0;
+        for i in 0..5_000u64 {
+            let hash = hasher.hash_one(i);
+            let index = table.find_bucket_index(hash, |v| v[0] == i).unwrap();
+            let entry: *const [u64; 3] = table.get_bucket(index).unwrap();
+            if index == (hash as usize) & (table.num_buckets() - 1) {
+                assert_eq!(hint.probe_start(hash), entry as usize, "key {i}");
+                at_start += 1;
+            }
+        }
+        // Most keys sit where their probe starts.
+        assert!(at_start > 2_500, "{at_start} of 5000 at their probe start");
+        // Prefetching any hash, or with no table, is harmless.
+        for h in [0, 1, u64::MAX, hasher.hash_one(7)] {
+            hint.prefetch(h);
+        }
+        table.clear();
+        hint.publish(&table);
+        assert!(!hint.is_set());
+        hint.prefetch(3);
+    }
+}
