@@ -21,8 +21,10 @@ use std::sync::Arc;
 
 use super::split::Probe;
 use super::Kind;
-use crate::sync::{AtomicUsize, Ordering};
 use hashbrown::HashTable;
+// std's atomics even under loom (`crate::sync`): a hint synchronises
+// nothing, and loom's would only add operations to every model's inserts.
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The hints of one stripe's compact tables, short keys' then long keys'
 /// for each kind; the general table has none (its states are rare).

@@ -40,7 +40,8 @@ impl<T> Slots<T> {
         let buckets = self.table.num_buckets();
         self.table.insert_unique(hash, item, rehash);
         self.full = self.full.max(self.table.capacity());
-        // The table moved when it grew; an emptied one has no hint left.
+        // The table moved when it grew; one rebuilt while empty has no
+        // hint left until its first entry.
         if self.table.num_buckets() != buckets || !self.hint.is_set() {
             self.hint.publish(&self.table);
         }
