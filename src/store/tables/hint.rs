@@ -54,7 +54,7 @@ impl Hints {
 /// A table's control bytes and bucket mask (see the module docs); a `ctrl`
 /// of 0 means no allocation worth prefetching (nothing is fetched).
 #[derive(Debug)]
-pub(crate) struct Hint {
+pub(super) struct Hint {
     ctrl: AtomicUsize,
     mask: AtomicUsize,
     /// Bytes of one entry.
@@ -96,7 +96,7 @@ impl Hint {
     /// Starts fetching the control group and the first bucket a lookup of
     /// `hash` probes.
     #[inline]
-    pub(crate) fn prefetch(&self, hash: u64) {
+    pub(super) fn prefetch(&self, hash: u64) {
         let ctrl = self.ctrl.load(Ordering::Relaxed);
         if ctrl == 0 {
             return;
@@ -106,12 +106,24 @@ impl Hint {
         prefetch_line(ctrl.wrapping_sub((pos + 1).wrapping_mul(self.entry)));
     }
 
-    /// The address of the entry a probe of `hash` starts at (for the
-    /// layout test).
+    /// Checks the hint against `table`: every entry sitting where its
+    /// probe starts must be at the address the hint names for its hash.
+    /// Returns how many entries were checked (for the layout tests).
     #[cfg(test)]
-    pub(super) fn probe_start(&self, hash: u64) -> usize {
-        let pos = (hash as usize) & self.mask.load(Ordering::Relaxed);
-        self.ctrl.load(Ordering::Relaxed) - (pos + 1) * self.entry
+    pub(super) fn assert_names<T>(&self, table: &HashTable<T>, hash: impl Fn(&T) -> u64) -> usize {
+        let mask = table.num_buckets() - 1;
+        let mut checked = 0;
+        for index in table.iter_buckets() {
+            let entry = table.get_bucket(index).unwrap();
+            let h = hash(entry);
+            if index == (h as usize) & mask {
+                let pos = (h as usize) & self.mask.load(Ordering::Relaxed);
+                let named = self.ctrl.load(Ordering::Relaxed) - (pos + 1) * self.entry;
+                assert_eq!(named, entry as *const T as usize, "bucket {index}");
+                checked += 1;
+            }
+        }
+        checked
     }
 }
 
@@ -151,16 +163,7 @@ mod tests {
         }
         hint.publish(&table);
         assert!(hint.is_set());
-        let mut at_start = 0;
-        for i in 0..5_000u64 {
-            let hash = hasher.hash_one(i);
-            let index = table.find_bucket_index(hash, |v| v[0] == i).unwrap();
-            let entry: *const [u64; 3] = table.get_bucket(index).unwrap();
-            if index == (hash as usize) & (table.num_buckets() - 1) {
-                assert_eq!(hint.probe_start(hash), entry as usize, "key {i}");
-                at_start += 1;
-            }
-        }
+        let at_start = hint.assert_names(&table, |v| hasher.hash_one(v[0]));
         // Most keys sit where their probe starts.
         assert!(at_start > 2_500, "{at_start} of 5000 at their probe start");
         // Prefetching any hash, or with no table, is harmless.
