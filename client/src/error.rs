@@ -8,10 +8,9 @@
 //!
 //! The calls that answer a rate-limit question ([`Client::check`] and
 //! friends) do not return `Error`: they fold it into an
-//! [`Undecided`](crate::Undecided) reason, see [`Undecided::from_error`].
+//! [`Undecided`](crate::Undecided) reason (`Undecided::from_error`, crate-private).
 //!
 //! [`Client::check`]: crate::Client::check
-//! [`Undecided::from_error`]: crate::Undecided::from_error
 
 use std::io;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The `tollgate` binary's commands, one file each: [`serve`], [`check`],
 //! [`release`], [`ping`], [`status`], [`promote`], [`rules`], [`usage`],
 //! [`health`], [`cluster`];
-//! beside them what several share: [`render`] (how answers print),
+//! beside them what several share: [`render`](mod@render) (how answers print),
 //! `remote` (reaching a server), `signals` and `logging` (of `serve`).
 //!
 //! `serve` runs the server on built-in defaults (every setting a flag, or a

@@ -75,7 +75,7 @@ pub struct RegionPeer {
 }
 
 impl RegionSettings {
-    /// The peer regions, parsed (call after [`validate`](Self::validate)).
+    /// The peer regions, parsed (call after `validate`).
     pub fn peers(&self) -> Result<Vec<RegionPeer>, ConfigError> {
         let mut peers: Vec<RegionPeer> = Vec::with_capacity(self.region_peer.len());
         for text in &self.region_peer {
