@@ -28,7 +28,7 @@ use crate::slot::Slot;
 use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State as AxumState};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -315,14 +315,14 @@ struct LimitsQuery {
 /// one `?rule=` names), computed from the stored state without charging.
 async fn limits(
     AxumState(state): AppState,
-    key: Result<Path<String>, PathRejection>,
+    uri: Uri,
     query: Result<Query<LimitsQuery>, QueryRejection>,
 ) -> Response {
     let shared = &state.shared;
-    let key = match key {
-        Ok(Path(k)) => k,
-        Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
-    };
+    // Keys are bytes: the path segment is percent-decoded by hand, since
+    // `Path<String>` refuses a key that is not UTF-8.
+    let encoded = uri.path().strip_prefix(LIMITS_PREFIX).unwrap_or_default();
+    let key: Vec<u8> = percent_encoding::percent_decode_str(encoded).collect();
     let only = match query {
         Ok(Query(q)) => q.rule,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
@@ -343,7 +343,7 @@ async fn limits(
     let now = shared.clock.now();
     // A key holds at most a token bucket and one state of another
     // algorithm; each is read as every rule of its algorithm would see it.
-    let entries = shared.store.entries(key.as_bytes(), now);
+    let entries = shared.store.entries(&key, now);
     let mut usage = Vec::new();
     for entry in &entries {
         let algorithm = entry.state.algorithm();
@@ -385,14 +385,27 @@ async fn limits(
     // all of them.
     let state = entries.first().map_or(Value::Null, state_json);
     let states: Vec<Value> = entries.iter().map(state_json).collect();
-    Json(json!({
-        "key": key,
-        "slot": Slot::of(key.as_bytes()).get(),
+    let mut body = json!({
+        "key": String::from_utf8_lossy(&key),
+        "slot": Slot::of(&key).get(),
         "state": state,
         "states": states,
         "usage": usage,
-    }))
-    .into_response()
+    });
+    if let Some(hex) = key_hex(&key) {
+        body["key_hex"] = json!(hex);
+    }
+    Json(body).into_response()
+}
+
+/// The route of `limits`, whose rest is the percent-encoded key.
+const LIMITS_PREFIX: &str = "/v1/limits/";
+
+/// A key that is not UTF-8 in hex (its JSON `key` is then lossy).
+fn key_hex(key: &[u8]) -> Option<String> {
+    std::str::from_utf8(key)
+        .is_err()
+        .then(|| key.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -420,8 +433,8 @@ async fn throttled(
                 "denied": t.denied,
                 "error": t.error,
             });
-            if std::str::from_utf8(&t.key).is_err() {
-                v["key_hex"] = json!(t.key.iter().map(|b| format!("{b:02x}")).collect::<String>());
+            if let Some(hex) = key_hex(&t.key) {
+                v["key_hex"] = json!(hex);
             }
             v
         })

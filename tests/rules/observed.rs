@@ -121,3 +121,34 @@ async fn metrics_parse_are_unique_and_move() {
     }
     server.stop().await;
 }
+
+/// Keys are bytes: `/v1/limits` reads a key that is not UTF-8 (percent-encoded
+/// byte by byte, as the README says) and shows it lossily with `key_hex`.
+#[tokio::test]
+async fn usage_of_a_key_that_is_not_utf8() {
+    let dir = TempDir::new("usage-bytes");
+    let (server, _) = start_with_rules(&dir, RULES).await;
+    let admin = server.admin.unwrap();
+    let mut conn = RawConn::ready(server.addr).await;
+    let mut pair = tb("", 1, 1000, 5, 2);
+    pair.key = bytes::Bytes::from_static(b"rl:{u}:\xff\x00");
+    conn.check(1, batch_of(vec![vec![pair]])).await;
+
+    let v = http(
+        admin,
+        "GET",
+        "/v1/limits/rl%3A%7Bu%7D%3A%FF%00?rule=api",
+        None,
+    )
+    .await;
+    assert_eq!(v.status, 200, "{}", v.text());
+    let v = v.json();
+    assert_eq!(v["key_hex"], "726c3a7b757d3aff00");
+    assert_eq!(v["key"], "rl:{u}:\u{fffd}\u{0}");
+    assert_eq!(v["state"]["algorithm"], "token-bucket");
+    assert_eq!(v["usage"][0]["used"], 2);
+    // A UTF-8 key has no `key_hex`.
+    let plain = http(admin, "GET", "/v1/limits/plain", None).await.json();
+    assert!(plain.get("key_hex").is_none(), "{plain}");
+    server.stop().await;
+}
