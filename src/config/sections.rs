@@ -143,13 +143,21 @@ impl NetworkSettings {
     }
 }
 
+/// A frame size in the byte units of `--max-memory`: the wire's length
+/// field is a u32, so a size beyond it is refused here, not truncated.
+fn parse_frame_bytes(s: &str) -> Result<u32, String> {
+    let bytes = parse_bytes(s).map_err(|e| e.to_string())?;
+    u32::try_from(bytes).map_err(|_| format!("{s} is more than a frame can hold (4 GiB - 1 bytes)"))
+}
+
 /// What one frame may carry; told to clients in HELLO_OK.
 #[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Request limits")]
 #[serde(rename_all = "kebab-case")]
 pub struct LimitSettings {
-    /// Largest frame accepted, in bytes (header excluded).
-    #[arg(long, default_value_t = DEFAULT_MAX_FRAME)]
+    /// Largest frame accepted, in bytes (header excluded): `1048576`,
+    /// `1MiB`, `512KiB`.
+    #[arg(long, default_value_t = DEFAULT_MAX_FRAME, value_parser = parse_frame_bytes)]
     pub max_frame: u32,
 
     /// Most checks in one CHECK/PEEK/REFUND frame (and keys in one RESET,

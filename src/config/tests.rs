@@ -342,3 +342,21 @@ fn region_settings_are_checked() {
     d.regions.region = Some("".into());
     assert!(matches!(d.validate(), Err(ConfigError::RegionName(_))));
 }
+
+#[test]
+fn max_frame_takes_byte_units_and_refuses_what_a_u32_cannot_hold() {
+    #[derive(clap::Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        config: ServerConfig,
+    }
+    let parse = |v: &str| {
+        <Wrapper as clap::Parser>::try_parse_from(["tollgate", "--max-frame", v])
+            .map(|w| w.config.limits.max_frame)
+    };
+    assert_eq!(parse("1048576").unwrap(), 1 << 20);
+    assert_eq!(parse("1MiB").unwrap(), 1 << 20);
+    assert_eq!(parse("512KiB").unwrap(), 512 << 10);
+    assert!(parse("4GiB").is_err());
+    assert!(parse("1 parsec").is_err());
+}
