@@ -27,7 +27,7 @@ use std::task::{ready, Context, Poll};
 
 use smallvec::smallvec;
 use tokio::time::Instant;
-use tollgate_protocol::{CheckTag, IdempotencyKey, Pair};
+use tollgate_protocol::{CheckResult, CheckTag, IdempotencyKey, Pair};
 
 use super::calls::{self, Route};
 use super::decide::{one_result, Kept};
@@ -131,9 +131,16 @@ impl<'a> Single<'a> {
     fn finish(&mut self, answer: Result<Answer, Error>) -> Outcome {
         self.step = Step::Done;
         let pairs = std::slice::from_ref(&self.pair);
-        let outcome = self
-            .client
-            .conclude(self.kind, one_result(self.kind, answer), pairs, None);
+        let outcome = match answer {
+            // The common answer, described at once: what `conclude` does
+            // with it, without first moving it through `one_result`.
+            Ok(Answer::One(CheckResult::Decision(d))) => {
+                Outcome::Decided(self.client.describe(&d, pairs, None))
+            }
+            answer => self
+                .client
+                .conclude(self.kind, one_result(self.kind, answer), pairs, None),
+        };
         self.observe(&outcome);
         outcome
     }
