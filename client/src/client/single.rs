@@ -122,7 +122,9 @@ impl<'a> Single<'a> {
                 Some(Err(e)) => return Err(e),
                 None => Step::Routed(Box::pin(calls::checks(shard, kind, checks, deadline))),
             },
-            Route::Cluster(cluster) => Step::Routed(Box::pin(cluster.checks(kind, checks, deadline))),
+            Route::Cluster(cluster) => {
+                Step::Routed(Box::pin(cluster.checks(kind, checks, deadline)))
+            }
         };
         Ok(())
     }

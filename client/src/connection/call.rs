@@ -168,9 +168,7 @@ impl Exchange {
                 }
                 Err(e) => Poll::Ready(Err(e)),
             },
-            CallState::Waiting(_) | CallState::Finished => {
-                Poll::Ready(Err(Error::ConnectionLost))
-            }
+            CallState::Waiting(_) | CallState::Finished => Poll::Ready(Err(Error::ConnectionLost)),
         }
     }
 
