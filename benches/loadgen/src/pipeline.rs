@@ -16,6 +16,9 @@
 //!   a word the wakers' threads write);
 //! - `next` polls only the slots whose bit it took, so a wakeup costs the
 //!   futures it concerns, not the whole pipeline;
+//! - `next` registers the task's waker only when it found no bit left,
+//!   then looks once more before returning `Pending` (a poll that finds
+//!   bits, most of them under load, costs no registration);
 //! - a waker wakes the task only when it finds its word empty: a non-empty
 //!   word was set since the task last emptied it by a waker that woke the
 //!   task then. `next` returns `Pending` only after finding every word
@@ -136,12 +139,25 @@ impl<F: Future> Pipeline<F> {
         if self.is_empty() {
             return Poll::Ready(None);
         }
-        // Registered before the bits are read: a wake after the read
-        // finds this task's waker.
+        // Bits already there (most polls under load: a read answers many
+        // slots): no registration needed, the task is running anyway.
+        if let Some(output) = self.scan() {
+            return Poll::Ready(Some(output));
+        }
+        // None left: registered, then read once more, so a wake after the
+        // read finds this task's waker.
         self.ready.task.register(cx.waker());
+        match self.scan() {
+            Some(output) => Poll::Ready(Some(output)),
+            None => Poll::Pending,
+        }
+    }
+
+    /// Polls the slots whose bits are set until one finishes; `None` once
+    /// a whole round of words was found empty, so no bit is left taken and
+    /// unpolled.
+    fn scan(&mut self) -> Option<F::Output> {
         let words = self.ready.bits.len();
-        // Pending only once a whole round of words was found empty, so no
-        // bit is left taken and unpolled.
         let mut empty = 0;
         loop {
             let (word, mut bits) = self.taken;
@@ -156,11 +172,11 @@ impl<F: Future> Pipeline<F> {
                 if let Poll::Ready(output) = future.poll(&mut slot_cx) {
                     self.slots[slot].set(None);
                     self.free.push(slot);
-                    return Poll::Ready(Some(output));
+                    return Some(output);
                 }
             }
             if empty == words {
-                return Poll::Pending;
+                return None;
             }
             let next = (word + 1) % words;
             let bits = self.ready.bits[next].swap(0, Ordering::Acquire)

@@ -99,7 +99,12 @@ pub(crate) fn settle(
     answer: Result<Answer, Error>,
     retry: Option<Checks>,
 ) -> Result<Result<Answer, Error>, Checks> {
-    match (answer, retry) {
+    // Nothing to resend (one node, no CHECK2): the answer as it is, without
+    // moving it through a tuple (the common path, once per check).
+    let Some(retry) = retry else {
+        return Ok(answer);
+    };
+    match (answer, Some(retry)) {
         (Err(Error::ConnectionLost | Error::Io(_)), Some(checks)) if kind == BatchKind::Check2 => {
             tracing::info!("connection lost under a CHECK2; sending it again, same key");
             Err(checks)

@@ -364,7 +364,7 @@ impl Client {
     }
 
     /// A server decision, described with the pair it names.
-    fn describe(
+    pub(super) fn describe(
         &self,
         wire: &WireDecision,
         pairs: &[Pair],

@@ -27,7 +27,7 @@ use std::task::{ready, Context, Poll};
 
 use smallvec::smallvec;
 use tokio::time::Instant;
-use tollgate_protocol::{CheckTag, IdempotencyKey, Pair};
+use tollgate_protocol::{CheckResult, CheckTag, IdempotencyKey, Pair};
 
 use super::calls::{self, Route};
 use super::decide::{one_result, Kept};
@@ -88,8 +88,10 @@ impl<'a> Single<'a> {
     }
 
     /// Sends the pair: on the shard's connection when it is up, else
-    /// through the shared code.
-    fn send(&mut self, started: Instant, tag: Option<CheckTag>) -> Result<Step<'a>, Error> {
+    /// through the shared code. Writes the next step in place (not
+    /// returned by value: a step is a few hundred bytes, moved once per
+    /// check otherwise).
+    fn send(&mut self, started: Instant, tag: Option<CheckTag>) -> Result<(), Error> {
         let (client, kind) = (self.client, self.kind);
         let deadline = self.deadline(started);
         // The kept pair needs its key only for the local fallback (which
@@ -109,32 +111,38 @@ impl<'a> Single<'a> {
             Some(tag) => Checks::Tagged(tag, vec![pair]),
             None => Checks::One(pair),
         };
-        match &client.inner.route {
+        self.step = match &client.inner.route {
             Route::Shard(shard) => match shard.ready() {
                 Some(Ok(conn)) => {
                     calls::check_limits(&checks, &conn.info().limits)?;
                     let retry = calls::retry_copy(shard, kind, &checks);
                     let call = conn.exchange_owned(Outgoing::Checks { kind, checks }, deadline);
-                    Ok(Step::Call { shard, call, retry })
+                    Step::Call { shard, call, retry }
                 }
-                Some(Err(e)) => Err(e),
-                None => Ok(Step::Routed(Box::pin(calls::checks(
-                    shard, kind, checks, deadline,
-                )))),
+                Some(Err(e)) => return Err(e),
+                None => Step::Routed(Box::pin(calls::checks(shard, kind, checks, deadline))),
             },
-            Route::Cluster(cluster) => Ok(Step::Routed(Box::pin(
-                cluster.checks(kind, checks, deadline),
-            ))),
-        }
+            Route::Cluster(cluster) => {
+                Step::Routed(Box::pin(cluster.checks(kind, checks, deadline)))
+            }
+        };
+        Ok(())
     }
 
     /// The outcome of the server's answer (or of its absence).
     fn finish(&mut self, answer: Result<Answer, Error>) -> Outcome {
         self.step = Step::Done;
         let pairs = std::slice::from_ref(&self.pair);
-        let outcome = self
-            .client
-            .conclude(self.kind, one_result(self.kind, answer), pairs, None);
+        let outcome = match answer {
+            // The common answer, described at once: what `conclude` does
+            // with it, without first moving it through `one_result`.
+            Ok(Answer::One(CheckResult::Decision(d))) => {
+                Outcome::Decided(self.client.describe(&d, pairs, None))
+            }
+            answer => self
+                .client
+                .conclude(self.kind, one_result(self.kind, answer), pairs, None),
+        };
         self.observe(&outcome);
         outcome
     }
@@ -194,9 +202,10 @@ impl<'a> Future for Single<'a> {
                             let shard: &'a Arc<Shard> = shard;
                             shard.invalidate(call.conn());
                             let deadline = this.deadline(started);
-                            Ok(Step::Routed(Box::pin(calls::resend(
+                            this.step = Step::Routed(Box::pin(calls::resend(
                                 shard, this.kind, checks, deadline,
-                            ))))
+                            )));
+                            Ok(())
                         }
                     }
                 }
@@ -206,9 +215,8 @@ impl<'a> Future for Single<'a> {
                 }
                 Step::Done => panic!("a check's future polled after it completed"),
             };
-            match sent {
-                Ok(step) => this.step = step,
-                Err(e) => return Poll::Ready(this.finish(Err(e))),
+            if let Err(e) = sent {
+                return Poll::Ready(this.finish(Err(e)));
             }
         }
     }

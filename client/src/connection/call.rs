@@ -147,6 +147,15 @@ impl Exchange {
         shared: &Shared,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Answer, Error>> {
+        // The waiting poll (every call's second one) neither moves nor
+        // rewrites the state: only the first poll takes the request out.
+        if let CallState::Waiting(id) = self.state {
+            let polled = shared.pending.lock().poll_answer(id, cx.waker());
+            if polled.is_ready() {
+                self.state = CallState::Finished;
+            }
+            return polled;
+        }
         match std::mem::replace(&mut self.state, CallState::Finished) {
             CallState::Start {
                 outgoing,
@@ -159,14 +168,7 @@ impl Exchange {
                 }
                 Err(e) => Poll::Ready(Err(e)),
             },
-            CallState::Waiting(id) => {
-                let polled = shared.pending.lock().poll_answer(id, cx.waker());
-                if polled.is_pending() {
-                    self.state = CallState::Waiting(id);
-                }
-                polled
-            }
-            CallState::Finished => Poll::Ready(Err(Error::ConnectionLost)),
+            CallState::Waiting(_) | CallState::Finished => Poll::Ready(Err(Error::ConnectionLost)),
         }
     }
 

@@ -296,18 +296,18 @@ impl Pending {
         let Some(slot) = self.slot_mut(id) else {
             return false;
         };
-        match std::mem::replace(&mut slot.state, SlotState::Free) {
-            SlotState::Waiting { waker, .. } => {
-                slot.state = SlotState::Done(result);
-                self.waiting -= 1;
-                wakers.extend(waker);
-                true
-            }
-            other => {
-                slot.state = other;
-                false
-            }
+        // Matched in place: only the waker leaves the old state, which is
+        // not moved out and back (once per answered call).
+        let SlotState::Waiting { waker, .. } = &mut slot.state else {
+            return false;
+        };
+        let waker = waker.take();
+        slot.state = SlotState::Done(result);
+        self.waiting -= 1;
+        if let Some(waker) = waker {
+            wakers.push(waker);
         }
+        true
     }
 
     /// Hands the answer of frame `id` to its call(s). Returns the number of

@@ -431,19 +431,25 @@ fn encode_group(check: &[Pair], dst: &mut BytesMut) -> Result<(), EncodeError> {
         encode_key(&pair.key, dst)?;
         match &pair.limit {
             LimitRef::Inline(limit) => {
-                dst.put_u8(limit.algorithm as u8);
-                dst.put_u64(limit.count);
-                dst.put_u64(limit.period_ms);
-                dst.put_u64(limit.burst);
+                // The fixed-size tail (limit and cost) in one copy rather
+                // than five `put`s, each checking the capacity: encoding
+                // is per check on the client's writer.
+                let mut tail = [0u8; 1 + 8 + 8 + 8 + 4];
+                tail[0] = limit.algorithm as u8;
+                tail[1..9].copy_from_slice(&limit.count.to_be_bytes());
+                tail[9..17].copy_from_slice(&limit.period_ms.to_be_bytes());
+                tail[17..25].copy_from_slice(&limit.burst.to_be_bytes());
+                tail[25..].copy_from_slice(&pair.cost.to_be_bytes());
+                dst.put_slice(&tail);
             }
             LimitRef::Rule(name) => {
                 dst.put_u8(LIMIT_KIND_RULE);
                 // 1..=64 by RuleName's invariant.
                 dst.put_u8(wire_len(name.len(), "rule name", u8::MAX)?);
                 dst.put_slice(name.as_bytes());
+                dst.put_u32(pair.cost);
             }
         }
-        dst.put_u32(pair.cost);
     }
     Ok(())
 }

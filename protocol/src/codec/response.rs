@@ -112,14 +112,27 @@ fn decode_results(r: &mut PayloadReader) -> Result<Vec<CheckResult>, DecodeError
         let status = r.u8()?;
         let result = match status {
             STATUS_ALLOWED | STATUS_DENIED | STATUS_ALLOWED_WITH_LEASE | STATUS_SHADOW_DENIED => {
+                // The fixed fields in one read when they are all there (the
+                // client decodes one per check); field by field otherwise,
+                // to report the first one cut short.
+                let (pair, limit, remaining, reset_after_ms, retry_after_ms) = match r
+                    .try_array::<{ DECISION_LEN - 1 }>()
+                {
+                    Some(a) => {
+                        let u64_at =
+                            |i: usize| u64::from_be_bytes(a[i..i + 8].try_into().expect("8 bytes"));
+                        (a[0], u64_at(1), u64_at(9), u64_at(17), u64_at(25))
+                    }
+                    None => (r.u8()?, r.u64()?, r.u64()?, r.u64()?, r.u64()?),
+                };
                 CheckResult::Decision(Decision {
                     allowed: status != STATUS_DENIED,
                     shadow_denied: status == STATUS_SHADOW_DENIED,
-                    pair: r.u8()?,
-                    limit: r.u64()?,
-                    remaining: r.u64()?,
-                    reset_after_ms: r.u64()?,
-                    retry_after_ms: r.u64()?,
+                    pair,
+                    limit,
+                    remaining,
+                    reset_after_ms,
+                    retry_after_ms,
                     lease: if status == STATUS_ALLOWED_WITH_LEASE {
                         Some(r.u64()?)
                     } else {
