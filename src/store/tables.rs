@@ -189,7 +189,7 @@ impl Tables {
             Kind::General => self
                 .others
                 .table
-                .find(hash, |o| o.key.as_bytes() == key)
+                .find(hash, |o| o.key.is(key))
                 .map(|o| o.entry.clone()),
         }
     }
@@ -201,11 +201,7 @@ impl Tables {
             Kind::Buckets => self.buckets.get(hash, probe).is_some(),
             Kind::Leaky => self.leaky.get(hash, probe).is_some(),
             Kind::Windows => self.windows.get(hash, probe).is_some(),
-            Kind::General => self
-                .others
-                .table
-                .find(hash, |o| o.key.as_bytes() == key)
-                .is_some(),
+            Kind::General => self.others.table.find(hash, |o| o.key.is(key)).is_some(),
         }
     }
 
@@ -377,10 +373,7 @@ impl Tables {
     }
 
     fn put_general(&mut self, hasher: &ahash::RandomState, hash: u64, key: &[u8], entry: Entry) {
-        let found = self
-            .others
-            .table
-            .find_mut(hash, |o| o.key.as_bytes() == key);
+        let found = self.others.table.find_mut(hash, |o| o.key.is(key));
         if let Some(o) = found {
             self.heap_bytes -= o.entry.state.heap_bytes();
             self.heap_bytes += entry.state.heap_bytes();
@@ -414,10 +407,7 @@ impl Tables {
                 .take(hash, probe)
                 .map(|(w, heap)| (w.entry(), heap)),
             Kind::General => {
-                let found = self
-                    .others
-                    .table
-                    .find_entry(hash, |o| o.key.as_bytes() == key);
+                let found = self.others.table.find_entry(hash, |o| o.key.is(key));
                 found.ok().map(|f| {
                     let (o, _) = f.remove();
                     let freed = o.heap_bytes();

@@ -71,7 +71,7 @@ impl<P> Split<P> {
             Probe::Long(k) => self
                 .long
                 .table
-                .find(hash, |c| c.key.as_bytes() == k)
+                .find(hash, |c| c.key.is(k))
                 .map(|c| &c.state),
         }
     }
@@ -87,7 +87,7 @@ impl<P> Split<P> {
             Probe::Long(k) => self
                 .long
                 .table
-                .find_mut(hash, |c| c.key.as_bytes() == k)
+                .find_mut(hash, |c| c.key.is(k))
                 .map(|c| &mut c.state),
         }
     }
@@ -141,7 +141,7 @@ impl<P> Split<P> {
                 found.ok().map(|f| (f.remove().0.state, 0))
             }
             Probe::Long(k) => {
-                let found = self.long.table.find_entry(hash, |c| c.key.as_bytes() == k);
+                let found = self.long.table.find_entry(hash, |c| c.key.is(k));
                 found.ok().map(|f| {
                     let c = f.remove().0;
                     let heap = c.key.heap_bytes();
