@@ -39,14 +39,14 @@ use crate::node::Gate;
 use crate::rules::spec::INLINE_LABEL;
 use crate::rules::{DecisionCounters, Rule, RuleSet};
 use crate::slot::Slot;
-use crate::store::Mode;
+use crate::store::{Mode, Spot};
 use bytes::BytesMut;
 use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 use smallvec::SmallVec;
 use std::time::Instant;
 use tollgate_protocol::{
-    encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, Decision, EncodeError,
-    ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response, TaggedBatch,
+    encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, CheckTag, Decision,
+    EncodeError, ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response, TaggedBatch,
 };
 
 /// What the check path counts.
@@ -123,8 +123,17 @@ pub(super) fn answer(
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     in_frame(shared, verb, gate, batch.len(), |evaluation| {
-        batch.iter().for_each(|pairs| evaluation.prefetch(pairs));
-        encode_checked(id, batch.iter().map(|pairs| evaluation.check(pairs)), dst)
+        let mut spots = Spots::new();
+        batch
+            .iter()
+            .for_each(|pairs| evaluation.prefetch(pairs, &mut spots));
+        let mut at = 0;
+        let results = batch.iter().map(|pairs| {
+            let spots = &spots[at..at + pairs.len()];
+            at += pairs.len();
+            evaluation.check(pairs, spots)
+        });
+        encode_checked(id, results, dst)
     })
 }
 
@@ -143,16 +152,31 @@ pub(super) fn answer_tagged(
 ) -> Result<(), EncodeError> {
     let verb = Verb::Check(Mode::Charge);
     in_frame(shared, verb, gate, batch.len(), |evaluation| {
+        // Checks the shedder will refuse are neither located nor fetched
+        // (whether it refuses one depends on its priority and `backlog`
+        // only, both fixed for the frame).
+        let shed = |tag: &CheckTag| shared.shedder.over(tag.priority, backlog);
+        let mut spots = Spots::new();
         batch
             .iter()
-            .for_each(|(_, pairs)| evaluation.prefetch(pairs));
+            .filter(|(tag, _)| !shed(tag))
+            .for_each(|(_, pairs)| evaluation.prefetch(pairs, &mut spots));
+        let mut at = 0;
         let results = batch.iter().map(|(tag, pairs)| {
+            let shed = shed(&tag);
+            let spots = if shed {
+                &[][..]
+            } else {
+                at += pairs.len();
+                &spots[at - pairs.len()..at]
+            };
             let fresh = || {
-                if shared.shedder.sheds(tag.priority, backlog) {
+                if shed {
+                    shared.shedder.count(tag.priority);
                     shared.metrics.errors.count(ErrorCode::Shed);
                     CheckResult::Error(ErrorCode::Shed)
                 } else {
-                    evaluation.check(pairs)
+                    evaluation.check(pairs, spots)
                 }
             };
             if tag.idempotency.is_none() {
@@ -207,6 +231,7 @@ pub(super) fn check_one(
     pairs: &[Pair],
     mode: Mode,
 ) -> CheckResult {
+    let spots: Spots = pairs.iter().map(|p| shared.store.spot(&p.key)).collect();
     Evaluation {
         shared,
         rules,
@@ -216,7 +241,7 @@ pub(super) fn check_one(
         // TOPOLOGY) and are not redirected key by key.
         gate: &Gate::All,
     }
-    .check(pairs)
+    .check(pairs, &spots)
 }
 
 /// Frees the leases of a RELEASE and appends the RELEASED answer to `dst`.
@@ -246,6 +271,11 @@ struct Evaluation<'a> {
     /// moving gets TryAgain on its own).
     gate: &'a Gate<'a>,
 }
+
+/// The spots of a frame's pairs (their slots and hashes, see
+/// `Store::spot`), in order: computed once, by the prefetch walk, and
+/// used again by the checks.
+type Spots = SmallVec<[Spot; 32]>;
 
 /// A check's pairs with their rules resolved to inline limits, and the rule
 /// of each (None: inline).
@@ -282,10 +312,14 @@ impl<'r> Decided<'r> {
 }
 
 impl Evaluation<'_> {
-    /// Starts fetching the table entries `pairs` will touch (see
-    /// `Store::prefetch`), so a frame's checks wait on memory together.
-    fn prefetch(&self, pairs: &[Pair]) {
+    /// Appends the spot of each of `pairs` to `spots` and starts fetching
+    /// the table entries they will touch (see `Store::prefetch`), so a
+    /// frame's checks wait on memory together.
+    fn prefetch(&self, pairs: &[Pair], spots: &mut Spots) {
+        let store = &self.shared.store;
         for pair in pairs {
+            let spot = store.spot(&pair.key);
+            spots.push(spot);
             let algorithm = match &pair.limit {
                 LimitRef::Inline(limit) => limit.algorithm,
                 LimitRef::Rule(name) => match self.rules.get(name.as_bytes()) {
@@ -293,11 +327,12 @@ impl Evaluation<'_> {
                     None => continue,
                 },
             };
-            self.shared.store.prefetch(&pair.key, algorithm);
+            store.prefetch(&pair.key, spot, algorithm);
         }
     }
 
-    fn check(&self, pairs: &[Pair]) -> CheckResult {
+    /// Evaluates one check; `spots` are its pairs' (from `prefetch`).
+    fn check(&self, pairs: &[Pair], spots: &[Spot]) -> CheckResult {
         if pairs.first().is_some_and(|p| self.gate.moving(&p.key)) {
             // Nobody admits a moving slot; nothing is charged.
             self.shared.metrics.errors.count(ErrorCode::TryAgain);
@@ -311,10 +346,12 @@ impl Evaluation<'_> {
             .regions()
             .filter(|_| pairs.iter().any(|p| matches!(p.limit, LimitRef::Rule(_))));
         let decided = match (self.verb, regions) {
-            (Verb::Check(Mode::Charge), Some(regions)) => self.charge_regional(regions, pairs),
-            (Verb::Refund, Some(regions)) => self.refund_regional(regions, pairs),
-            (Verb::Check(mode), _) => self.evaluate(pairs, mode),
-            (Verb::Refund, None) => self.refund(pairs),
+            (Verb::Check(Mode::Charge), Some(regions)) => {
+                self.charge_regional(regions, pairs, spots)
+            }
+            (Verb::Refund, Some(regions)) => self.refund_regional(regions, pairs, spots),
+            (Verb::Check(mode), _) => self.evaluate(pairs, spots, mode),
+            (Verb::Refund, None) => self.refund(pairs, spots),
         };
         match decided {
             Decided::Decision {
@@ -405,8 +442,13 @@ impl Evaluation<'_> {
         });
     }
 
-    fn store_check(&self, pairs: &[Pair], mode: Mode) -> Result<Decision, ErrorCode> {
-        match self.shared.store.check(pairs, self.now, mode) {
+    fn store_check(
+        &self,
+        pairs: &[Pair],
+        spots: &[Spot],
+        mode: Mode,
+    ) -> Result<Decision, ErrorCode> {
+        match self.shared.store.check_at(pairs, spots, self.now, mode) {
             CheckResult::Decision(d) => Ok(d),
             CheckResult::Error(code) => Err(code),
         }
@@ -447,12 +489,13 @@ impl Evaluation<'_> {
 
     /// A REFUND check: resolved like a CHECK, then refunded as one group
     /// (shadow rules too: their units were charged when their part passed).
-    fn refund(&self, pairs: &[Pair]) -> Decided<'_> {
+    fn refund(&self, pairs: &[Pair], spots: &[Spot]) -> Decided<'_> {
+        let store = &self.shared.store;
         let result = if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
-            self.shared.store.refund(pairs, self.now)
+            store.refund_at(pairs, spots, self.now)
         } else {
             match self.resolve(pairs) {
-                Ok((resolved, _)) => self.shared.store.refund(&resolved, self.now),
+                Ok((resolved, _)) => store.refund_at(&resolved, spots, self.now),
                 Err(code) => CheckResult::Error(code),
             }
         };
@@ -462,9 +505,9 @@ impl Evaluation<'_> {
         }
     }
 
-    fn evaluate(&self, pairs: &[Pair], mode: Mode) -> Decided<'_> {
+    fn evaluate(&self, pairs: &[Pair], spots: &[Spot], mode: Mode) -> Decided<'_> {
         if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
-            return match self.store_check(pairs, mode) {
+            return match self.store_check(pairs, spots, mode) {
                 Ok(decision) => Decided::decision(decision, None),
                 Err(code) => Decided::Error(code),
             };
@@ -477,7 +520,8 @@ impl Evaluation<'_> {
         };
         let is_shadow = |i: usize| rules[i].is_some_and(Rule::shadow);
         if !(0..pairs.len()).any(is_shadow) {
-            return match self.store_check(&resolved, mode) {
+            // Resolved pairs keep their keys and order: the same spots.
+            return match self.store_check(&resolved, spots, mode) {
                 Ok(decision) => Decided::decision(decision, rules[usize::from(decision.pair)]),
                 Err(code) => Decided::Error(code),
             };
@@ -502,8 +546,9 @@ impl Evaluation<'_> {
         }
         let (shadow_idx, enforced_idx): (SmallVec<[usize; 4]>, SmallVec<[usize; 4]>) =
             (0..pairs.len()).partition(|&i| is_shadow(i));
-        let subset = |idx: &[usize]| -> SmallVec<[Pair; 4]> {
-            idx.iter().map(|&i| resolved[i].clone()).collect()
+        let subset = |idx: &[usize]| -> (SmallVec<[Pair; 4]>, SmallVec<[Spot; 4]>) {
+            let pairs = idx.iter().map(|&i| resolved[i].clone()).collect();
+            (pairs, idx.iter().map(|&i| spots[i]).collect())
         };
         // Decisions of a part describe its pairs by their index in the part.
         let remap = |mut d: Decision, idx: &[usize]| {
@@ -515,7 +560,8 @@ impl Evaluation<'_> {
         let enforced = if enforced_idx.is_empty() {
             None
         } else {
-            match self.store_check(&subset(&enforced_idx), mode) {
+            let (pairs, spots) = subset(&enforced_idx);
+            match self.store_check(&pairs, &spots, mode) {
                 Err(code) => return Decided::Error(code),
                 Ok(d) => {
                     let (decision, rule) = remap(d, &enforced_idx);
@@ -526,7 +572,8 @@ impl Evaluation<'_> {
                 }
             }
         };
-        let shadow = match self.store_check(&subset(&shadow_idx), mode) {
+        let (pairs, spots) = subset(&shadow_idx);
+        let shadow = match self.store_check(&pairs, &spots, mode) {
             Ok(d) => remap(d, &shadow_idx),
             Err(code) => {
                 // Unreachable with validated rules and checked slots; the

@@ -49,6 +49,15 @@ pub struct Entry {
     pub expires_at: Nanos,
 }
 
+/// A key's slot and its hash under the store's hasher ([`Store::spot`]):
+/// what finding its stripe and its entry takes, computed once per key
+/// when a key is both prefetched and checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spot {
+    slot: Slot,
+    hash: u64,
+}
+
 /// One lock and the keys of the slots mapped to it.
 #[derive(Debug)]
 struct Stripe {
@@ -213,14 +222,25 @@ impl Store {
         self.hasher.hash_one(key)
     }
 
-    /// Starts fetching into the cache what a check of `key` under
-    /// `algorithm` will read, without taking any lock: called for each key
-    /// of a read before the keys are checked one by one, it lets their
-    /// cache misses overlap instead of each check waiting on its own (see
-    /// `tables/hint.rs`). Changes nothing; a stale hint costs only a wasted
-    /// fetch.
+    /// Where `key` lives in this store: its slot and its hash, computed
+    /// once by a caller that both prefetches and checks the key (a frame's
+    /// keys), and handed to [`Store::prefetch`] and [`Store::check_at`].
     #[inline]
-    pub fn prefetch(&self, key: &[u8], algorithm: Algorithm) {
+    pub fn spot(&self, key: &[u8]) -> Spot {
+        Spot {
+            slot: Slot::of(key),
+            hash: self.hash(key),
+        }
+    }
+
+    /// Starts fetching into the cache what a check of `key` (at `spot`)
+    /// under `algorithm` will read, without taking any lock: called for
+    /// each key of a read before the keys are checked one by one, it lets
+    /// their cache misses overlap instead of each check waiting on its own
+    /// (see `tables/hint.rs`). Changes nothing; a stale hint costs only a
+    /// wasted fetch.
+    #[inline]
+    pub fn prefetch(&self, key: &[u8], spot: Spot, algorithm: Algorithm) {
         let kind = match algorithm {
             Algorithm::TokenBucket => Kind::Buckets,
             Algorithm::LeakyBucket => Kind::Leaky,
@@ -228,9 +248,8 @@ impl Store {
             // The general table: rare states, no hint.
             Algorithm::SlidingLog | Algorithm::Concurrency => return,
         };
-        self.stripe(Slot::of(key))
-            .hints
-            .prefetch(kind, key, self.hash(key));
+        debug_assert_eq!(spot, self.spot(key), "a spot of another key");
+        self.stripe(spot.slot).hints.prefetch(kind, key, spot.hash);
     }
 
     /// The live state of one key, if any (for inspection and tests).
