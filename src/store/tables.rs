@@ -259,14 +259,24 @@ impl Tables {
         expired: &AtomicU64,
         evaluate: impl FnOnce(Option<&State>) -> Verdict,
     ) -> Verdict {
-        let Some(bucket) = self.buckets.get_mut(hash, Probe::of(key)) else {
+        let probe = Probe::of(key);
+        let Some(bucket) = self.buckets.get_mut(hash, probe) else {
             let verdict = evaluate(None);
-            if let (true, true, Some(state)) = (charge, verdict.decision.allowed, &verdict.state) {
-                let entry = Entry {
-                    state: state.clone(),
-                    expires_at: verdict.expires_at,
-                };
-                self.put(hasher, hash, key, entry);
+            match (charge && verdict.decision.allowed, &verdict.state) {
+                // Absent, as just looked up: inserted without a second
+                // lookup (`put` would look again).
+                (true, &Some(State::TokenBucket { tat })) => {
+                    self.upkeep.wrote(verdict.expires_at);
+                    self.heap_bytes += self.buckets.insert(hasher, hash, probe, Tat(tat));
+                }
+                (true, Some(state)) => {
+                    let entry = Entry {
+                        state: state.clone(),
+                        expires_at: verdict.expires_at,
+                    };
+                    self.put(hasher, hash, key, entry);
+                }
+                _ => {}
             }
             return verdict;
         };
