@@ -24,85 +24,36 @@
 //! once, exactly as before rules existed. Resolving a rule costs one hash
 //! lookup by name and copies nothing but reference-counted key handles.
 //! Metric handles are resolved when rules are loaded, so counting a decision
-//! is one atomic add; latency and batch size are observed once per CHECK or
-//! PEEK frame. Refunds are not checks: they count only their errors.
+//! is one atomic add; decisions of inline limits are tallied by the frame
+//! and added once per frame; latency and batch size are observed once per
+//! CHECK or PEEK frame. A frame's keys are located (slot and hash, see
+//! `Store::spot`) and prefetched before its first check, and the checks
+//! reuse those spots. Refunds are not checks: they count only their errors.
 
 use super::dedup::Answered;
 mod global;
+mod metrics;
 
 pub(super) use global::{receive_usage, UsageError};
+pub(crate) use metrics::CheckMetrics;
+use metrics::Tally;
 
 use super::Shared;
 use crate::clock::Nanos;
 use crate::events::{self, Events, Outcome};
 use crate::node::Gate;
-use crate::rules::spec::INLINE_LABEL;
 use crate::rules::{DecisionCounters, Rule, RuleSet};
 use crate::slot::Slot;
 use crate::store::{Mode, Spot};
 use bytes::BytesMut;
-use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use prometheus::IntCounter;
 use smallvec::SmallVec;
+use std::cell::Cell;
 use std::time::Instant;
 use tollgate_protocol::{
     encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, CheckTag, Decision,
     EncodeError, ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response, TaggedBatch,
 };
-
-/// What the check path counts.
-#[derive(Debug, Clone)]
-pub(crate) struct CheckMetrics {
-    /// `tollgate_checks_total{rule, decision}`; rules take their handles
-    /// from it when they are loaded.
-    pub checks: IntCounterVec,
-    /// Handles of checks decided by inline limits.
-    inline: DecisionCounters,
-    latency: Histogram,
-    batch_size: Histogram,
-}
-
-impl CheckMetrics {
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let checks = IntCounterVec::new(
-            Opts::new(
-                "tollgate_checks_total",
-                "Checks answered, by the rule of the pair that decided them \
-                 (\"inline\" for inline limits) and the decision.",
-            ),
-            &["rule", "decision"],
-        )?;
-        let latency = Histogram::with_opts(
-            HistogramOpts::new(
-                "tollgate_check_frame_duration_seconds",
-                "Time to evaluate one CHECK, CHECK2 or PEEK frame, all its checks.",
-            )
-            .buckets(exponential_buckets(1e-6, 4.0, 10)?),
-        )?;
-        let batch_size = Histogram::with_opts(
-            HistogramOpts::new(
-                "tollgate_check_batch_size",
-                "Checks in one CHECK, CHECK2 or PEEK frame.",
-            )
-            .buckets(exponential_buckets(1.0, 2.0, 11)?),
-        )?;
-        registry.register(Box::new(checks.clone()))?;
-        registry.register(Box::new(latency.clone()))?;
-        registry.register(Box::new(batch_size.clone()))?;
-        Ok(Self {
-            inline: DecisionCounters::new(&checks, INLINE_LABEL),
-            checks,
-            latency,
-            batch_size,
-        })
-    }
-}
-
-impl CheckMetrics {
-    /// The decision counts of checks decided by inline limits.
-    pub fn inline(&self) -> &DecisionCounters {
-        &self.inline
-    }
-}
 
 /// The verb of a CHECK-shaped frame: what it does with its checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -205,13 +156,16 @@ fn in_frame(
 ) -> Result<(), EncodeError> {
     let started = Instant::now();
     let rules = shared.rules.current();
-    let encoded = encode(&Evaluation {
+    let evaluation = Evaluation {
         shared,
         rules: &rules,
         now: shared.clock.now(),
         verb,
         gate,
-    });
+        inline: Tally::default(),
+    };
+    let encoded = encode(&evaluation);
+    evaluation.inline.add_to(shared.metrics.checks.inline());
     if let Verb::Check(_) = verb {
         let metrics = &shared.metrics.checks;
         metrics.batch_size.observe(checks as f64);
@@ -232,7 +186,7 @@ pub(super) fn check_one(
     mode: Mode,
 ) -> CheckResult {
     let spots: Spots = pairs.iter().map(|p| shared.store.spot(&p.key)).collect();
-    Evaluation {
+    let evaluation = Evaluation {
         shared,
         rules,
         now,
@@ -240,8 +194,11 @@ pub(super) fn check_one(
         // The front ends route by CLUSTER SLOTS (the same topology as
         // TOPOLOGY) and are not redirected key by key.
         gate: &Gate::All,
-    }
-    .check(pairs, &spots)
+        inline: Tally::default(),
+    };
+    let result = evaluation.check(pairs, &spots);
+    evaluation.inline.add_to(shared.metrics.checks.inline());
+    result
 }
 
 /// Frees the leases of a RELEASE and appends the RELEASED answer to `dst`.
@@ -270,6 +227,10 @@ struct Evaluation<'a> {
     /// Which slots this node serves (cluster mode: a check whose slot is
     /// moving gets TryAgain on its own).
     gate: &'a Gate<'a>,
+    /// The decisions of inline limits so far, added to their counters
+    /// once the frame is evaluated: one atomic add per decision would
+    /// bounce the counters' cache line between the workers on every check.
+    inline: Tally,
 }
 
 /// The spots of a frame's pairs (their slots and hashes, see
@@ -372,16 +333,22 @@ impl Evaluation<'_> {
                         self.offer(events, pair, rule, outcome, Some(decision.remaining), None);
                     }
                 }
-                let counters = rule.map_or(&self.shared.metrics.checks.inline, |r| &r.counters);
+                let count = |inline: &Cell<u64>, counter: fn(&DecisionCounters) -> &IntCounter| {
+                    match rule {
+                        Some(r) => counter(&r.counters).inc(),
+                        None => inline.set(inline.get() + 1),
+                    }
+                };
+                let tally = &self.inline;
                 if !decision.allowed {
-                    counters.denied.inc();
+                    count(&tally.denied, |c| &c.denied);
                     if let Some(pair) = pairs.get(usize::from(decision.pair)) {
                         self.shared.throttled.record(&pair.key, self.now);
                     }
                 } else if shadow_denied {
-                    counters.shadow_denied.inc();
+                    count(&tally.shadow_denied, |c| &c.shadow_denied);
                 } else {
-                    counters.allowed.inc();
+                    count(&tally.allowed, |c| &c.allowed);
                 }
                 CheckResult::Decision(decision)
             }
