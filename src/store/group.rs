@@ -81,7 +81,7 @@ impl Store {
     pub fn release(&self, key: &[u8], lease: u64, now: Nanos) -> bool {
         let hash = self.hash(key);
         let stripe = self.stripe(Slot::of(key));
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let super::Locked { tables, changes } = &mut *locked;
         let Some(entry) = tables.live(Table::Others, hash, key, now, &self.expired_on_access)
         else {
@@ -158,7 +158,7 @@ impl Store {
 
         let hashes: SmallVec<[u64; 4]> = spots.iter().map(|s| s.hash).collect();
         let stripe = self.stripe(slot);
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let super::Locked { tables, changes } = &mut *locked;
         let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
         // The entry each pair leaves behind, seen by a later pair on the same key.
@@ -258,7 +258,7 @@ impl Store {
     ) -> tollgate_protocol::Decision {
         let Spot { slot, hash } = spot;
         let stripe = self.stripe(slot);
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let super::Locked { tables, changes } = &mut *locked;
         let charge = mode == Mode::Charge;
         let verdict = tables.bucket_in_place(

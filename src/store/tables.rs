@@ -153,6 +153,8 @@ pub struct Tables {
     /// Heap bytes owned by entries: long keys, logs, lease lists.
     heap_bytes: usize,
     upkeep: Upkeep,
+    /// Some compact table moved since the hints were last published.
+    hints_stale: bool,
 }
 
 fn bucket_entry(tat: Tat) -> Entry {
@@ -170,14 +172,24 @@ fn leaky_entry(tat: Tat) -> Entry {
 }
 
 impl Tables {
-    /// Where the compact tables are, for prefetching without the lock
-    /// (kept up to date by the tables as they grow).
-    pub fn hints(&self) -> Hints {
-        Hints {
-            buckets: self.buckets.hints(),
-            leaky: self.leaky.hints(),
-            windows: self.windows.hints(),
+    /// Publishes where the compact tables are to `hints` (the stripe's,
+    /// read without the lock to prefetch), for those that moved since the
+    /// last publish; called by the stripe's lock guard as it unlocks.
+    #[inline]
+    pub fn publish_hints(&mut self, hints: &Hints) {
+        if !self.hints_stale {
+            return;
         }
+        self.buckets.publish(&hints.buckets);
+        self.leaky.publish(&hints.leaky);
+        self.windows.publish(&hints.windows);
+        self.hints_stale = false;
+    }
+
+    /// Notes that a compact table may have moved (after an insert or a
+    /// compaction), for [`Tables::publish_hints`].
+    fn note_moves(&mut self) {
+        self.hints_stale |= self.buckets.stale() || self.leaky.stale() || self.windows.stale();
     }
 
     /// The entry of `key` in the tables of `kind`, live or not.
@@ -268,6 +280,7 @@ impl Tables {
                 (true, &Some(State::TokenBucket { tat })) => {
                     self.upkeep.wrote(verdict.expires_at);
                     self.heap_bytes += self.buckets.insert(hasher, hash, probe, Tat(tat));
+                    self.note_moves();
                 }
                 (true, Some(state)) => {
                     let entry = Entry {
@@ -372,6 +385,7 @@ impl Tables {
             }
         };
         self.heap_bytes += added;
+        self.note_moves();
     }
 
     /// Removes `key`'s other state from every place but `kind` (only a key

@@ -55,9 +55,16 @@ impl<P> Default for Split<P> {
 }
 
 impl<P> Split<P> {
-    /// The short and the long table's hints (see `hint`).
-    pub(super) fn hints(&self) -> [std::sync::Arc<super::hint::Hint>; 2] {
-        [self.short.hint(), self.long.hint()]
+    /// Whether either table moved since its place was last published.
+    pub(super) fn stale(&self) -> bool {
+        self.short.stale() || self.long.stale()
+    }
+
+    /// Publishes the short and the long table's places to `hints` (see
+    /// `hint`), those that changed.
+    pub(super) fn publish(&mut self, hints: &[super::hint::Hint; 2]) {
+        self.short.publish(&hints[0]);
+        self.long.publish(&hints[1]);
     }
 
     #[inline]
