@@ -186,6 +186,22 @@ impl Tables {
         self.hints_stale = false;
     }
 
+    /// Checks `hints` against the compact tables (`Hint::assert_names`);
+    /// returns how many entries were checked.
+    #[cfg(all(test, not(tollgate_loom)))]
+    pub fn assert_hints(&self, hints: &Hints, hasher: &ahash::RandomState) -> usize {
+        let h = |key: &[u8]| hasher.hash_one(key);
+        let mut checked = 0;
+        for (split, pair) in [(&self.buckets, &hints.buckets), (&self.leaky, &hints.leaky)] {
+            checked += pair[0].assert_names(&split.short.table, |c| h(c.key.as_bytes()));
+            checked += pair[1].assert_names(&split.long.table, |c| h(c.key.as_bytes()));
+        }
+        let windows = &self.windows;
+        checked += hints.windows[0].assert_names(&windows.short.table, |c| h(c.key.as_bytes()));
+        checked += hints.windows[1].assert_names(&windows.long.table, |c| h(c.key.as_bytes()));
+        checked
+    }
+
     /// Notes that a compact table may have moved (after an insert or a
     /// compaction), for [`Tables::publish_hints`].
     fn note_moves(&mut self) {
