@@ -24,85 +24,36 @@
 //! once, exactly as before rules existed. Resolving a rule costs one hash
 //! lookup by name and copies nothing but reference-counted key handles.
 //! Metric handles are resolved when rules are loaded, so counting a decision
-//! is one atomic add; latency and batch size are observed once per CHECK or
-//! PEEK frame. Refunds are not checks: they count only their errors.
+//! is one atomic add; decisions of inline limits are tallied by the frame
+//! and added once per frame; latency and batch size are observed once per
+//! CHECK or PEEK frame. A frame's keys are located (slot and hash, see
+//! `Store::spot`) and prefetched before its first check, and the checks
+//! reuse those spots. Refunds are not checks: they count only their errors.
 
 use super::dedup::Answered;
 mod global;
+mod metrics;
 
 pub(super) use global::{receive_usage, UsageError};
+pub(crate) use metrics::CheckMetrics;
+use metrics::Tally;
 
 use super::Shared;
 use crate::clock::Nanos;
 use crate::events::{self, Events, Outcome};
 use crate::node::Gate;
-use crate::rules::spec::INLINE_LABEL;
 use crate::rules::{DecisionCounters, Rule, RuleSet};
 use crate::slot::Slot;
-use crate::store::Mode;
+use crate::store::{Mode, Spot};
 use bytes::BytesMut;
-use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use prometheus::IntCounter;
 use smallvec::SmallVec;
+use std::cell::Cell;
 use std::time::Instant;
 use tollgate_protocol::{
-    encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, Decision, EncodeError,
-    ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response, TaggedBatch,
+    encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, CheckTag, Decision,
+    EncodeError, ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response, TaggedBatch,
 };
-
-/// What the check path counts.
-#[derive(Debug, Clone)]
-pub(crate) struct CheckMetrics {
-    /// `tollgate_checks_total{rule, decision}`; rules take their handles
-    /// from it when they are loaded.
-    pub checks: IntCounterVec,
-    /// Handles of checks decided by inline limits.
-    inline: DecisionCounters,
-    latency: Histogram,
-    batch_size: Histogram,
-}
-
-impl CheckMetrics {
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let checks = IntCounterVec::new(
-            Opts::new(
-                "tollgate_checks_total",
-                "Checks answered, by the rule of the pair that decided them \
-                 (\"inline\" for inline limits) and the decision.",
-            ),
-            &["rule", "decision"],
-        )?;
-        let latency = Histogram::with_opts(
-            HistogramOpts::new(
-                "tollgate_check_frame_duration_seconds",
-                "Time to evaluate one CHECK, CHECK2 or PEEK frame, all its checks.",
-            )
-            .buckets(exponential_buckets(1e-6, 4.0, 10)?),
-        )?;
-        let batch_size = Histogram::with_opts(
-            HistogramOpts::new(
-                "tollgate_check_batch_size",
-                "Checks in one CHECK, CHECK2 or PEEK frame.",
-            )
-            .buckets(exponential_buckets(1.0, 2.0, 11)?),
-        )?;
-        registry.register(Box::new(checks.clone()))?;
-        registry.register(Box::new(latency.clone()))?;
-        registry.register(Box::new(batch_size.clone()))?;
-        Ok(Self {
-            inline: DecisionCounters::new(&checks, INLINE_LABEL),
-            checks,
-            latency,
-            batch_size,
-        })
-    }
-}
-
-impl CheckMetrics {
-    /// The decision counts of checks decided by inline limits.
-    pub fn inline(&self) -> &DecisionCounters {
-        &self.inline
-    }
-}
 
 /// The verb of a CHECK-shaped frame: what it does with its checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,8 +74,17 @@ pub(super) fn answer(
     dst: &mut BytesMut,
 ) -> Result<(), EncodeError> {
     in_frame(shared, verb, gate, batch.len(), |evaluation| {
-        batch.iter().for_each(|pairs| evaluation.prefetch(pairs));
-        encode_checked(id, batch.iter().map(|pairs| evaluation.check(pairs)), dst)
+        let mut spots = Spots::new();
+        batch
+            .iter()
+            .for_each(|pairs| evaluation.prefetch(pairs, &mut spots));
+        let mut at = 0;
+        let results = batch.iter().map(|pairs| {
+            let spots = &spots[at..at + pairs.len()];
+            at += pairs.len();
+            evaluation.check(pairs, spots)
+        });
+        encode_checked(id, results, dst)
     })
 }
 
@@ -143,16 +103,31 @@ pub(super) fn answer_tagged(
 ) -> Result<(), EncodeError> {
     let verb = Verb::Check(Mode::Charge);
     in_frame(shared, verb, gate, batch.len(), |evaluation| {
+        // Checks the shedder will refuse are neither located nor fetched
+        // (whether it refuses one depends on its priority and `backlog`
+        // only, both fixed for the frame).
+        let shed = |tag: &CheckTag| shared.shedder.over(tag.priority, backlog);
+        let mut spots = Spots::new();
         batch
             .iter()
-            .for_each(|(_, pairs)| evaluation.prefetch(pairs));
+            .filter(|(tag, _)| !shed(tag))
+            .for_each(|(_, pairs)| evaluation.prefetch(pairs, &mut spots));
+        let mut at = 0;
         let results = batch.iter().map(|(tag, pairs)| {
+            let shed = shed(&tag);
+            let spots = if shed {
+                &[][..]
+            } else {
+                at += pairs.len();
+                &spots[at - pairs.len()..at]
+            };
             let fresh = || {
-                if shared.shedder.sheds(tag.priority, backlog) {
+                if shed {
+                    shared.shedder.count(tag.priority);
                     shared.metrics.errors.count(ErrorCode::Shed);
                     CheckResult::Error(ErrorCode::Shed)
                 } else {
-                    evaluation.check(pairs)
+                    evaluation.check(pairs, spots)
                 }
             };
             if tag.idempotency.is_none() {
@@ -181,13 +156,16 @@ fn in_frame(
 ) -> Result<(), EncodeError> {
     let started = Instant::now();
     let rules = shared.rules.current();
-    let encoded = encode(&Evaluation {
+    let evaluation = Evaluation {
         shared,
         rules: &rules,
         now: shared.clock.now(),
         verb,
         gate,
-    });
+        inline: Tally::default(),
+    };
+    let encoded = encode(&evaluation);
+    evaluation.inline.add_to(shared.metrics.checks.inline());
     if let Verb::Check(_) = verb {
         let metrics = &shared.metrics.checks;
         metrics.batch_size.observe(checks as f64);
@@ -207,7 +185,8 @@ pub(super) fn check_one(
     pairs: &[Pair],
     mode: Mode,
 ) -> CheckResult {
-    Evaluation {
+    let spots: Spots = pairs.iter().map(|p| shared.store.spot(&p.key)).collect();
+    let evaluation = Evaluation {
         shared,
         rules,
         now,
@@ -215,8 +194,11 @@ pub(super) fn check_one(
         // The front ends route by CLUSTER SLOTS (the same topology as
         // TOPOLOGY) and are not redirected key by key.
         gate: &Gate::All,
-    }
-    .check(pairs)
+        inline: Tally::default(),
+    };
+    let result = evaluation.check(pairs, &spots);
+    evaluation.inline.add_to(shared.metrics.checks.inline());
+    result
 }
 
 /// Frees the leases of a RELEASE and appends the RELEASED answer to `dst`.
@@ -245,7 +227,16 @@ struct Evaluation<'a> {
     /// Which slots this node serves (cluster mode: a check whose slot is
     /// moving gets TryAgain on its own).
     gate: &'a Gate<'a>,
+    /// The decisions of inline limits so far, added to their counters
+    /// once the frame is evaluated: one atomic add per decision would
+    /// bounce the counters' cache line between the workers on every check.
+    inline: Tally,
 }
+
+/// The spots of a frame's pairs (their slots and hashes, see
+/// `Store::spot`), in order: computed once, by the prefetch walk, and
+/// used again by the checks.
+type Spots = SmallVec<[Spot; 32]>;
 
 /// A check's pairs with their rules resolved to inline limits, and the rule
 /// of each (None: inline).
@@ -282,10 +273,14 @@ impl<'r> Decided<'r> {
 }
 
 impl Evaluation<'_> {
-    /// Starts fetching the table entries `pairs` will touch (see
-    /// `Store::prefetch`), so a frame's checks wait on memory together.
-    fn prefetch(&self, pairs: &[Pair]) {
+    /// Appends the spot of each of `pairs` to `spots` and starts fetching
+    /// the table entries they will touch (see `Store::prefetch`), so a
+    /// frame's checks wait on memory together.
+    fn prefetch(&self, pairs: &[Pair], spots: &mut Spots) {
+        let store = &self.shared.store;
         for pair in pairs {
+            let spot = store.spot(&pair.key);
+            spots.push(spot);
             let algorithm = match &pair.limit {
                 LimitRef::Inline(limit) => limit.algorithm,
                 LimitRef::Rule(name) => match self.rules.get(name.as_bytes()) {
@@ -293,11 +288,12 @@ impl Evaluation<'_> {
                     None => continue,
                 },
             };
-            self.shared.store.prefetch(&pair.key, algorithm);
+            store.prefetch(&pair.key, spot, algorithm);
         }
     }
 
-    fn check(&self, pairs: &[Pair]) -> CheckResult {
+    /// Evaluates one check; `spots` are its pairs' (from `prefetch`).
+    fn check(&self, pairs: &[Pair], spots: &[Spot]) -> CheckResult {
         if pairs.first().is_some_and(|p| self.gate.moving(&p.key)) {
             // Nobody admits a moving slot; nothing is charged.
             self.shared.metrics.errors.count(ErrorCode::TryAgain);
@@ -311,10 +307,12 @@ impl Evaluation<'_> {
             .regions()
             .filter(|_| pairs.iter().any(|p| matches!(p.limit, LimitRef::Rule(_))));
         let decided = match (self.verb, regions) {
-            (Verb::Check(Mode::Charge), Some(regions)) => self.charge_regional(regions, pairs),
-            (Verb::Refund, Some(regions)) => self.refund_regional(regions, pairs),
-            (Verb::Check(mode), _) => self.evaluate(pairs, mode),
-            (Verb::Refund, None) => self.refund(pairs),
+            (Verb::Check(Mode::Charge), Some(regions)) => {
+                self.charge_regional(regions, pairs, spots)
+            }
+            (Verb::Refund, Some(regions)) => self.refund_regional(regions, pairs, spots),
+            (Verb::Check(mode), _) => self.evaluate(pairs, spots, mode),
+            (Verb::Refund, None) => self.refund(pairs, spots),
         };
         match decided {
             Decided::Decision {
@@ -335,16 +333,22 @@ impl Evaluation<'_> {
                         self.offer(events, pair, rule, outcome, Some(decision.remaining), None);
                     }
                 }
-                let counters = rule.map_or(&self.shared.metrics.checks.inline, |r| &r.counters);
+                let count = |inline: &Cell<u64>, counter: fn(&DecisionCounters) -> &IntCounter| {
+                    match rule {
+                        Some(r) => counter(&r.counters).inc(),
+                        None => inline.set(inline.get() + 1),
+                    }
+                };
+                let tally = &self.inline;
                 if !decision.allowed {
-                    counters.denied.inc();
+                    count(&tally.denied, |c| &c.denied);
                     if let Some(pair) = pairs.get(usize::from(decision.pair)) {
                         self.shared.throttled.record(&pair.key, self.now);
                     }
                 } else if shadow_denied {
-                    counters.shadow_denied.inc();
+                    count(&tally.shadow_denied, |c| &c.shadow_denied);
                 } else {
-                    counters.allowed.inc();
+                    count(&tally.allowed, |c| &c.allowed);
                 }
                 CheckResult::Decision(decision)
             }
@@ -405,8 +409,13 @@ impl Evaluation<'_> {
         });
     }
 
-    fn store_check(&self, pairs: &[Pair], mode: Mode) -> Result<Decision, ErrorCode> {
-        match self.shared.store.check(pairs, self.now, mode) {
+    fn store_check(
+        &self,
+        pairs: &[Pair],
+        spots: &[Spot],
+        mode: Mode,
+    ) -> Result<Decision, ErrorCode> {
+        match self.shared.store.check_at(pairs, spots, self.now, mode) {
             CheckResult::Decision(d) => Ok(d),
             CheckResult::Error(code) => Err(code),
         }
@@ -447,12 +456,13 @@ impl Evaluation<'_> {
 
     /// A REFUND check: resolved like a CHECK, then refunded as one group
     /// (shadow rules too: their units were charged when their part passed).
-    fn refund(&self, pairs: &[Pair]) -> Decided<'_> {
+    fn refund(&self, pairs: &[Pair], spots: &[Spot]) -> Decided<'_> {
+        let store = &self.shared.store;
         let result = if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
-            self.shared.store.refund(pairs, self.now)
+            store.refund_at(pairs, spots, self.now)
         } else {
             match self.resolve(pairs) {
-                Ok((resolved, _)) => self.shared.store.refund(&resolved, self.now),
+                Ok((resolved, _)) => store.refund_at(&resolved, spots, self.now),
                 Err(code) => CheckResult::Error(code),
             }
         };
@@ -462,9 +472,9 @@ impl Evaluation<'_> {
         }
     }
 
-    fn evaluate(&self, pairs: &[Pair], mode: Mode) -> Decided<'_> {
+    fn evaluate(&self, pairs: &[Pair], spots: &[Spot], mode: Mode) -> Decided<'_> {
         if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
-            return match self.store_check(pairs, mode) {
+            return match self.store_check(pairs, spots, mode) {
                 Ok(decision) => Decided::decision(decision, None),
                 Err(code) => Decided::Error(code),
             };
@@ -477,7 +487,8 @@ impl Evaluation<'_> {
         };
         let is_shadow = |i: usize| rules[i].is_some_and(Rule::shadow);
         if !(0..pairs.len()).any(is_shadow) {
-            return match self.store_check(&resolved, mode) {
+            // Resolved pairs keep their keys and order: the same spots.
+            return match self.store_check(&resolved, spots, mode) {
                 Ok(decision) => Decided::decision(decision, rules[usize::from(decision.pair)]),
                 Err(code) => Decided::Error(code),
             };
@@ -502,8 +513,9 @@ impl Evaluation<'_> {
         }
         let (shadow_idx, enforced_idx): (SmallVec<[usize; 4]>, SmallVec<[usize; 4]>) =
             (0..pairs.len()).partition(|&i| is_shadow(i));
-        let subset = |idx: &[usize]| -> SmallVec<[Pair; 4]> {
-            idx.iter().map(|&i| resolved[i].clone()).collect()
+        let subset = |idx: &[usize]| -> (SmallVec<[Pair; 4]>, SmallVec<[Spot; 4]>) {
+            let pairs = idx.iter().map(|&i| resolved[i].clone()).collect();
+            (pairs, idx.iter().map(|&i| spots[i]).collect())
         };
         // Decisions of a part describe its pairs by their index in the part.
         let remap = |mut d: Decision, idx: &[usize]| {
@@ -515,7 +527,8 @@ impl Evaluation<'_> {
         let enforced = if enforced_idx.is_empty() {
             None
         } else {
-            match self.store_check(&subset(&enforced_idx), mode) {
+            let (pairs, spots) = subset(&enforced_idx);
+            match self.store_check(&pairs, &spots, mode) {
                 Err(code) => return Decided::Error(code),
                 Ok(d) => {
                     let (decision, rule) = remap(d, &enforced_idx);
@@ -526,7 +539,8 @@ impl Evaluation<'_> {
                 }
             }
         };
-        let shadow = match self.store_check(&subset(&shadow_idx), mode) {
+        let (pairs, spots) = subset(&shadow_idx);
+        let shadow = match self.store_check(&pairs, &spots, mode) {
             Ok(d) => remap(d, &shadow_idx),
             Err(code) => {
                 // Unreachable with validated rules and checked slots; the

@@ -41,18 +41,21 @@ impl Shedder {
         Ok(Self { low, normal, shed })
     }
 
-    /// Whether a check of `priority` is shed at `backlog` bytes; counts it
-    /// when it is.
-    pub fn sheds(&self, priority: Priority, backlog: usize) -> bool {
-        let over = match priority {
+    /// Whether a check of `priority` is shed at `backlog` bytes (not
+    /// counted: a frame asks before its checks, to skip fetching the keys
+    /// of those it will shed, and again for each; [`Shedder::count`]
+    /// counts one shed).
+    pub fn over(&self, priority: Priority, backlog: usize) -> bool {
+        match priority {
             Priority::Low => backlog > self.low,
             Priority::Normal => backlog > self.normal,
             Priority::High => false,
-        };
-        if over {
-            self.shed[priority as usize].inc();
         }
-        over
+    }
+
+    /// Counts one check of `priority` shed.
+    pub fn count(&self, priority: Priority) {
+        self.shed[priority as usize].inc();
     }
 }
 
@@ -63,7 +66,13 @@ mod tests {
     #[test]
     fn low_goes_first_and_high_never() {
         let s = Shedder::new(100, 1000, &Registry::new()).expect("metrics");
-        let shed = |p, backlog| s.sheds(p, backlog);
+        let shed = |p, backlog| {
+            let over = s.over(p, backlog);
+            if over {
+                s.count(p);
+            }
+            over
+        };
         assert!(!shed(Priority::Low, 100));
         assert!(shed(Priority::Low, 101));
         assert!(!shed(Priority::Normal, 101));

@@ -192,7 +192,7 @@ impl Store {
         // Relaxed: published to checks by the stripe locks taken below.
         self.capture.store(true, Ordering::Relaxed);
         for stripe in self.stripes.iter() {
-            let mut locked = stripe.tables.lock();
+            let mut locked = stripe.lock();
             locked.changes.keys = Vec::new();
             locked.changes.resync = Some(Resync::Full);
             stripe.pending.store(true, Ordering::Release);
@@ -203,7 +203,7 @@ impl Store {
     pub fn stop_capture(&self) {
         self.capture.store(false, Ordering::Relaxed);
         for stripe in self.stripes.iter() {
-            let mut locked = stripe.tables.lock();
+            let mut locked = stripe.lock();
             locked.changes.keys = Vec::new();
             locked.changes.resync = None;
             stripe.pending.store(false, Ordering::Relaxed);
@@ -216,7 +216,7 @@ impl Store {
         let buffered = self
             .stripes
             .iter()
-            .map(|s| s.tables.lock().changes.keys.len())
+            .map(|s| s.lock().changes.keys.len())
             .sum();
         // Relaxed: statistics.
         CaptureStats {
@@ -248,7 +248,7 @@ impl Store {
             return Drained::Nothing;
         }
         let mut keys = {
-            let mut locked = stripe.tables.lock();
+            let mut locked = stripe.lock();
             if let Some(cause) = locked.changes.resync.take() {
                 let whole = live_entries(&locked.tables, now);
                 drop(locked);
@@ -266,7 +266,7 @@ impl Store {
         keys.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
         keys.dedup_by(|a, b| a.as_bytes() == b.as_bytes());
         let hashes: Vec<u64> = keys.iter().map(|k| self.hash(k.as_bytes())).collect();
-        let locked = stripe.tables.lock();
+        let locked = stripe.lock();
         let states = keys
             .into_iter()
             .zip(hashes)
@@ -286,7 +286,7 @@ impl Store {
     /// Applies a replicated key (standby side).
     pub fn apply(&self, write: &KeyWrite) {
         let hash = self.hash(&write.key);
-        let mut locked = self.stripe(Slot::of(&write.key)).tables.lock();
+        let mut locked = self.stripe(Slot::of(&write.key)).lock();
         apply_to(&mut locked.tables, &self.hasher, hash, write);
     }
 
@@ -312,7 +312,7 @@ impl Store {
             by_stripe[stripe / step].push(write);
         }
         for (k, index) in (slot_rem % step..n).step_by(step).enumerate() {
-            let mut locked = self.stripes[index].tables.lock();
+            let mut locked = self.stripes[index].lock();
             locked.tables.retain_keys(|key| !in_set(key));
             for write in &by_stripe[k] {
                 let hash = self.hash(&write.key);

@@ -15,7 +15,7 @@
 //! at most one lease, which the group's decision carries.
 
 use super::tables::{Place, Table, Tables};
-use super::{Entry, Store, StoredKey};
+use super::{Entry, Spot, Store, StoredKey};
 use crate::algorithm::{release_lease, Decision, Policy};
 use crate::clock::Nanos;
 use crate::slot::Slot;
@@ -43,7 +43,20 @@ enum Op {
 impl Store {
     /// Evaluates one check (an atomic group when it has several pairs).
     pub fn check(&self, pairs: &[Pair], now: Nanos, mode: Mode) -> CheckResult {
-        self.run_group(pairs, now, Op::Check(mode))
+        let spots = self.spots(pairs);
+        self.run_group(pairs, &spots, now, Op::Check(mode))
+    }
+
+    /// [`Store::check`] of pairs whose spots the caller already has
+    /// (`spots[i]` is `pairs[i]`'s, from [`Store::spot`]): the slot and the
+    /// hash of each key are not computed again.
+    pub fn check_at(&self, pairs: &[Pair], spots: &[Spot], now: Nanos, mode: Mode) -> CheckResult {
+        self.run_group(pairs, spots, now, Op::Check(mode))
+    }
+
+    /// The spot of every pair's key.
+    fn spots(&self, pairs: &[Pair]) -> SmallVec<[Spot; 4]> {
+        pairs.iter().map(|p| self.spot(&p.key)).collect()
     }
 
     /// Gives each pair's `cost` back to its key, atomically for the group,
@@ -52,7 +65,14 @@ impl Store {
     /// left alone (answered as full). A concurrency pair is refused with
     /// InvalidLimit: leases are given back with [`Store::release`].
     pub fn refund(&self, pairs: &[Pair], now: Nanos) -> CheckResult {
-        self.run_group(pairs, now, Op::Refund)
+        let spots = self.spots(pairs);
+        self.run_group(pairs, &spots, now, Op::Refund)
+    }
+
+    /// [`Store::refund`] of pairs whose spots the caller already has (as
+    /// for [`Store::check_at`]).
+    pub fn refund_at(&self, pairs: &[Pair], spots: &[Spot], now: Nanos) -> CheckResult {
+        self.run_group(pairs, spots, now, Op::Refund)
     }
 
     /// Frees concurrency lease `lease` of `key`. Returns whether it was live
@@ -61,7 +81,7 @@ impl Store {
     pub fn release(&self, key: &[u8], lease: u64, now: Nanos) -> bool {
         let hash = self.hash(key);
         let stripe = self.stripe(Slot::of(key));
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let super::Locked { tables, changes } = &mut *locked;
         let Some(entry) = tables.live(Table::Others, hash, key, now, &self.expired_on_access)
         else {
@@ -79,8 +99,16 @@ impl Store {
         true
     }
 
-    fn run_group(&self, pairs: &[Pair], now: Nanos, op: Op) -> CheckResult {
-        match self.evaluate_group(pairs, now, op) {
+    fn run_group(&self, pairs: &[Pair], spots: &[Spot], now: Nanos, op: Op) -> CheckResult {
+        assert_eq!(pairs.len(), spots.len(), "one spot per pair");
+        debug_assert!(
+            pairs
+                .iter()
+                .zip(spots)
+                .all(|(p, &s)| s == self.spot(&p.key)),
+            "spots of other keys"
+        );
+        match self.evaluate_group(pairs, spots, now, op) {
             Ok(decision) => CheckResult::Decision(decision),
             Err(code) => CheckResult::Error(code),
         }
@@ -89,15 +117,16 @@ impl Store {
     fn evaluate_group(
         &self,
         pairs: &[Pair],
+        spots: &[Spot],
         now: Nanos,
         op: Op,
     ) -> Result<tollgate_protocol::Decision, ErrorCode> {
-        let first = pairs.first().ok_or(ErrorCode::Malformed)?;
+        let first = spots.first().ok_or(ErrorCode::Malformed)?;
         if pairs.len() > usize::from(u8::MAX) {
             return Err(ErrorCode::BatchTooLarge);
         }
-        let slot = Slot::of(&first.key);
-        if pairs[1..].iter().any(|p| Slot::of(&p.key) != slot) {
+        let slot = first.slot;
+        if spots[1..].iter().any(|s| s.slot != slot) {
             return Err(ErrorCode::CrossSlot);
         }
         let policies: SmallVec<[Policy; 4]> = match pairs {
@@ -108,7 +137,7 @@ impl Store {
                 let policy = self.policy_of(pair)?;
                 if let (Policy::TokenBucket(_), Op::Check(mode)) = (&policy, op) {
                     if self.stripe_budget == usize::MAX {
-                        return Ok(self.check_one_bucket(pair, &policy, slot, now, mode));
+                        return Ok(self.check_one_bucket(pair, &policy, *first, now, mode));
                     }
                 }
                 smallvec::smallvec![policy]
@@ -127,9 +156,9 @@ impl Store {
             return Err(ErrorCode::InvalidLimit);
         }
 
-        let hashes: SmallVec<[u64; 4]> = pairs.iter().map(|p| self.hash(&p.key)).collect();
+        let hashes: SmallVec<[u64; 4]> = spots.iter().map(|s| s.hash).collect();
         let stripe = self.stripe(slot);
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let super::Locked { tables, changes } = &mut *locked;
         let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
         // The entry each pair leaves behind, seen by a later pair on the same key.
@@ -223,13 +252,13 @@ impl Store {
         &self,
         pair: &Pair,
         policy: &Policy,
-        slot: Slot,
+        spot: Spot,
         now: Nanos,
         mode: Mode,
     ) -> tollgate_protocol::Decision {
-        let hash = self.hash(&pair.key);
+        let Spot { slot, hash } = spot;
         let stripe = self.stripe(slot);
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let super::Locked { tables, changes } = &mut *locked;
         let charge = mode == Mode::Charge;
         let verdict = tables.bucket_in_place(

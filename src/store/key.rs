@@ -44,6 +44,33 @@ impl StoredKey {
         }
     }
 
+    /// Whether this is `key` (as `as_bytes() == key`). An inline key of
+    /// 16 bytes or more (the long keys a compact table compares most) is
+    /// compared as two overlapping fixed-width words, not by a call to
+    /// `memcmp`.
+    #[inline]
+    pub fn is(&self, key: &[u8]) -> bool {
+        match self {
+            StoredKey::Inline { len, bytes } => {
+                let n = usize::from(*len);
+                if n != key.len() {
+                    return false;
+                }
+                if n < 16 {
+                    return bytes[..n] == *key;
+                }
+                let head = |b: &[u8]| <[u8; 16]>::try_from(&b[..16]).ok().map(u128::from_ne_bytes);
+                let tail = |b: &[u8]| {
+                    <[u8; 8]>::try_from(&b[n - 8..n])
+                        .ok()
+                        .map(u64::from_ne_bytes)
+                };
+                head(bytes) == head(key) && tail(bytes) == tail(key)
+            }
+            StoredKey::Heap(b) => **b == *key,
+        }
+    }
+
     /// Heap bytes owned beyond the entry itself (for memory accounting).
     pub fn heap_bytes(&self) -> usize {
         match self {
@@ -133,6 +160,28 @@ mod tests {
         let inner = [b'a', 0, 0, b'b'];
         assert_eq!(ShortKey::new(&inner).unwrap().as_bytes(), &inner[..]);
         assert_ne!(ShortKey::new(b"ab"), ShortKey::new(b"abc"));
+    }
+
+    /// `is` answers as comparing the bytes would, at every length around
+    /// the inline sizes and with a difference at every place.
+    #[test]
+    fn is_compares_every_byte() {
+        for len in 0..=INLINE + 3 {
+            let key: Vec<u8> = (0..len).map(|i| i as u8 + 1).collect();
+            let stored = StoredKey::new(&key);
+            assert!(stored.is(&key), "{len}");
+            for i in 0..len {
+                let mut other = key.clone();
+                other[i] ^= 0x40;
+                assert!(!stored.is(&other), "{len} at {i}");
+            }
+            for other in [
+                &key[..len.saturating_sub(1)],
+                &[&key[..], &[0]].concat()[..],
+            ] {
+                assert_eq!(stored.is(other), other == &key[..], "{len} vs {other:?}");
+            }
+        }
     }
 
     #[test]

@@ -27,7 +27,7 @@ impl Store {
         now: Nanos,
         wanted: impl Fn(Slot) -> bool,
     ) -> Vec<(StoredKey, Entry)> {
-        let locked = self.stripes[index & self.mask].tables.lock();
+        let locked = self.stripes[index & self.mask].lock();
         let mut out = Vec::new();
         locked.tables.for_each(|key, entry| {
             if entry.expires_at > now && wanted(Slot::of(key)) {
@@ -43,7 +43,7 @@ impl Store {
     pub fn forget_slots(&self, wanted: impl Fn(Slot) -> bool) -> usize {
         let mut forgotten = 0;
         for stripe in self.stripes.iter() {
-            let mut locked = stripe.tables.lock();
+            let mut locked = stripe.lock();
             let Locked { tables, changes } = &mut *locked;
             let mut keys: Vec<StoredKey> = Vec::new();
             tables.for_each(|key, _| {
@@ -69,7 +69,7 @@ impl Store {
     pub fn merge(&self, write: &KeyWrite, now: Nanos) -> bool {
         let hash = self.hash(&write.key);
         let stripe = self.stripe(Slot::of(&write.key));
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let Locked { tables, changes } = &mut *locked;
         let cap = usize::try_from(self.max_log_entries).unwrap_or(usize::MAX);
         let mut changed = false;

@@ -29,7 +29,7 @@ mod update;
 use crate::algorithm::State;
 use crate::clock::Nanos;
 use crate::slot::Slot;
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Ordering};
 
 use tollgate_protocol::Algorithm;
 
@@ -49,16 +49,66 @@ pub struct Entry {
     pub expires_at: Nanos,
 }
 
+/// A key's slot and its hash under the store's hasher ([`Store::spot`]):
+/// what finding its stripe and its entry takes, computed once per key
+/// when a key is both prefetched and checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spot {
+    slot: Slot,
+    hash: u64,
+}
+
 /// One lock and the keys of the slots mapped to it.
 #[derive(Debug)]
 struct Stripe {
-    tables: Mutex<Locked>,
+    /// Taken through [`Stripe::lock`] only.
+    mutex: Mutex<Locked>,
     /// Set under the lock when `changes` has something for the replication
     /// sender; cleared by the sender before it locks (see `changes`).
     pending: AtomicBool,
     /// Where the compact tables are, read without the lock to prefetch
-    /// ([`Store::prefetch`]).
+    /// ([`Store::prefetch`]); held here rather than behind a pointer, and
+    /// published by [`Guard`] when a table moved.
     hints: Hints,
+}
+
+impl Stripe {
+    /// Locks the stripe's tables.
+    fn lock(&self) -> Guard<'_> {
+        Guard {
+            locked: self.mutex.lock(),
+            hints: &self.hints,
+        }
+    }
+}
+
+/// A stripe's lock, held: derefs to what it guards and, as it unlocks,
+/// publishes where the compact tables are when one of them moved
+/// meanwhile (`tables/hint.rs`), so no path that writes can leave the
+/// hints behind.
+struct Guard<'s> {
+    locked: MutexGuard<'s, Locked>,
+    hints: &'s Hints,
+}
+
+impl std::ops::Deref for Guard<'_> {
+    type Target = Locked;
+
+    fn deref(&self) -> &Locked {
+        &self.locked
+    }
+}
+
+impl std::ops::DerefMut for Guard<'_> {
+    fn deref_mut(&mut self) -> &mut Locked {
+        &mut self.locked
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        self.locked.tables.publish_hints(self.hints);
+    }
 }
 
 /// What a stripe's lock guards: the tables, and the keys changed since the
@@ -163,13 +213,10 @@ impl Store {
             .clamp(1, usize::from(crate::slot::SLOT_COUNT))
             .next_power_of_two();
         let stripes = (0..n)
-            .map(|_| {
-                let locked = Locked::default();
-                Stripe {
-                    hints: locked.tables.hints(),
-                    tables: Mutex::new(locked),
-                    pending: AtomicBool::new(false),
-                }
+            .map(|_| Stripe {
+                mutex: Mutex::new(Locked::default()),
+                pending: AtomicBool::new(false),
+                hints: Hints::default(),
             })
             .collect();
         Self {
@@ -213,14 +260,25 @@ impl Store {
         self.hasher.hash_one(key)
     }
 
-    /// Starts fetching into the cache what a check of `key` under
-    /// `algorithm` will read, without taking any lock: called for each key
-    /// of a read before the keys are checked one by one, it lets their
-    /// cache misses overlap instead of each check waiting on its own (see
-    /// `tables/hint.rs`). Changes nothing; a stale hint costs only a wasted
-    /// fetch.
+    /// Where `key` lives in this store: its slot and its hash, computed
+    /// once by a caller that both prefetches and checks the key (a frame's
+    /// keys), and handed to [`Store::prefetch`] and [`Store::check_at`].
     #[inline]
-    pub fn prefetch(&self, key: &[u8], algorithm: Algorithm) {
+    pub fn spot(&self, key: &[u8]) -> Spot {
+        Spot {
+            slot: Slot::of(key),
+            hash: self.hash(key),
+        }
+    }
+
+    /// Starts fetching into the cache what a check of `key` (at `spot`)
+    /// under `algorithm` will read, without taking any lock: called for
+    /// each key of a read before the keys are checked one by one, it lets
+    /// their cache misses overlap instead of each check waiting on its own
+    /// (see `tables/hint.rs`). Changes nothing; a stale hint costs only a
+    /// wasted fetch.
+    #[inline]
+    pub fn prefetch(&self, key: &[u8], spot: Spot, algorithm: Algorithm) {
         let kind = match algorithm {
             Algorithm::TokenBucket => Kind::Buckets,
             Algorithm::LeakyBucket => Kind::Leaky,
@@ -228,14 +286,13 @@ impl Store {
             // The general table: rare states, no hint.
             Algorithm::SlidingLog | Algorithm::Concurrency => return,
         };
-        self.stripe(Slot::of(key))
-            .hints
-            .prefetch(kind, key, self.hash(key));
+        debug_assert_eq!(spot, self.spot(key), "a spot of another key");
+        self.stripe(spot.slot).hints.prefetch(kind, key, spot.hash);
     }
 
     /// The live state of one key, if any (for inspection and tests).
     pub fn get(&self, key: &[u8], now: Nanos) -> Option<Entry> {
-        let tables = self.stripe(Slot::of(key)).tables.lock();
+        let tables = self.stripe(Slot::of(key)).lock();
         tables
             .find_any(self.hash(key), key)
             .filter(|e| e.expires_at > now)
@@ -246,7 +303,7 @@ impl Store {
     /// admin API's usage report; charges nothing.
     pub fn entries(&self, key: &[u8], now: Nanos) -> Vec<Entry> {
         let hash = self.hash(key);
-        let tables = self.stripe(Slot::of(key)).tables.lock();
+        let tables = self.stripe(Slot::of(key)).lock();
         [Table::Buckets, Table::Others]
             .into_iter()
             .filter_map(|t| tables.find(t, hash, key))
@@ -257,7 +314,7 @@ impl Store {
     /// Forgets every state `key` holds. Returns whether any of it was live.
     pub fn remove(&self, key: &[u8], now: Nanos) -> bool {
         let stripe = self.stripe(Slot::of(key));
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let Locked { tables, changes } = &mut *locked;
         let removed = tables.remove_all(self.hash(key), key, now);
         if removed {
@@ -275,7 +332,7 @@ impl Store {
 
     /// Number of entries held, expired-but-unswept ones included.
     pub fn len(&self) -> usize {
-        self.stripes.iter().map(|s| s.tables.lock().len()).sum()
+        self.stripes.iter().map(|s| s.lock().len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -285,10 +342,7 @@ impl Store {
     /// Bytes the tables have reserved (entries, control bytes, heap keys).
     /// Walks every stripe: for metrics and reports, not the hot path.
     pub fn memory_bytes(&self) -> usize {
-        self.stripes
-            .iter()
-            .map(|s| s.tables.lock().memory_bytes())
-            .sum()
+        self.stripes.iter().map(|s| s.lock().memory_bytes()).sum()
     }
 
     /// Drops expired entries from the next `stripes` stripes (round robin).
@@ -299,7 +353,7 @@ impl Store {
             // Relaxed: the cursor only spreads work; any interleaving of two
             // sweepers still visits valid stripes.
             let i = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) & self.mask;
-            removed += self.stripes[i].tables.lock().retain_live(now);
+            removed += self.stripes[i].lock().retain_live(now);
         }
         removed
     }

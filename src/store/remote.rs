@@ -62,7 +62,7 @@ impl Store {
         let table = table_for(&policy);
         let hash = self.hash(key);
         let stripe = self.stripe(Slot::of(key));
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let Locked { tables, changes } = &mut *locked;
         let current = tables.live(table, hash, key, now, &self.expired_on_access);
         let mut entry = current.clone();

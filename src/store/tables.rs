@@ -153,6 +153,8 @@ pub struct Tables {
     /// Heap bytes owned by entries: long keys, logs, lease lists.
     heap_bytes: usize,
     upkeep: Upkeep,
+    /// Some compact table moved since the hints were last published.
+    hints_stale: bool,
 }
 
 fn bucket_entry(tat: Tat) -> Entry {
@@ -170,14 +172,40 @@ fn leaky_entry(tat: Tat) -> Entry {
 }
 
 impl Tables {
-    /// Where the compact tables are, for prefetching without the lock
-    /// (kept up to date by the tables as they grow).
-    pub fn hints(&self) -> Hints {
-        Hints {
-            buckets: self.buckets.hints(),
-            leaky: self.leaky.hints(),
-            windows: self.windows.hints(),
+    /// Publishes where the compact tables are to `hints` (the stripe's,
+    /// read without the lock to prefetch), for those that moved since the
+    /// last publish; called by the stripe's lock guard as it unlocks.
+    #[inline]
+    pub fn publish_hints(&mut self, hints: &Hints) {
+        if !self.hints_stale {
+            return;
         }
+        self.buckets.publish(&hints.buckets);
+        self.leaky.publish(&hints.leaky);
+        self.windows.publish(&hints.windows);
+        self.hints_stale = false;
+    }
+
+    /// Checks `hints` against the compact tables (`Hint::assert_names`);
+    /// returns how many entries were checked.
+    #[cfg(all(test, not(tollgate_loom)))]
+    pub fn assert_hints(&self, hints: &Hints, hasher: &ahash::RandomState) -> usize {
+        let h = |key: &[u8]| hasher.hash_one(key);
+        let mut checked = 0;
+        for (split, pair) in [(&self.buckets, &hints.buckets), (&self.leaky, &hints.leaky)] {
+            checked += pair[0].assert_names(&split.short.table, |c| h(c.key.as_bytes()));
+            checked += pair[1].assert_names(&split.long.table, |c| h(c.key.as_bytes()));
+        }
+        let windows = &self.windows;
+        checked += hints.windows[0].assert_names(&windows.short.table, |c| h(c.key.as_bytes()));
+        checked += hints.windows[1].assert_names(&windows.long.table, |c| h(c.key.as_bytes()));
+        checked
+    }
+
+    /// Notes that a compact table may have moved (after an insert or a
+    /// compaction), for [`Tables::publish_hints`].
+    fn note_moves(&mut self) {
+        self.hints_stale |= self.buckets.stale() || self.leaky.stale() || self.windows.stale();
     }
 
     /// The entry of `key` in the tables of `kind`, live or not.
@@ -189,7 +217,7 @@ impl Tables {
             Kind::General => self
                 .others
                 .table
-                .find(hash, |o| o.key.as_bytes() == key)
+                .find(hash, |o| o.key.is(key))
                 .map(|o| o.entry.clone()),
         }
     }
@@ -201,11 +229,7 @@ impl Tables {
             Kind::Buckets => self.buckets.get(hash, probe).is_some(),
             Kind::Leaky => self.leaky.get(hash, probe).is_some(),
             Kind::Windows => self.windows.get(hash, probe).is_some(),
-            Kind::General => self
-                .others
-                .table
-                .find(hash, |o| o.key.as_bytes() == key)
-                .is_some(),
+            Kind::General => self.others.table.find(hash, |o| o.key.is(key)).is_some(),
         }
     }
 
@@ -263,14 +287,25 @@ impl Tables {
         expired: &AtomicU64,
         evaluate: impl FnOnce(Option<&State>) -> Verdict,
     ) -> Verdict {
-        let Some(bucket) = self.buckets.get_mut(hash, Probe::of(key)) else {
+        let probe = Probe::of(key);
+        let Some(bucket) = self.buckets.get_mut(hash, probe) else {
             let verdict = evaluate(None);
-            if let (true, true, Some(state)) = (charge, verdict.decision.allowed, &verdict.state) {
-                let entry = Entry {
-                    state: state.clone(),
-                    expires_at: verdict.expires_at,
-                };
-                self.put(hasher, hash, key, entry);
+            match (charge && verdict.decision.allowed, &verdict.state) {
+                // Absent, as just looked up: inserted without a second
+                // lookup (`put` would look again).
+                (true, &Some(State::TokenBucket { tat })) => {
+                    self.upkeep.wrote(verdict.expires_at);
+                    self.heap_bytes += self.buckets.insert(hasher, hash, probe, Tat(tat));
+                    self.note_moves();
+                }
+                (true, Some(state)) => {
+                    let entry = Entry {
+                        state: state.clone(),
+                        expires_at: verdict.expires_at,
+                    };
+                    self.put(hasher, hash, key, entry);
+                }
+                _ => {}
             }
             return verdict;
         };
@@ -366,6 +401,7 @@ impl Tables {
             }
         };
         self.heap_bytes += added;
+        self.note_moves();
     }
 
     /// Removes `key`'s other state from every place but `kind` (only a key
@@ -377,10 +413,7 @@ impl Tables {
     }
 
     fn put_general(&mut self, hasher: &ahash::RandomState, hash: u64, key: &[u8], entry: Entry) {
-        let found = self
-            .others
-            .table
-            .find_mut(hash, |o| o.key.as_bytes() == key);
+        let found = self.others.table.find_mut(hash, |o| o.key.is(key));
         if let Some(o) = found {
             self.heap_bytes -= o.entry.state.heap_bytes();
             self.heap_bytes += entry.state.heap_bytes();
@@ -414,10 +447,7 @@ impl Tables {
                 .take(hash, probe)
                 .map(|(w, heap)| (w.entry(), heap)),
             Kind::General => {
-                let found = self
-                    .others
-                    .table
-                    .find_entry(hash, |o| o.key.as_bytes() == key);
+                let found = self.others.table.find_entry(hash, |o| o.key.is(key));
                 found.ok().map(|f| {
                     let (o, _) = f.remove();
                     let freed = o.heap_bytes();

@@ -38,7 +38,7 @@ impl Store {
     ) -> Result<T, ErrorCode> {
         let hash = self.hash(key);
         let stripe = self.stripe(Slot::of(key));
-        let mut locked = stripe.tables.lock();
+        let mut locked = stripe.lock();
         let Locked { tables, changes } = &mut *locked;
         let current = tables.live(Table::Others, hash, key, now, &self.expired_on_access);
         let (entry, answer) = match f(current.as_ref()) {

@@ -20,7 +20,7 @@
 use super::{Decided, Evaluation};
 use crate::node::regions::Regions;
 use crate::rules::Rule;
-use crate::store::Mode;
+use crate::store::{Mode, Spot};
 use bytes::{BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 use tollgate_protocol::{CheckResult, Decision, LimitRef, Pair, RuleName};
@@ -78,10 +78,15 @@ impl<'a> Evaluation<'a> {
     }
 
     /// A charging CHECK on a node in a region.
-    pub(super) fn charge_regional(&self, regions: &Regions, pairs: &[Pair]) -> Decided<'_> {
+    pub(super) fn charge_regional(
+        &self,
+        regions: &Regions,
+        pairs: &[Pair],
+        spots: &[Spot],
+    ) -> Decided<'_> {
         let globals = self.global_pairs(pairs);
         if globals.is_empty() {
-            return self.evaluate(pairs, Mode::Charge);
+            return self.evaluate(pairs, spots, Mode::Charge);
         }
         if regions.cut_off() {
             for &(i, _, rule) in &globals {
@@ -95,7 +100,7 @@ impl<'a> Evaluation<'a> {
                 }
             }
         }
-        let decided = self.evaluate(pairs, Mode::Charge);
+        let decided = self.evaluate(pairs, spots, Mode::Charge);
         if let Decided::Decision {
             decision,
             shadow_denied,
@@ -120,8 +125,13 @@ impl<'a> Evaluation<'a> {
 
     /// A REFUND on a node in a region: the units given back are reported
     /// too, and given back to the ceiling key.
-    pub(super) fn refund_regional(&self, regions: &Regions, pairs: &[Pair]) -> Decided<'_> {
-        let decided = self.refund(pairs);
+    pub(super) fn refund_regional(
+        &self,
+        regions: &Regions,
+        pairs: &[Pair],
+        spots: &[Spot],
+    ) -> Decided<'_> {
+        let decided = self.refund(pairs, spots);
         if let Decided::Refunded(_) = decided {
             for (i, name, rule) in self.global_pairs(pairs) {
                 let pair = &pairs[i];

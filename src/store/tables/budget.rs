@@ -187,6 +187,7 @@ impl Tables {
         self.buckets.compact(hasher);
         self.leaky.compact(hasher);
         self.windows.compact(hasher);
+        self.note_moves();
         if self.others.has_tombstones() {
             self.others.rebuild(|o| hasher.hash_one(o.key.as_bytes()));
         }

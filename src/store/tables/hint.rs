@@ -7,9 +7,13 @@
 //! checked one after another, each check waits on its own. Prefetching
 //! every key of a read first puts those waits side by side.
 //!
-//! A [`Hint`] is the table's control-byte address and bucket mask, kept by
-//! [`Slots`](super::slots::Slots) whenever the table is (re)allocated and
-//! read with relaxed loads by [`Hint::prefetch`]. It relies on hashbrown's
+//! A [`Hint`] is the table's control-byte address and bucket mask, held
+//! inline in the stripe (the prefetch reads it from the stripe itself, not
+//! through a pointer: one dependent load fewer per key). A table that
+//! moved (grew, was rebuilt) or got its first entry is marked stale by
+//! [`Slots`](super::slots::Slots); the stripe's lock guard publishes it
+//! when it unlocks ([`Tables::publish_hints`](super::Tables::publish_hints)),
+//! and [`Hint::prefetch`] reads it with relaxed loads. It relies on hashbrown's
 //! layout (checked by `hint_finds_the_probe_start` below): the control
 //! bytes start where the buckets end, bucket `i` lies `i + 1` entries before
 //! that address, and a probe starts at bucket `hash & mask`. A stale or torn
@@ -17,10 +21,9 @@
 //! a wasted prefetch and nothing else: a prefetch reads nothing into the
 //! program and never faults.
 
-use std::sync::Arc;
-
-use super::split::Probe;
-use super::Kind;
+use super::split::{Compact, Probe};
+use super::{Kind, Tat};
+use crate::store::key::{ShortKey, StoredKey};
 use hashbrown::HashTable;
 // std's atomics even under loom (`crate::sync`): a hint synchronises
 // nothing, and loom's would only add operations to every model's inserts.
@@ -30,12 +33,30 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// for each kind; the general table has none (its states are rare).
 #[derive(Debug)]
 pub struct Hints {
-    pub(super) buckets: [Arc<Hint>; 2],
-    pub(super) leaky: [Arc<Hint>; 2],
-    pub(super) windows: [Arc<Hint>; 2],
+    pub(super) buckets: [Hint; 2],
+    pub(super) leaky: [Hint; 2],
+    pub(super) windows: [Hint; 2],
+}
+
+impl Default for Hints {
+    fn default() -> Self {
+        Self {
+            buckets: Self::pair::<Tat>(),
+            leaky: Self::pair::<Tat>(),
+            windows: Self::pair::<super::packed::Window>(),
+        }
+    }
 }
 
 impl Hints {
+    /// The hints of a short and a long table of states `P`.
+    fn pair<P>() -> [Hint; 2] {
+        [
+            Hint::new::<Compact<ShortKey, P>>(),
+            Hint::new::<Compact<StoredKey, P>>(),
+        ]
+    }
+
     /// Starts fetching where a lookup of `key` (hashed to `hash`) in the
     /// tables of `kind` will look.
     #[inline]

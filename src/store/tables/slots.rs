@@ -6,8 +6,6 @@
 //! what an insert would grow it to ([`grown`]), so that a stripe can make
 //! room *before* an insert would push it past its share.
 
-use std::sync::Arc;
-
 use super::hint::Hint;
 use hashbrown::HashTable;
 
@@ -20,9 +18,11 @@ pub(super) struct Slots<T> {
     pub(super) table: HashTable<T>,
     /// Capacity of the allocation, as hashbrown reports it when fresh.
     full: usize,
-    /// Where the allocation is, for prefetching without the lock; shared
-    /// with the stripe (`Tables::hints`), republished when it moves.
-    hint: Arc<Hint>,
+    /// The allocation moved (or got its first entry) since its place was
+    /// last published to the stripe's hint ([`Slots::publish`]).
+    stale: bool,
+    /// The last publish named an allocation (false: none, or empty).
+    hinted: bool,
 }
 
 impl<T> Default for Slots<T> {
@@ -30,7 +30,8 @@ impl<T> Default for Slots<T> {
         Self {
             table: HashTable::new(),
             full: 0,
-            hint: Arc::new(Hint::new::<T>()),
+            stale: false,
+            hinted: false,
         }
     }
 }
@@ -42,14 +43,23 @@ impl<T> Slots<T> {
         self.full = self.full.max(self.table.capacity());
         // The table moved when it grew; one rebuilt while empty has no
         // hint left until its first entry.
-        if self.table.num_buckets() != buckets || !self.hint.is_set() {
-            self.hint.publish(&self.table);
+        if self.table.num_buckets() != buckets || !self.hinted {
+            self.stale = true;
         }
     }
 
-    /// The hint of this table's place (see `hint`).
-    pub(super) fn hint(&self) -> Arc<Hint> {
-        Arc::clone(&self.hint)
+    /// Whether the table's place changed since it was last published.
+    pub(super) fn stale(&self) -> bool {
+        self.stale
+    }
+
+    /// Publishes the table's place to `hint` when it changed (see `hint`).
+    pub(super) fn publish(&mut self, hint: &Hint) {
+        if self.stale {
+            hint.publish(&self.table);
+            self.hinted = hint.is_set();
+            self.stale = false;
+        }
     }
 
     /// Bytes the allocation holds: an entry and a control byte per bucket.
@@ -96,7 +106,7 @@ impl<T> Slots<T> {
         for item in old {
             self.table.insert_unique(hash(&item), item, &hash);
         }
-        self.hint.publish(&self.table);
+        self.stale = true;
         self.full = self.table.capacity();
     }
 }
@@ -151,10 +161,12 @@ mod tests {
         assert!(t.bytes_after(15) > bytes);
     }
 
-    /// For every key sitting where its probe starts, the published hint
-    /// names its entry.
-    fn assert_hint_current(t: &Slots<u64>, h: impl Fn(&u64) -> u64) {
-        assert!(t.hint.assert_names(&t.table, h) > 0);
+    /// Once published, for every key sitting where its probe starts, the
+    /// hint names its entry.
+    fn assert_hint_current(t: &mut Slots<u64>, hint: &Hint, h: impl Fn(&u64) -> u64) {
+        t.publish(hint);
+        assert!(!t.stale());
+        assert!(hint.assert_names(&t.table, h) > 0);
     }
 
     /// The hint names the current allocation after each growth and after
@@ -164,17 +176,20 @@ mod tests {
         let hasher = ahash::RandomState::new();
         let h = |v: &u64| hasher.hash_one(v);
         let mut t: Slots<u64> = Slots::default();
-        assert!(!t.hint.is_set());
+        let hint = Hint::new::<u64>();
+        t.publish(&hint);
+        assert!(!hint.is_set());
         for i in 0..3_000u64 {
             t.insert(h(&i), i, h);
             if i.is_power_of_two() {
-                assert_hint_current(&t, h);
+                assert_hint_current(&mut t, &hint, h);
             }
         }
-        assert_hint_current(&t, h);
+        assert_hint_current(&mut t, &hint, h);
         t.table.retain(|v| *v % 3 == 0);
         t.rebuild(h);
-        assert_hint_current(&t, h);
+        assert!(t.stale());
+        assert_hint_current(&mut t, &hint, h);
     }
 
     #[test]

@@ -55,9 +55,16 @@ impl<P> Default for Split<P> {
 }
 
 impl<P> Split<P> {
-    /// The short and the long table's hints (see `hint`).
-    pub(super) fn hints(&self) -> [std::sync::Arc<super::hint::Hint>; 2] {
-        [self.short.hint(), self.long.hint()]
+    /// Whether either table moved since its place was last published.
+    pub(super) fn stale(&self) -> bool {
+        self.short.stale() || self.long.stale()
+    }
+
+    /// Publishes the short and the long table's places to `hints` (see
+    /// `hint`), those that changed.
+    pub(super) fn publish(&mut self, hints: &[super::hint::Hint; 2]) {
+        self.short.publish(&hints[0]);
+        self.long.publish(&hints[1]);
     }
 
     #[inline]
@@ -71,7 +78,7 @@ impl<P> Split<P> {
             Probe::Long(k) => self
                 .long
                 .table
-                .find(hash, |c| c.key.as_bytes() == k)
+                .find(hash, |c| c.key.is(k))
                 .map(|c| &c.state),
         }
     }
@@ -87,7 +94,7 @@ impl<P> Split<P> {
             Probe::Long(k) => self
                 .long
                 .table
-                .find_mut(hash, |c| c.key.as_bytes() == k)
+                .find_mut(hash, |c| c.key.is(k))
                 .map(|c| &mut c.state),
         }
     }
@@ -141,7 +148,7 @@ impl<P> Split<P> {
                 found.ok().map(|f| (f.remove().0.state, 0))
             }
             Probe::Long(k) => {
-                let found = self.long.table.find_entry(hash, |c| c.key.as_bytes() == k);
+                let found = self.long.table.find_entry(hash, |c| c.key.is(k));
                 found.ok().map(|f| {
                     let c = f.remove().0;
                     let heap = c.key.heap_bytes();

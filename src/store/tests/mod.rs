@@ -49,6 +49,51 @@ fn store() -> Store {
     })
 }
 
+/// The hints a stripe holds follow its tables as checks grow them, for
+/// short and long keys of each compact kind: published when the stripe
+/// unlocks, with no lock taken by whoever reads them.
+#[cfg(not(tollgate_loom))]
+#[test]
+fn stripe_hints_follow_the_tables() {
+    let s = Store::new(StoreConfig {
+        stripes: 1,
+        ..StoreConfig::default()
+    });
+    let with = |algorithm, key: String| Pair {
+        key: Bytes::from(key),
+        limit: Limit {
+            algorithm,
+            count: 10,
+            period_ms: 1000,
+            burst: if algorithm == Algorithm::FixedWindow {
+                0
+            } else {
+                10
+            },
+        }
+        .into(),
+        cost: 1,
+    };
+    for i in 0..3_000 {
+        let stripe = &s.stripes[0];
+        for (algorithm, prefix) in [
+            (Algorithm::TokenBucket, "b"),
+            (Algorithm::LeakyBucket, "l"),
+            (Algorithm::FixedWindow, "w"),
+        ] {
+            // 15 bytes (a short key) and 17 (a long one).
+            for key in [format!("{prefix}:{i:013}"), format!("{prefix}:{i:015}")] {
+                let pair = with(algorithm, key);
+                assert!(decided(s.check(&[pair], S, Mode::Charge)).allowed);
+            }
+        }
+        if i == 5 || i == 2_999 {
+            let guard = stripe.lock();
+            assert!(guard.tables.assert_hints(&stripe.hints, &s.hasher) > i / 2);
+        }
+    }
+}
+
 #[test]
 fn single_key_follows_the_token_bucket() {
     let s = store();

@@ -1,0 +1,85 @@
+//! What the check path counts: decisions by rule, frame latency and batch
+//! size; and the per-frame tally of inline decisions, added to the shared
+//! counters once per frame.
+
+use crate::rules::spec::INLINE_LABEL;
+use crate::rules::DecisionCounters;
+use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use std::cell::Cell;
+
+/// What the check path counts.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckMetrics {
+    /// `tollgate_checks_total{rule, decision}`; rules take their handles
+    /// from it when they are loaded.
+    pub checks: IntCounterVec,
+    /// Handles of checks decided by inline limits.
+    inline: DecisionCounters,
+    pub(super) latency: Histogram,
+    pub(super) batch_size: Histogram,
+}
+
+impl CheckMetrics {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let checks = IntCounterVec::new(
+            Opts::new(
+                "tollgate_checks_total",
+                "Checks answered, by the rule of the pair that decided them \
+                 (\"inline\" for inline limits) and the decision.",
+            ),
+            &["rule", "decision"],
+        )?;
+        let latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_check_frame_duration_seconds",
+                "Time to evaluate one CHECK, CHECK2 or PEEK frame, all its checks.",
+            )
+            .buckets(exponential_buckets(1e-6, 4.0, 10)?),
+        )?;
+        let batch_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "tollgate_check_batch_size",
+                "Checks in one CHECK, CHECK2 or PEEK frame.",
+            )
+            .buckets(exponential_buckets(1.0, 2.0, 11)?),
+        )?;
+        registry.register(Box::new(checks.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        registry.register(Box::new(batch_size.clone()))?;
+        Ok(Self {
+            inline: DecisionCounters::new(&checks, INLINE_LABEL),
+            checks,
+            latency,
+            batch_size,
+        })
+    }
+}
+
+impl CheckMetrics {
+    /// The decision counts of checks decided by inline limits.
+    pub fn inline(&self) -> &DecisionCounters {
+        &self.inline
+    }
+}
+
+/// Decisions counted by a frame, not yet added to the shared counters.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub(super) allowed: Cell<u64>,
+    pub(super) denied: Cell<u64>,
+    pub(super) shadow_denied: Cell<u64>,
+}
+
+impl Tally {
+    pub(super) fn add_to(&self, counters: &DecisionCounters) {
+        for (count, counter) in [
+            (&self.allowed, &counters.allowed),
+            (&self.denied, &counters.denied),
+            (&self.shadow_denied, &counters.shadow_denied),
+        ] {
+            if count.get() > 0 {
+                counter.inc_by(count.get());
+            }
+        }
+    }
+}
