@@ -50,3 +50,10 @@ mod service;
 pub use route::{ExtractFn, KeyExtractor, KeyExtractorError, Route};
 pub use service::{RateLimit, RateLimitLayer};
 pub use tollgate_client::Policy;
+
+/// The README's Rust examples (the client's and this crate's), compiled as
+/// doctests (`cargo test -p tollgate-tower --doc`) so that they keep up
+/// with both APIs.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExamples;
