@@ -16,6 +16,11 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(5);
 pub const DEFAULT_LEASE_MARGIN: Duration = Duration::from_millis(500);
 /// How often the lease is renewed while renewals succeed.
 pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// Below this much [`EtcdSettings::election_slack`] a node warns at start:
+/// etcd elects a new leader in one to two election timeouts (1-2 s at its
+/// defaults, more on a loaded host), and a primary whose renewals wait
+/// longer than its slack answers TryAgain meanwhile.
+pub const SHORT_ELECTION_SLACK: Duration = Duration::from_secs(2);
 /// Longest wait for one etcd request (a keepalive's answer included).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest wait for a TCP connection to an etcd member.
@@ -92,6 +97,28 @@ impl EtcdSettings {
         Ok(())
     }
 
+    /// How long a renewal may wait (an etcd leader election, say) before
+    /// the node's deadline passes: the TTL less the margin and one renewal
+    /// interval (3.5 s at the defaults).
+    pub fn election_slack(&self) -> Duration {
+        self.lease_ttl
+            .saturating_sub(self.lease_margin)
+            .saturating_sub(self.keepalive_interval)
+    }
+
+    /// A warning to log at start when [`Self::election_slack`] is shorter
+    /// than an etcd election may take ([`SHORT_ELECTION_SLACK`]); valid
+    /// settings, but losing the etcd leader would then cost TryAgain.
+    pub fn slack_warning(&self) -> Option<String> {
+        let slack = self.election_slack();
+        (slack < SHORT_ELECTION_SLACK).then(|| {
+            format!(
+                "--lease-ttl {:?} less --lease-margin {:?} and --lease-renew {:?} leaves {slack:?} for an etcd leader election (1-2 s at etcd's defaults): losing the etcd leader may cost this node TryAgain answers; a longer --lease-ttl avoids it",
+                self.lease_ttl, self.lease_margin, self.keepalive_interval
+            )
+        })
+    }
+
     /// The endpoints as URLs etcd-client accepts.
     pub(crate) fn urls(&self) -> Vec<String> {
         self.endpoints
@@ -135,5 +162,20 @@ mod tests {
             ["a:1", "b:2"]
         );
         assert!(EtcdSettings::parse_endpoints(" ,").is_err());
+    }
+
+    #[test]
+    fn a_short_election_slack_is_warned_about() {
+        let s = EtcdSettings::new(vec!["127.0.0.1:2379".into()]);
+        assert_eq!(s.election_slack(), Duration::from_millis(3500));
+        assert_eq!(s.slack_warning(), None);
+        let short = EtcdSettings {
+            lease_ttl: Duration::from_secs(3),
+            ..s
+        };
+        short.validate().unwrap();
+        assert_eq!(short.election_slack(), Duration::from_millis(1500));
+        let warning = short.slack_warning().expect("1.5 s is short");
+        assert!(warning.contains("1.5s"), "{warning}");
     }
 }

@@ -67,6 +67,9 @@ impl Membership {
         admin: Option<String>,
     ) -> Result<Self, ClusterError> {
         let settings = config.etcd_settings().map_err(ClusterError::Settings)?;
+        if let Some(warning) = settings.slack_warning() {
+            tracing::warn!("{warning}");
+        }
         let keys = Keyspace::new(config.cluster.as_deref().unwrap_or_default())?;
         let shard = ShardId(config.shard.unwrap_or_default());
         let etcd = Etcd::connect(&settings).await?;
