@@ -107,7 +107,7 @@ impl EtcdSettings {
     }
 
     /// A warning to log at start when [`Self::election_slack`] is shorter
-    /// than an etcd election may take ([`SHORT_ELECTION_SLACK`]); valid
+    /// than an etcd election may take (`SHORT_ELECTION_SLACK`); valid
     /// settings, but losing the etcd leader would then cost TryAgain.
     pub fn slack_warning(&self) -> Option<String> {
         let slack = self.election_slack();
