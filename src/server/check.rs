@@ -42,13 +42,11 @@ use super::Shared;
 use crate::clock::Nanos;
 use crate::events::{self, Events, Outcome};
 use crate::node::Gate;
-use crate::rules::{DecisionCounters, Rule, RuleSet};
+use crate::rules::{Rule, RuleSet};
 use crate::slot::Slot;
 use crate::store::{Mode, Spot};
 use bytes::BytesMut;
-use prometheus::IntCounter;
 use smallvec::SmallVec;
-use std::cell::Cell;
 use std::time::Instant;
 use tollgate_protocol::{
     encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, CheckTag, Decision,
@@ -320,35 +318,24 @@ impl Evaluation<'_> {
                 rule,
                 shadow_denied,
             } => {
+                let outcome = if !decision.allowed {
+                    Outcome::Denied
+                } else if shadow_denied {
+                    Outcome::ShadowDenied
+                } else {
+                    Outcome::Allowed
+                };
                 if let Some(events) = self.events() {
-                    let outcome = if !decision.allowed {
-                        Outcome::Denied
-                    } else if shadow_denied {
-                        Outcome::ShadowDenied
-                    } else {
-                        Outcome::Allowed
-                    };
                     if events.wants(outcome) {
                         let pair = pairs.get(usize::from(decision.pair));
                         self.offer(events, pair, rule, outcome, Some(decision.remaining), None);
                     }
                 }
-                let count = |inline: &Cell<u64>, counter: fn(&DecisionCounters) -> &IntCounter| {
-                    match rule {
-                        Some(r) => counter(&r.counters).inc(),
-                        None => inline.set(inline.get() + 1),
-                    }
-                };
-                let tally = &self.inline;
-                if !decision.allowed {
-                    count(&tally.denied, |c| &c.denied);
+                self.inline.count(rule.map(|r| &r.counters), outcome);
+                if outcome == Outcome::Denied {
                     if let Some(pair) = pairs.get(usize::from(decision.pair)) {
                         self.shared.throttled.record(&pair.key, self.now);
                     }
-                } else if shadow_denied {
-                    count(&tally.shadow_denied, |c| &c.shadow_denied);
-                } else {
-                    count(&tally.allowed, |c| &c.allowed);
                 }
                 CheckResult::Decision(decision)
             }

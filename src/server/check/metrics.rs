@@ -2,6 +2,7 @@
 //! size; and the per-frame tally of inline decisions, added to the shared
 //! counters once per frame.
 
+use crate::events::Outcome;
 use crate::rules::spec::INLINE_LABEL;
 use crate::rules::DecisionCounters;
 use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
@@ -65,12 +66,28 @@ impl CheckMetrics {
 /// Decisions counted by a frame, not yet added to the shared counters.
 #[derive(Default)]
 pub(super) struct Tally {
-    pub(super) allowed: Cell<u64>,
-    pub(super) denied: Cell<u64>,
-    pub(super) shadow_denied: Cell<u64>,
+    allowed: Cell<u64>,
+    denied: Cell<u64>,
+    shadow_denied: Cell<u64>,
 }
 
 impl Tally {
+    /// Counts one decision: on its rule's counter at once, or in the tally
+    /// when an inline limit decided (`rule` None). A refused check is not
+    /// a decision (errors are counted apart): nothing is counted.
+    pub(super) fn count(&self, rule: Option<&DecisionCounters>, outcome: Outcome) {
+        let (tallied, counter) = match outcome {
+            Outcome::Allowed => (&self.allowed, rule.map(|c| &c.allowed)),
+            Outcome::Denied => (&self.denied, rule.map(|c| &c.denied)),
+            Outcome::ShadowDenied => (&self.shadow_denied, rule.map(|c| &c.shadow_denied)),
+            Outcome::Refused => return,
+        };
+        match counter {
+            Some(counter) => counter.inc(),
+            None => tallied.set(tallied.get() + 1),
+        }
+    }
+
     pub(super) fn add_to(&self, counters: &DecisionCounters) {
         for (count, counter) in [
             (&self.allowed, &counters.allowed),
