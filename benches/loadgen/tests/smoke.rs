@@ -3,7 +3,8 @@
 //! against a redis-server on a free loopback port),
 //! and prints a JSON line with decided checks and no errors. `--plot` runs
 //! against both and must write an SVG, or an HTML page, naming each target
-//! and drawing its samples. redis-server is required (scripts/test.sh
+//! and drawing its samples. `kernel-share.sh` must print every figure it
+//! promises for a real run. redis-server is required (scripts/test.sh
 //! installs it): without it the Redis tests fail.
 //!
 //! No timing is asserted: only that checks were decided and none failed.
@@ -431,4 +432,64 @@ fn plot_refuses_a_file_it_cannot_write_before_running() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(".svg or .html"), "{stderr}");
+}
+
+/// `kernel-share.sh` (the CPU split of docs/BENCHMARKS.md, "What 12x would
+/// take") runs the built generator against a real server and prints every
+/// figure it promises, the server's own line included (the server runs in
+/// this process, so `SERVER_PID` is ours). Only presence and sign are
+/// checked: the figures themselves are the box's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_share_splits_the_box_cpu_under_a_run() {
+    let server = TollgateServer::start().await;
+    let target = format!("tollgate={}", server.addr);
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/kernel-share.sh"))
+            .args([&target, "--connections", "4", "--pipeline", "4"])
+            .args(["--keys", "1000", "--threads", "1"])
+            .env("BENCH", env!("CARGO_BIN_EXE_tollgate-bench"))
+            .env("DURATION", "3")
+            .env("WARMUP", "1")
+            .env("SERVER_PID", std::process::id().to_string())
+            .output()
+            .expect("run kernel-share.sh")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "kernel-share.sh failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let figure = |label: &str| -> f64 {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} line in:\n{stdout}"));
+        line[label.len()..]
+            .split_whitespace()
+            .next()
+            .and_then(|w| w.trim_end_matches(',').parse().ok())
+            .unwrap_or_else(|| panic!("no figure after {label:?} in {line:?}"))
+    };
+    assert!(figure("checks/s") > 0.0, "{stdout}");
+    assert!(figure("TCP segments/s (sent)") > 0.0, "{stdout}");
+    assert!(figure("kernel CPU per check") >= 0.0, "{stdout}");
+    assert!(figure("user CPU per check") >= 0.0, "{stdout}");
+    assert!(figure("  generator: user") >= 0.0, "{stdout}");
+    assert!(figure("  server:    user") >= 0.0, "{stdout}");
+    assert!(stdout.contains("checks per segment"), "{stdout}");
+
+    // A window too short to sample is refused before anything runs.
+    let refused = Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/kernel-share.sh"))
+        .arg("tollgate=127.0.0.1:1")
+        .env("BENCH", env!("CARGO_BIN_EXE_tollgate-bench"))
+        .env("DURATION", "2")
+        .output()
+        .expect("run kernel-share.sh");
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
 }
