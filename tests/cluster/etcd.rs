@@ -32,11 +32,7 @@ fn etcd_bin() -> String {
     }
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().unwrap().port()
-}
+use crate::procs::free_port;
 
 struct Member {
     name: String,

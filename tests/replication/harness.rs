@@ -22,11 +22,47 @@ pub const CLUSTER_SECRET: &str = "replication-tests-cluster-secret";
 /// broken build fails instead of hanging; never a pass/fail timing.
 pub const PATIENCE: Duration = Duration::from_secs(30);
 
-/// A free port on 127.0.0.1 (bound then released: another process could
-/// take it in between, which the OS makes unlikely).
+/// A free `127.0.0.1:port` for a node to listen on ([`free_port`]).
 pub fn free_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+/// A port on 127.0.0.1 for a process these tests start, picked so that no
+/// one else is given it while it is not bound: at random *below* the
+/// kernel's ephemeral range. A port-0 bind (another test's in-process
+/// server, an admin listener) and every outgoing connection's source port
+/// draw from that range, so with a port from it a node's peer could be
+/// answered by a stranger while the node is not yet started, or be taken
+/// between a SIGKILL and the restart on the same flags. Checked free by
+/// binding it, and never handed out twice by one test process (two test
+/// processes would have to draw the same port out of thousands while it
+/// is unbound). Where the range leaves too little room below it, the
+/// kernel's port 0 as before.
+pub fn free_port() -> u16 {
+    use std::collections::HashSet;
+    use std::hash::{BuildHasher, RandomState};
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    const LOWEST: u16 = 10_000;
+
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(LOWEST);
+    let room = ephemeral_low.saturating_sub(LOWEST);
+    if room >= 1_000 {
+        let random = RandomState::new();
+        let mut given = GIVEN.lock().unwrap();
+        let given = given.get_or_insert_with(HashSet::new);
+        for attempt in 0u64..10_000 {
+            let port = LOWEST + (random.hash_one(attempt) % u64::from(room)) as u16;
+            if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                given.insert(port);
+                return port;
+            }
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().unwrap().to_string()
+    l.local_addr().unwrap().port()
 }
 
 /// One `tollgate serve` process.
@@ -164,6 +200,17 @@ impl Node {
 impl Drop for Node {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            // A failed scenario shows what each of its nodes said last
+            // (nextest prints a failing test's stderr); the whole log goes
+            // to TOLLGATE_TEST_LOGS when that names a file.
+            const TAIL: usize = 40;
+            let logs = self.logs.lock().unwrap();
+            let from = logs.len().saturating_sub(TAIL);
+            eprintln!("--- {}: log lines {}-{}", self.addr, from + 1, logs.len());
+            for v in &logs[from..] {
+                eprintln!("{} {}", self.addr, v);
+            }
+            drop(logs);
             if let Ok(path) = std::env::var("TOLLGATE_TEST_LOGS") {
                 use std::io::Write;
                 let mut f = std::fs::OpenOptions::new()
