@@ -290,12 +290,11 @@ impl Store {
         self.stripe(spot.slot).hints.prefetch(kind, key, spot.hash);
     }
 
-    /// The live state of one key, if any (for inspection and tests).
+    /// The live state of one key, if any: its token bucket, else its
+    /// state of any other algorithm (for inspection and tests). An expired
+    /// bucket still held is absent, as everywhere.
     pub fn get(&self, key: &[u8], now: Nanos) -> Option<Entry> {
-        let tables = self.stripe(Slot::of(key)).lock();
-        tables
-            .find_any(self.hash(key), key)
-            .filter(|e| e.expires_at > now)
+        self.entries(key, now).into_iter().next()
     }
 
     /// Every live state of one key: its token bucket, then its state of

@@ -330,12 +330,6 @@ impl Tables {
         verdict
     }
 
-    /// The entry of `key` in whichever table holds it (buckets first).
-    pub fn find_any(&self, hash: u64, key: &[u8]) -> Option<Entry> {
-        self.find(Table::Buckets, hash, key)
-            .or_else(|| self.find(Table::Others, hash, key))
-    }
-
     /// Whether `put(.., entry)` for `key` would add an entry to the place
     /// of `entry` (a key's other state moving to another place, say from a
     /// leaky bucket to a window, adds an entry there).

@@ -393,4 +393,6 @@ fn capped(max_memory: usize, on_full: Full) -> Store {
 mod compact;
 mod groups;
 mod memory_cap;
+#[cfg(not(tollgate_loom))]
+mod model;
 mod states;

@@ -134,3 +134,20 @@ fn a_peek_at_the_cap_evicts_nothing_when_the_check_would_evict() {
     assert!(decided(s.check(&new, S, Mode::Charge)).allowed);
     assert!(s.evicted() > 0);
 }
+
+/// `get` answers the key's live state even when its token bucket has
+/// expired but is still held (not yet met by a check or a sweep): an
+/// expired bucket is absent, so the key's other state is what it holds.
+/// (Found by the model test: `get` used to look no further than a held
+/// bucket, live or not.)
+#[test]
+fn get_looks_past_an_expired_bucket() {
+    let s = store();
+    decided(s.check(&[tb("k", 10, 1000, 10, 1)], S, Mode::Charge));
+    decided(s.check(&[fw("k", 10, 60_000, 1)], S, Mode::Charge));
+    // The bucket is full again 100 ms later; the window lasts a minute.
+    let later = S + 100 * MS;
+    let window = s.entries(b"k", later);
+    assert_eq!(window.len(), 1);
+    assert_eq!(s.get(b"k", later), window.first().cloned());
+}
