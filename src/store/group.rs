@@ -195,16 +195,19 @@ impl Store {
             // A peek answers what the check would: StoreFull when the check
             // could not take its new keys (nothing is evicted for a peek).
             let keys = pairs.iter().map(|p| &p.key[..]);
-            self.make_room(tables, keys, &after, &hashes, now, Room::Ask)?;
+            self.make_room(tables, keys, &after, &hashes, now, Room::Ask)
+                .1?;
         }
         if all_allowed && writes {
             let keys = pairs.iter().map(|p| &p.key[..]);
-            let evicted = self.make_room(tables, keys, &after, &hashes, now, Room::Make)?;
+            let (evicted, room) = self.make_room(tables, keys, &after, &hashes, now, Room::Make);
             if evicted > 0 {
                 // Evicted keys are not in any log: the standby gets the
-                // whole stripe (evictions come in batches of 1/8 of it).
+                // whole stripe (evictions come in batches of 1/8 of it),
+                // also when the check is refused after all.
                 self.record_eviction(stripe, changes);
             }
+            room?;
             for (((pair, entry), &hash), policy) in
                 pairs.iter().zip(after).zip(&hashes).zip(&policies)
             {
@@ -280,7 +283,9 @@ impl Store {
 
     /// Before a charge adds keys, keeps the stripe within its memory share
     /// (see `Tables::make_room`). A refusal is `StoreFull` and, like every
-    /// error, charges nothing. Returns how many live entries were evicted.
+    /// error, charges nothing. Returns how many live entries were evicted,
+    /// refused or not (the caller records them for the standby either
+    /// way), and whether the room was made.
     /// With [`Room::Ask`] (a peek) it only answers whether the charge would
     /// be refused: expired entries may go, live ones never, and nothing is
     /// counted.
@@ -292,9 +297,9 @@ impl Store {
         hashes: &[u64],
         now: Nanos,
         room: Room,
-    ) -> Result<usize, ErrorCode> {
+    ) -> (usize, Result<(), ErrorCode>) {
         if self.stripe_budget == usize::MAX {
-            return Ok(0);
+            return (0, Ok(()));
         }
         let mut evicted = 0;
         for place in Place::ALL {
@@ -316,7 +321,7 @@ impl Store {
             );
             if room == Room::Ask {
                 if !made.granted {
-                    return Err(ErrorCode::StoreFull);
+                    return (0, Err(ErrorCode::StoreFull));
                 }
                 continue;
             }
@@ -326,10 +331,10 @@ impl Store {
             evicted += made.evicted;
             if !made.granted {
                 self.refused.fetch_add(new as u64, Ordering::Relaxed);
-                return Err(ErrorCode::StoreFull);
+                return (evicted, Err(ErrorCode::StoreFull));
             }
         }
-        Ok(evicted)
+        (evicted, Ok(()))
     }
 }
 

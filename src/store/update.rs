@@ -56,17 +56,19 @@ impl Store {
         // counter written over a leaky bucket); `make_room` counts only
         // what adds an entry.
         let after = [Some(entry.clone())];
-        let evicted = self.make_room(
+        let (evicted, room) = self.make_room(
             tables,
             std::iter::once(key),
             &after,
             &[hash],
             now,
             Room::Make,
-        )?;
+        );
         if evicted > 0 {
+            // Refused or not, the standby must hear of them.
             self.record_eviction(stripe, changes);
         }
+        room?;
         tables.put(&self.hasher, hash, key, entry);
         self.record_change(stripe, changes, key);
         Ok(answer)

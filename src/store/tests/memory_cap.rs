@@ -145,3 +145,34 @@ fn single_bucket_fast_path_answers_like_the_general_path() {
     assert_eq!(fast.len(), general.len());
     assert_eq!(fast.expired_on_access(), general.expired_on_access());
 }
+
+/// A check that evicts live keys and is then refused (even the emptied
+/// stripe has no room for its new key) has still evicted them: the
+/// standby must be told, or it keeps states the primary has let go
+/// (found by the replication model test).
+#[test]
+fn keys_evicted_by_a_refused_check_reach_the_standby() {
+    let s = capped(1024, Full::Evict);
+    // Windows of 16-byte keys ending in a 0 byte (the long windows table)
+    // and a two-month window of the empty key: the stripe's whole share.
+    let mut keys: Vec<String> = (0..8).map(|i| format!("f{i:014}\0")).collect();
+    for key in &keys {
+        decided(s.check(&[fw(key, 3, 1000, 1)], S, Mode::Charge));
+    }
+    decided(s.check(&[fw("", 10, 60 * 86_400_000, 1)], S, Mode::Charge));
+    keys.push(String::new());
+    s.start_capture();
+    assert!(matches!(s.drain_stripe(0, S), Drained::Whole(w) if w.len() == 9));
+    // A short key needs the short windows table, which does not fit even
+    // once every other key is gone.
+    assert_eq!(
+        s.check(&[fw("short", 3, 1000, 1)], S, Mode::Charge),
+        CheckResult::Error(ErrorCode::StoreFull)
+    );
+    assert!(s.evicted() > 0, "the scenario evicts before refusing");
+    let live = keys.iter().filter(|k| s.get(k.as_bytes(), S).is_some());
+    match s.drain_stripe(0, S) {
+        Drained::Whole(w) => assert_eq!(w.len(), live.count()),
+        other => panic!("evictions not sent to the standby: {other:?}"),
+    }
+}

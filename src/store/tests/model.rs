@@ -33,7 +33,8 @@
 //! Not checked here: the memory accounting itself (`memory_bytes`, only
 //! through what the cap decides), the statistics counters but evictions,
 //! time going back (an expired state dropped on access would come back in
-//! the model), and the replication log, merges and `update`.
+//! the model), merges and `update`. The replication log is checked in
+//! `replication`, a standby against this test's primary.
 //!
 //! Keys are picked to be adversarial for the split tables (`keys`): empty,
 //! one byte, around 16 and 22 bytes, ending or not in a 0 byte, differing
@@ -42,6 +43,7 @@
 
 mod keys;
 mod oracle;
+mod replication;
 
 use super::*;
 use crate::algorithm::{release_lease, Policy};
@@ -78,6 +80,10 @@ enum Setup {
 
 impl Setup {
     fn store(self) -> Store {
+        Store::new(self.config())
+    }
+
+    fn config(self) -> StoreConfig {
         let (stripes, max_memory, on_full) = match self {
             Setup::Uncapped { stripes } => (stripes, None, Full::Evict),
             Setup::Roomy { stripes } => (stripes, Some(stripes << 40), Full::Refuse),
@@ -90,13 +96,13 @@ impl Setup {
                 per_stripe,
             } => (stripes, Some(stripes * per_stripe), Full::Evict),
         };
-        Store::new(StoreConfig {
+        StoreConfig {
             stripes,
             max_log_entries: MAX_LOG,
             max_memory,
             on_full,
             ..StoreConfig::default()
-        })
+        }
     }
 
     /// Whether a new key may be answered StoreFull (with a small cap
