@@ -195,8 +195,8 @@ impl Store {
             // A peek answers what the check would: StoreFull when the check
             // could not take its new keys (nothing is evicted for a peek).
             let keys = pairs.iter().map(|p| &p.key[..]);
-            self.make_room(tables, keys, &after, &hashes, now, Room::Ask)
-                .1?;
+            let (_, room) = self.make_room(tables, keys, &after, &hashes, now, Room::Ask);
+            room?;
         }
         if all_allowed && writes {
             let keys = pairs.iter().map(|p| &p.key[..]);

@@ -39,9 +39,9 @@ pub fn free_addr() -> String {
 /// is unbound). Where the range leaves too little room below it, the
 /// kernel's port 0 as before.
 pub fn free_port() -> u16 {
-    use std::collections::HashSet;
+    use std::collections::BTreeSet;
     use std::hash::{BuildHasher, RandomState};
-    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     const LOWEST: u16 = 10_000;
 
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -52,7 +52,6 @@ pub fn free_port() -> u16 {
     if room >= 1_000 {
         let random = RandomState::new();
         let mut given = GIVEN.lock().unwrap();
-        let given = given.get_or_insert_with(HashSet::new);
         for attempt in 0u64..10_000 {
             let port = LOWEST + (random.hash_one(attempt) % u64::from(room)) as u16;
             if !given.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {

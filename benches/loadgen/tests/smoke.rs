@@ -472,7 +472,7 @@ async fn kernel_share_splits_the_box_cpu_under_a_run() {
         line[label.len()..]
             .split_whitespace()
             .next()
-            .and_then(|w| w.trim_end_matches(',').parse().ok())
+            .and_then(|w| w.parse().ok())
             .unwrap_or_else(|| panic!("no figure after {label:?} in {line:?}"))
     };
     assert!(figure("checks/s") > 0.0, "{stdout}");

@@ -133,14 +133,11 @@ enum Op {
     Remove {
         key: Bytes,
     },
-    /// Usage from another region, made `ago` ns before now (negative: a
-    /// sender whose clock is ahead).
+    /// Usage from another region.
     Absorb {
         key: Bytes,
         limit: Limit,
-        charged: u64,
-        refunded: u64,
-        ago: i64,
+        sent: Sent,
     },
     Advance(Nanos),
     /// Sweeps that many stripes (all of them: the count of entries left
@@ -153,6 +150,37 @@ enum Op {
     },
     /// Compares every key the model knows, and the stripes' hints.
     Audit,
+}
+
+/// What another region reports of a key: usage made `ago` ns before the
+/// receiver's now (negative: a sender whose clock is ahead).
+#[derive(Debug, Clone, Copy)]
+struct Sent {
+    charged: u64,
+    refunded: u64,
+    ago: i64,
+}
+
+impl Sent {
+    fn usage(self, now: Nanos) -> RemoteUsage {
+        RemoteUsage {
+            charged: self.charged,
+            refunded: self.refunded,
+            at: now.saturating_add_signed(-self.ago),
+        }
+    }
+}
+
+/// The `pick`th lease of a key's lease set; one pick in eight, or when
+/// it holds none, an id it does not hold (a release that must fail).
+fn pick_lease(leases: Option<&State>, pick: usize) -> u64 {
+    match leases {
+        Some(State::Concurrency(set)) if !set.leases().is_empty() && pick % 8 != 7 => {
+            set.leases()[pick % set.leases().len()].id
+        }
+        Some(State::Concurrency(set)) => set.last_id() + 1,
+        _ => 1,
+    }
 }
 
 proptest! {
@@ -215,18 +243,8 @@ impl Run {
                 prop_assert_eq!(self.store.remove(key, now), expected, "remove {:?}", key);
                 self.audit(key)?;
             }
-            Op::Absorb {
-                key,
-                limit,
-                charged,
-                refunded,
-                ago,
-            } => {
-                let usage = RemoteUsage {
-                    charged: *charged,
-                    refunded: *refunded,
-                    at: now.saturating_add_signed(-ago),
-                };
+            Op::Absorb { key, limit, sent } => {
+                let usage = sent.usage(now);
                 let (expected, write) = self.model.absorb(key, limit, usage);
                 let got = self.store.absorb(key, limit, usage, now);
                 let adds = write.as_ref().is_some_and(|&(_, adds)| adds);
@@ -505,9 +523,11 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(key, limit, charged, refunded, ago)| Op::Absorb {
                 key,
                 limit,
-                charged,
-                refunded,
-                ago,
+                sent: Sent {
+                    charged,
+                    refunded,
+                    ago,
+                },
             }),
         5 => step().prop_map(Op::Advance),
         1 => prop::sample::select(vec![1usize, 3, usize::MAX]).prop_map(Op::Sweep),

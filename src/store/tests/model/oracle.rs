@@ -149,19 +149,7 @@ impl Model {
     /// A lease id to release: the `pick`th the key holds (expired ones
     /// too), or now and then one it never had.
     pub fn lease_of(&self, key: &[u8], pick: usize) -> u64 {
-        match self.live(key, Side::Other) {
-            Some(Entry {
-                state: State::Concurrency(set),
-                ..
-            }) if !set.leases().is_empty() && pick % 8 != 7 => {
-                set.leases()[pick % set.leases().len()].id
-            }
-            Some(Entry {
-                state: State::Concurrency(set),
-                ..
-            }) => set.last_id() + 1,
-            _ => 1,
-        }
+        pick_lease(self.live(key, Side::Other).map(|e| e.state).as_ref(), pick)
     }
 
     /// A release frees a live lease of a live state; the state left

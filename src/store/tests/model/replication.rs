@@ -12,8 +12,8 @@
 //! decides as the primary would. A change lost (a write not recorded, a
 //! removal not sent, an overflow or an eviction without a resync) or
 //! applied out of order shows as a state that differs. The primary's capped setups
-//! (`setup`) and change logs of 1 to 5 keys per stripe make evictions and
-//! overflows send whole stripes; the standby's stripe count may differ.
+//! (`setup`) and change logs of 1, 2 or 5 keys per stripe (or 1024, which
+//! rarely overflows) make evictions and overflows send whole stripes; the standby's stripe count may differ.
 //!
 //! Not covered: `update` (the RESP counters), concurrent writers and
 //! drains (the loom model's part), and the wire encoding of
@@ -232,19 +232,8 @@ impl Replicated {
             Op::Remove { key } => {
                 store.remove(key, now);
             }
-            Op::Absorb {
-                key,
-                limit,
-                charged,
-                refunded,
-                ago,
-            } => {
-                let usage = RemoteUsage {
-                    charged: *charged,
-                    refunded: *refunded,
-                    at: now.saturating_add_signed(-ago),
-                };
-                let _ = store.absorb(key, limit, usage, now);
+            Op::Absorb { key, limit, sent } => {
+                let _ = store.absorb(key, limit, sent.usage(now), now);
             }
             Op::Advance(step) => self.now += step,
             Op::Sweep(stripes) => {
@@ -344,22 +333,14 @@ fn live_states(store: &Store, now: Nanos) -> Vec<(Vec<u8>, Entry)> {
     all
 }
 
-/// A lease `key` holds on the primary (the `pick`th), or an unknown id.
+/// A lease `key` holds on the primary ([`pick_lease`]).
 fn lease_of(store: &Store, key: &[u8], now: Nanos, pick: usize) -> u64 {
-    let set = store
+    let leases = store
         .entries(key, now)
         .into_iter()
-        .find_map(|e| match e.state {
-            State::Concurrency(set) => Some(set),
-            _ => None,
-        });
-    match set {
-        Some(set) if !set.leases().is_empty() && pick % 8 != 7 => {
-            set.leases()[pick % set.leases().len()].id
-        }
-        Some(set) => set.last_id() + 1,
-        None => 1,
-    }
+        .map(|e| e.state)
+        .find(|s| matches!(s, State::Concurrency(_)));
+    pick_lease(leases.as_ref(), pick)
 }
 
 /// A drained change: both of the key's states as they are (`None`: gone).
