@@ -16,6 +16,7 @@
 //! node its replication settings, the store a [`StoreConfig`] built here
 //! (the store does not know this module).
 
+mod admin_hosts;
 mod cluster;
 mod events;
 mod file;
@@ -26,6 +27,7 @@ mod replication;
 mod sections;
 mod security;
 
+pub use admin_hosts::{is_host_name, AllowedHostError, AllowedHosts};
 pub use cluster::*;
 pub use events::*;
 pub use file::{ConfigFile, FileError};
