@@ -110,6 +110,11 @@ impl RequestGuard {
             if let Some(authority) = uri.authority() {
                 self.host(authority.as_str())?;
             }
+            let mut hosts = headers.get_all(HOST).iter();
+            if let (Some(_), Some(second)) = (hosts.next(), hosts.next()) {
+                // Which one a proxy in front would have used is anyone's guess.
+                return Err(Refusal::Host(quote(second)));
+            }
             if let Some(host) = headers.get(HOST).filter(|h| !h.is_empty()) {
                 self.host(host.to_str().map_err(|_| Refusal::Host(quote(host)))?)?;
             }
@@ -288,6 +293,11 @@ mod tests {
         let admin = [("host", "Admin.Example.com:443")];
         assert_eq!(request(&listed, Method::GET, "/metrics", &admin), Ok(()));
         assert!(request(&open, Method::GET, "/metrics", &admin).is_err());
+        let twice = [("host", "127.0.0.1"), ("host", "evil.example")];
+        assert_eq!(
+            check(request(&open, Method::GET, "/v1/rules", &twice)),
+            Some("host")
+        );
         // The probes answer any name; no Host at all is no browser.
         assert_eq!(
             request(&open, Method::GET, "/healthz", &[("host", "evil.example")]),

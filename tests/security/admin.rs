@@ -302,6 +302,21 @@ mod browser {
         assert_eq!(get(admin, "/v1/rules/login").await.0, 404);
         let (status, v) = put("application/json; charset=utf-8", rule).await;
         assert_eq!(status, 201, "{v}");
+        // Nor can another origin delete it, or replace it with JSON.
+        let h = format!(
+            "DELETE /v1/rules/login HTTP/1.1\r\nHost: {admin}\r\nOrigin: https://evil.example"
+        );
+        refused(&raw(admin, &h, "").await, 403, "origin");
+        let h = format!(
+            "PUT /v1/rules/login HTTP/1.1\r\nHost: {admin}\r\nSec-Fetch-Site: same-site\r\nContent-Type: application/json\r\nContent-Length: 15"
+        );
+        refused(
+            &raw(admin, &h, r#"{"rate": "9/s"}"#).await,
+            403,
+            "sec-fetch-site",
+        );
+        let (status, v) = get(admin, "/v1/rules/login").await;
+        assert_eq!((status, &v["rate"]), (200, &Value::from("5/s")), "{v}");
         // A key with state, for /v1/limits.
         let mut conn = crate::common::RawConn::ready(node.addr.parse().unwrap()).await;
         let batch = crate::common::batch_of(vec![vec![crate::common::rule(
