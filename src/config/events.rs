@@ -1,10 +1,12 @@
-//! The decision events' settings (`--events*`): where events go, which
-//! are sent, how many may wait. See `crate::events`.
+//! The decision events' settings (`--events*`): where events go, how the
+//! broker is reached (TLS, credentials), which are sent, how many may
+//! wait. See `crate::events`.
 
-use super::{at_least, at_most, ConfigError};
-use crate::events::EventsConfig;
+use super::{at_least, at_most, redacted, ConfigError};
+use crate::events::{EventsConfig, NatsAuth};
 use clap::Args;
 use serde::Serialize;
+use std::path::PathBuf;
 
 pub const DEFAULT_EVENTS_SUBJECT: &str = "tollgate.decisions";
 pub const DEFAULT_EVENTS_SAMPLE: f64 = 0.01;
@@ -20,9 +22,10 @@ pub const MAX_EVENTS_SUBJECT_LEN: usize = 256;
 #[command(next_help_heading = "Decision events")]
 #[serde(rename_all = "kebab-case")]
 pub struct EventSettings {
-    /// Publish decision events to this NATS server (`nats://HOST:PORT`):
-    /// every denial, shadow denial and refusal, and --events-sample of the
-    /// allowed checks. Needs the cargo feature `events`.
+    /// Publish decision events to this NATS server (`nats://HOST:PORT`, or
+    /// `tls://HOST:PORT` to require TLS): every denial, shadow denial and
+    /// refusal, and --events-sample of the allowed checks. Needs the cargo
+    /// feature `events`.
     #[arg(long, value_name = "URL")]
     pub events: Option<String>,
 
@@ -46,16 +49,40 @@ pub struct EventSettings {
     /// Region stamped on every event (e.g. `eu-west-1`).
     #[arg(long)]
     pub events_region: Option<String>,
+
+    /// CA (PEM) to verify the NATS server's certificate by; TLS is then
+    /// required, whatever the scheme (default for `tls://`: the system's
+    /// roots).
+    #[arg(long, value_name = "FILE")]
+    pub events_tls_ca: Option<PathBuf>,
+
+    /// NATS user name (with --events-password).
+    #[arg(long, env = "TOLLGATE_EVENTS_USER")]
+    pub events_user: Option<String>,
+
+    /// NATS password of --events-user.
+    #[arg(long, env = "TOLLGATE_EVENTS_PASSWORD", hide_env_values = true)]
+    #[serde(serialize_with = "redacted")]
+    pub events_password: Option<String>,
+
+    /// NATS authentication token (instead of a user and password).
+    #[arg(long, env = "TOLLGATE_EVENTS_TOKEN", hide_env_values = true)]
+    #[serde(serialize_with = "redacted")]
+    pub events_token: Option<String>,
 }
 
 impl EventSettings {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if let Some(url) = &self.events {
-            let rest = url.strip_prefix("nats://").unwrap_or("");
+            let rest = url
+                .strip_prefix("nats://")
+                .or_else(|| url.strip_prefix("tls://"))
+                .unwrap_or("");
             if rest.is_empty() || rest.contains(['/', ' ']) {
                 return Err(ConfigError::EventsUrl { url: url.clone() });
             }
         }
+        self.auth()?;
         let subject = &self.events_subject;
         if subject.is_empty()
             || subject.len() > MAX_EVENTS_SUBJECT_LEN
@@ -99,6 +126,31 @@ impl EventSettings {
             queue: self.events_queue,
             batch: self.events_batch,
             region: self.events_region.clone(),
+            tls_ca: self.events_tls_ca.clone(),
+            // Checked by `validate`.
+            auth: self.auth().unwrap_or(NatsAuth::None),
         })
+    }
+
+    /// The credentials given: a user with a password, a token, or none.
+    fn auth(&self) -> Result<NatsAuth, ConfigError> {
+        let refused = |reason| Err(ConfigError::EventsAuth { reason });
+        match (&self.events_user, &self.events_password, &self.events_token) {
+            (None, None, None) => Ok(NatsAuth::None),
+            (Some(user), Some(password), None) => Ok(NatsAuth::UserPassword {
+                user: user.clone(),
+                password: password.clone(),
+            }),
+            (None, None, Some(token)) => Ok(NatsAuth::Token(token.clone())),
+            (_, _, Some(_)) => {
+                refused("give --events-token or --events-user with --events-password, not both")
+            }
+            (Some(_), None, _) => {
+                refused("--events-user needs --events-password (or TOLLGATE_EVENTS_PASSWORD)")
+            }
+            (None, Some(_), _) => {
+                refused("--events-password needs --events-user (or TOLLGATE_EVENTS_USER)")
+            }
+        }
     }
 }

@@ -16,6 +16,7 @@
 //! node its replication settings, the store a [`StoreConfig`] built here
 //! (the store does not know this module).
 
+mod admin_hosts;
 mod cluster;
 mod events;
 mod file;
@@ -26,6 +27,7 @@ mod replication;
 mod sections;
 mod security;
 
+pub use admin_hosts::{is_host_name, AllowedHostError, AllowedHosts};
 pub use cluster::*;
 pub use events::*;
 pub use file::{ConfigFile, FileError};
@@ -175,7 +177,7 @@ pub enum ConfigError {
         flag: &'static str,
         feature: &'static str,
     },
-    #[error("--events {url:?} is not a NATS address: give nats://HOST:PORT")]
+    #[error("--events {url:?} is not a NATS address: give nats://HOST:PORT (or tls://HOST:PORT)")]
     EventsUrl { url: String },
     #[error("--events-subject {subject:?} must be 1 to {max} bytes of dot-separated tokens, without spaces or the wildcards * and >")]
     EventsSubject { subject: String, max: usize },
@@ -183,6 +185,8 @@ pub enum ConfigError {
     NotAFraction { name: &'static str, value: String },
     #[error("pair mode, cluster mode or region peers with TLS need --tls-ca: the CA that signed the other nodes' certificates, to verify them")]
     PairTlsWithoutCa,
+    #[error("decision events credentials: {reason}")]
+    EventsAuth { reason: &'static str },
 }
 
 impl ServerConfig {

@@ -349,6 +349,12 @@ pub struct AdminSettings {
     #[arg(long, default_value = DEFAULT_STATUS_REFRESH, value_parser = parse_duration)]
     #[serde(serialize_with = "human")]
     pub status_refresh: Duration,
+
+    /// Host names the admin API answers for, beside IP addresses and
+    /// `localhost` (comma-separated; `*`: any). Any other `Host` gets 421:
+    /// a name reaching the admin port that is not listed is DNS rebinding.
+    #[arg(long, env = "TOLLGATE_ADMIN_ALLOWED_HOSTS", value_name = "HOST[,HOST]")]
+    pub admin_allowed_hosts: Option<super::AllowedHosts>,
 }
 
 impl AdminSettings {

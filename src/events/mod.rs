@@ -19,13 +19,17 @@
 //!   always find them).
 //!
 //! The NATS side (`nats.rs`) needs the cargo feature `events` (async-nats);
-//! without it `--events` is refused at start.
+//! without it `--events` is refused at start. The broker may ask for TLS
+//! (`tls://`, `--events-tls-ca`, loaded at start like every other CA of
+//! the server) and credentials (a user and password, or a token).
 
 #[cfg(feature = "events")]
 mod nats;
 
 use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tollgate_protocol::{ErrorCode, Limit};
@@ -33,7 +37,7 @@ use tollgate_protocol::{ErrorCode, Limit};
 /// How events are published: the `--events*` settings, checked.
 #[derive(Debug, Clone)]
 pub struct EventsConfig {
-    /// `nats://HOST:PORT`.
+    /// `nats://HOST:PORT` or `tls://HOST:PORT`.
     pub url: String,
     pub subject: String,
     /// Fraction of allowed checks sent (denials and refusals: all).
@@ -44,6 +48,28 @@ pub struct EventsConfig {
     pub batch: usize,
     /// Added to each event when set.
     pub region: Option<String>,
+    /// CA to verify the broker by (TLS is then required).
+    pub tls_ca: Option<PathBuf>,
+    pub auth: NatsAuth,
+}
+
+/// The credentials presented to NATS.
+#[derive(Clone, PartialEq, Eq)]
+pub enum NatsAuth {
+    None,
+    UserPassword { user: String, password: String },
+    Token(String),
+}
+
+/// Never prints a secret (the config is logged in debug output).
+impl std::fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => f.write_str("None"),
+            Self::UserPassword { user, .. } => write!(f, "UserPassword({user:?}, <redacted>)"),
+            Self::Token(_) => f.write_str("Token(<redacted>)"),
+        }
+    }
 }
 
 /// Why events cannot be published.
@@ -51,6 +77,8 @@ pub struct EventsConfig {
 pub enum EventsError {
     #[error("--events needs the cargo feature `events` (this binary was built without it)")]
     NotBuilt,
+    #[error("--events-tls-ca: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// What a check came to.
@@ -164,6 +192,8 @@ pub struct Events {
 pub struct Publisher {
     rx: mpsc::Receiver<Event>,
     config: EventsConfig,
+    /// From `--events-tls-ca`, read at start.
+    tls: Option<Arc<rustls::ClientConfig>>,
     metrics: EventMetrics,
 }
 
@@ -175,6 +205,10 @@ pub fn channel(
     if !cfg!(feature = "events") {
         return Err(EventsError::NotBuilt);
     }
+    let tls = match &config.tls_ca {
+        Some(ca) => Some(crate::tls::client_config(ca)?),
+        None => None,
+    };
     let (tx, rx) = mpsc::channel(config.queue.max(1));
     Ok((
         Events {
@@ -185,6 +219,7 @@ pub fn channel(
         Publisher {
             rx,
             config,
+            tls,
             metrics,
         },
     ))

@@ -9,9 +9,18 @@
 //! `publish_failed`. On stop, what is queued is published within the
 //! grace period (`--shutdown-grace`), then flushed; with the broker away,
 //! the stop waits that long.
+//!
+//! A broker that refuses the credentials or the TLS handshake is retried
+//! like an absent one; the first failure of each run of them is logged at
+//! error level, naming the settings to check, so a wrong password shows in
+//! the log rather than only as dropped events. Checks never wait on any of
+//! this.
 
-use super::{Event, Publisher};
+use super::{Event, NatsAuth, Publisher};
+use async_nats::{ClientError, ConnectOptions};
 use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -22,21 +31,23 @@ pub(super) async fn publish(
     grace: Duration,
 ) {
     let config = &publisher.config;
-    let client = match async_nats::ConnectOptions::new()
-        .name("tollgate")
-        .retry_on_initial_connect()
-        .connect(config.url.as_str())
-        .await
-    {
+    let url = shown(&config.url);
+    let tls = publisher.tls.is_some() || config.url.starts_with("tls://");
+    let options = connect_options(&publisher).event_callback({
+        let url = url.clone();
+        let failing = Arc::new(AtomicBool::new(false));
+        move |event| log_event(event, url.clone(), tls, failing.clone())
+    });
+    let client = match options.connect(config.url.as_str()).await {
         Ok(client) => client,
         Err(e) => {
             // Only an unusable address gets here (retrying covers an
             // absent broker): events are dropped as the queue fills.
-            tracing::error!(url = %config.url, error = %e, "decision events: cannot connect to NATS");
+            tracing::error!(%url, error = %e, "decision events: cannot connect to NATS");
             return;
         }
     };
-    tracing::info!(url = %config.url, subject = %config.subject, "decision events to NATS");
+    tracing::info!(%url, subject = %config.subject, tls, "decision events to NATS");
     let stamp = Stamp {
         node,
         region: config.region.clone(),
@@ -104,6 +115,77 @@ pub(super) async fn publish(
     }
 }
 
+/// The client's options: a name, retrying from the start, the TLS config
+/// of `--events-tls-ca` (TLS then required) and the credentials.
+fn connect_options(publisher: &Publisher) -> ConnectOptions {
+    let mut options = ConnectOptions::new()
+        .name("tollgate")
+        .retry_on_initial_connect();
+    if let Some(tls) = &publisher.tls {
+        options = options
+            .tls_client_config(rustls::ClientConfig::clone(tls))
+            .require_tls(true);
+    }
+    match &publisher.config.auth {
+        NatsAuth::None => options,
+        NatsAuth::UserPassword { user, password } => {
+            options.user_and_password(user.clone(), password.clone())
+        }
+        NatsAuth::Token(token) => options.token(token.clone()),
+    }
+}
+
+/// Logs what the client reports: the first connection failure of a run at
+/// error level with what to check, the rest of the run at debug (the
+/// client retries every few seconds), and every (re)connection.
+async fn log_event(event: async_nats::Event, url: String, tls: bool, failing: Arc<AtomicBool>) {
+    match event {
+        async_nats::Event::Connected => {
+            failing.store(false, Ordering::Relaxed);
+            tracing::info!(%url, "decision events: connected to NATS");
+        }
+        async_nats::Event::Disconnected => {
+            tracing::warn!(%url, "decision events: disconnected from NATS; reconnecting");
+        }
+        async_nats::Event::ClientError(ClientError::Other(error)) => {
+            let hint = hint(&error, tls);
+            if failing.swap(true, Ordering::Relaxed) {
+                tracing::debug!(%url, %error, hint, "decision events: cannot connect to NATS");
+            } else {
+                tracing::error!(%url, %error, hint, "decision events: cannot connect to NATS");
+            }
+        }
+        async_nats::Event::ServerError(error) => {
+            tracing::warn!(%url, %error, "decision events: NATS server error");
+        }
+        event => tracing::debug!(%url, %event, "decision events: NATS client"),
+    }
+}
+
+/// What to check for a connection error of the client. Its kinds are only
+/// text by the time they are reported, and a certificate the CA does not
+/// verify is reported as an I/O error, like a refused connection.
+fn hint(error: &str, tls: bool) -> &'static str {
+    if error.contains("authorization") || error.contains("nonce") {
+        "NATS refused the credentials: check --events-user/--events-password (TOLLGATE_EVENTS_USER, TOLLGATE_EVENTS_PASSWORD) or --events-token (TOLLGATE_EVENTS_TOKEN)"
+    } else if error.contains("TLS") || tls {
+        "the broker is unreachable or the TLS handshake failed: check the address, tls:// and --events-tls-ca against the server's certificate; retrying (events are dropped once --events-queue is full)"
+    } else {
+        "the broker is unreachable: check the address; retrying (events are dropped once --events-queue is full)"
+    }
+}
+
+/// `url` without a `user:password@` part, for the log.
+fn shown(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://<redacted>@{host}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
 /// What the publisher stamps on every event it sends.
 #[derive(Debug, Clone, Serialize)]
 struct Stamp {
@@ -149,6 +231,16 @@ mod tests {
             cost: 2,
             remaining: Some(0),
         }
+    }
+
+    #[test]
+    fn credentials_in_the_url_are_not_logged() {
+        assert_eq!(shown("nats://u:p@h:4222"), "nats://<redacted>@h:4222");
+        assert_eq!(shown("tls://h:4222"), "tls://h:4222");
+        assert!(hint("authorization violation", true).contains("--events-password"));
+        assert!(hint("TLS error", false).contains("--events-tls-ca"));
+        assert!(hint("IO error", true).contains("--events-tls-ca"));
+        assert!(!hint("IO error", false).contains("--events-tls-ca"));
     }
 
     #[test]

@@ -18,7 +18,13 @@
 //! answer tells nothing without the token. `POST /v1/promote` is the
 //! operator's promotion (the protocol's PROMOTE is for nodes only).
 //! The listener (TLS, HTTP/1, graceful stop) is `admin_listener.rs`.
+//!
+//! Before the token, `admin_guard.rs` refuses what a browser could be made
+//! to send for someone else: an unexpected `Host` (421, DNS rebinding), a
+//! state-changing request from another origin (403, CSRF), a body that is
+//! not JSON (415).
 
+use super::admin_guard::RequestGuard;
 use super::auth::AdminAuth;
 use super::Shared;
 use crate::algorithm::Policy;
@@ -52,6 +58,8 @@ pub(super) struct AdminState {
     pub max_log_entries: u64,
     /// Who may call which endpoint.
     pub auth: AdminAuth,
+    /// Which hosts, origins and bodies are refused before the token.
+    pub guard: RequestGuard,
     /// `--max-memory`, for the status page (None: no cap).
     pub max_memory: Option<usize>,
     /// `--status-refresh`: how often the status page reloads itself.
@@ -89,7 +97,39 @@ pub(super) fn router(state: Arc<AdminState>) -> Router {
             state.clone(),
             require_token,
         ))
+        // Added last, so it runs first: a refused request never reaches the
+        // token check (whose 401 would tell a rebinding page it exists).
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard_request,
+        ))
         .with_state(state)
+}
+
+/// 421, 403 or 415 for a request `admin_guard` refuses.
+async fn guard_request(
+    AxumState(state): AppState,
+    request: axum::extract::Request,
+    next: Next,
+) -> Response {
+    let verdict = state
+        .guard
+        .judge(request.method(), request.uri(), request.headers());
+    match verdict {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => {
+            // Debug: a page can send these as fast as a browser goes; the
+            // counter (tollgate_admin_refused_total) is the signal.
+            tracing::debug!(
+                method = %request.method(),
+                path = %crate::log_text::escape(request.uri().path()),
+                reason = %crate::log_text::escape(&refusal.to_string()),
+                "admin request refused"
+            );
+            let body = json!({ "error": refusal.to_string(), "refused": refusal.check() });
+            (refusal.status(), Json(body)).into_response()
+        }
+    }
 }
 
 /// 401 for a request the admin token does not cover.
@@ -469,6 +509,7 @@ mod tests {
             serving: AtomicBool::new(false),
             max_log_entries: 1000,
             auth: AdminAuth::new(&Default::default()),
+            guard: RequestGuard::new(None, &Registry::new()).unwrap(),
             max_memory: None,
             status_refresh: std::time::Duration::from_secs(5),
         });

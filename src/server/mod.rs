@@ -40,6 +40,7 @@
 //!   path; they translate, they decide nothing of their own.
 
 pub mod admin;
+mod admin_guard;
 mod admin_listener;
 mod admission;
 mod auth;
@@ -71,6 +72,7 @@ use crate::rules::{LoadError, Rules};
 use crate::store::Store;
 use crate::throttled::TopThrottled;
 use admin::AdminState;
+use admin_guard::RequestGuard;
 use admission::{Admission, Answer};
 use auth::{AdminAuth, Authenticator};
 use budget::Budget;
@@ -495,12 +497,15 @@ impl Server {
         // The admin server outlives the drain (readyz says "draining"), so
         // it has its own stop signal, given after the connections are done.
         let admin_stop = CancellationToken::new();
+        let guard = RequestGuard::new(config.admin.admin_allowed_hosts.clone(), &registry)
+            .map_err(io::Error::other)?;
         let admin_state = Arc::new(AdminState {
             shared: shared.clone(),
             registry,
             serving: AtomicBool::new(false),
             max_log_entries: config.store.max_log_entries,
             auth: AdminAuth::new(&config.auth),
+            guard,
             max_memory: config.store.max_memory,
             status_refresh: config.admin.status_refresh,
         });
