@@ -30,6 +30,14 @@ const PING_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct Etcd {
     client: Client,
     request_timeout: Duration,
+    tls: Tls,
+}
+
+/// The connection's TLS, to tell a failed handshake from other failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tls {
+    Off,
+    On { client_cert: bool },
 }
 
 impl std::fmt::Debug for Etcd {
@@ -41,8 +49,11 @@ impl std::fmt::Debug for Etcd {
 }
 
 impl Etcd {
-    /// Sets up connections to `settings.endpoints`. Nothing is sent yet: an
-    /// unreachable etcd shows up as errors of the first requests.
+    /// Sets up connections to `settings.endpoints`, over TLS and as the
+    /// etcd user `settings.access` gives. Without a user nothing is sent
+    /// yet: an unreachable etcd shows up as errors of the first requests.
+    /// With one, etcd-client asks etcd for a token here, under the request
+    /// deadline like any request.
     pub async fn connect(settings: &EtcdSettings) -> Result<Self, ClusterError> {
         settings.validate()?;
         let options = ConnectOptions::new()
@@ -50,12 +61,22 @@ impl Etcd {
             .with_keep_alive(PING_INTERVAL, PING_TIMEOUT)
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
-        let client = Client::connect(settings.urls(), Some(options))
-            .await
-            .map_err(ClusterError::etcd("connect"))?;
+        let options = settings.access.apply(options)?;
+        let urls = settings.urls();
+        let tls = match settings.access.tls() {
+            false => Tls::Off,
+            true => Tls::On {
+                client_cert: settings.access.cert.is_some(),
+            },
+        };
+        let client = retried("connect", settings.request_timeout, tls, || {
+            Client::connect(urls.clone(), Some(options.clone()))
+        })
+        .await?;
         Ok(Self {
             client,
             request_timeout: settings.request_timeout,
+            tls,
         })
     }
 
@@ -79,25 +100,70 @@ impl Etcd {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let attempts = async {
-            loop {
-                match request(self.client()).await {
-                    Err(e) if never_sent(&e) => {
-                        tracing::debug!(op, error = %e, "etcd member unreachable; trying again");
-                        tokio::time::sleep(CONNECT_RETRY).await;
-                    }
-                    done => return done,
-                }
-            }
-        };
-        match tokio::time::timeout(self.request_timeout, attempts).await {
-            Ok(result) => result.map_err(ClusterError::etcd(op)),
-            Err(_) => Err(ClusterError::Timeout {
-                op,
-                after: self.request_timeout,
-            }),
-        }
+        retried(op, self.request_timeout, self.tls, || {
+            request(self.client())
+        })
+        .await
     }
+}
+
+/// Runs `request` under `deadline`, sending it again while it fails to
+/// connect; past the deadline, a request that never connected reports its
+/// last error (a refused connection, an untrusted certificate...).
+async fn retried<T, F, Fut>(
+    op: &'static str,
+    deadline: Duration,
+    tls: Tls,
+    mut request: F,
+) -> Result<T, ClusterError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut last = None;
+    let attempts = async {
+        loop {
+            match request().await {
+                Err(e) if never_sent(&e) => {
+                    tracing::debug!(op, error = %e, "etcd member unreachable; trying again");
+                    last = Some(e);
+                    tokio::time::sleep(CONNECT_RETRY).await;
+                }
+                done => return done,
+            }
+        }
+    };
+    // Bound first: the attempts' borrow of `last` ends with this statement.
+    let outcome = tokio::time::timeout(deadline, attempts).await;
+    match outcome {
+        Ok(Err(source)) if tls_failure(&source, tls) => Err(ClusterError::Tls { op, source }),
+        Ok(result) => result.map_err(ClusterError::etcd(op)),
+        Err(_) => Err(match last {
+            Some(source) => ClusterError::Unreachable {
+                op,
+                after: deadline,
+                source,
+            },
+            None => ClusterError::Timeout {
+                op,
+                after: deadline,
+            },
+        }),
+    }
+}
+
+/// Whether `e` is a failed TLS handshake: the certificate was refused on
+/// either side. A server that demands a client certificate and got none
+/// closes the connection after the handshake (TLS 1.3), which the client
+/// only sees as a broken transport (a broken pipe, a closed connection).
+fn tls_failure(e: &etcd_client::Error, tls: Tls) -> bool {
+    let Tls::On { client_cert } = tls else {
+        return false;
+    };
+    let text = format!("{e:?}").to_lowercase();
+    text.contains("certificate")
+        || text.contains("handshake")
+        || (!client_cert && text.contains("transport::error(transport"))
 }
 
 /// Pause between two attempts of a request that could not connect.
