@@ -12,6 +12,7 @@ mod certs;
 mod cli;
 mod client_tls;
 mod connections;
+mod handoff_cap;
 mod hostile_io;
 mod process;
 mod protected;
