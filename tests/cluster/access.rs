@@ -16,7 +16,7 @@ use tollgate::cluster::{status, Etcd, EtcdAccess, EtcdSettings};
 use crate::certs::{write_ca, Ca, Files, Validity};
 use crate::common::TempDir;
 use crate::etcd::{ClientTls, EtcdCluster};
-use crate::nodes::LEASE_FLAGS;
+use crate::nodes::{tollgate, LEASE_FLAGS};
 use crate::procs::{free_addr, Node, BIN, CLUSTER_SECRET};
 use crate::*;
 
@@ -299,6 +299,14 @@ async fn a_node_joins_over_mtls_as_an_etcd_user_and_is_refused_without_them() {
         let st = status(&etcd, &k).await.ok()?;
         let primary = st.shards[0].primary.as_ref()?;
         (primary.addr == node.addr).then_some(())
+    })
+    .await;
+    // Its routing table (read and watched from etcd as that user) serves.
+    eventually("the node answers a check", || async {
+        let (code, out, _) = tollgate(&[
+            "check", "--server", &node.addr, "--key", "k", "--rate", "100/h", "--json",
+        ]);
+        (code == 0 && out.contains("\"allowed\":true")).then_some(())
     })
     .await;
 
