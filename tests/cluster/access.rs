@@ -218,6 +218,18 @@ async fn the_cli_reaches_etcd_over_mtls_as_an_etcd_user_and_says_why_it_cannot()
         "no client certificate: {out}"
     );
 
+    // Nothing listens there: the last connection error is reported.
+    let closed = flags(&["--etcd", &free_addr(), "--timeout", "1s"]);
+    let (code, out) = cluster_cli(
+        &[flags(&["status", "--cluster", "sec"]), closed].concat(),
+        &[],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("no member reached within 1s") && out.contains("connect"),
+        "no etcd: {out}"
+    );
+
     // Refused before anything is sent.
     let mut cert_only = s.tls_flags(&s.ca);
     cert_only.truncate(6);
