@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use etcd_client::Permission;
-use tollgate::cluster::{status, Etcd, EtcdAccess, EtcdSettings};
+use tollgate::cluster::{init, load_topology, status, Etcd, EtcdAccess, EtcdSettings};
 
 use crate::certs::{write_ca, Ca, Files, Validity};
 use crate::common::TempDir;
@@ -40,6 +40,11 @@ struct Secured {
 
 impl Secured {
     async fn start(name: &str) -> Self {
+        Self::start_with(name, &[]).await
+    }
+
+    /// [`start`](Self::start), etcd started with `extra` flags too.
+    async fn start_with(name: &str, extra: &[&str]) -> Self {
         let dir = TempDir::new(name);
         let ca = Ca::root("etcd test CA");
         let server = ca.issue("etcd", Validity::Now).write(&dir.0, "etcd");
@@ -52,13 +57,16 @@ impl Secured {
         let rogue_ca = write_ca(&dir.0, "rogue.pem", &Ca::root("rogue CA").pem());
         let password_file = dir.path("password");
         std::fs::write(&password_file, format!("{PASSWORD}\n")).unwrap();
-        let etcd = EtcdCluster::single_tls(ClientTls {
-            cert: server.cert,
-            key: server.key,
-            ca_pem: ca.pem(),
-            client_ca: Some(ca_file.clone()),
-            probe: Some((client_leaf.chain.clone(), client_leaf.key.clone())),
-        })
+        let etcd = EtcdCluster::single_tls(
+            ClientTls {
+                cert: server.cert,
+                key: server.key,
+                ca_pem: ca.pem(),
+                client_ca: Some(ca_file.clone()),
+                probe: Some((client_leaf.chain.clone(), client_leaf.key.clone())),
+            },
+            extra,
+        )
         .await;
         enable_auth(&etcd).await;
         let endpoint = etcd.endpoint(0);
@@ -352,4 +360,19 @@ async fn a_node_joins_over_mtls_as_an_etcd_user_and_is_refused_without_them() {
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("--etcd-cert needs --etcd-key"), "{out}");
     drop(node);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_etcd_token_is_renewed_on_the_next_request() {
+    // etcd forgets a token unused for a second (its default: 5 minutes,
+    // as long as a standby may go without a unary request).
+    let s = Secured::start_with("etcd-access-token", &["--auth-token-ttl", "1"]).await;
+    let etcd = s.connect().await;
+    let k = keys("ttl");
+    let (_, version) = init(&etcd, &k, 1).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, again) = load_topology(&etcd, &k)
+        .await
+        .expect("a request after the token expired gets a new one");
+    assert_eq!(again, version);
 }

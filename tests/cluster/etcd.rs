@@ -104,16 +104,17 @@ impl EtcdCluster {
         Self::start(3).await
     }
 
-    /// One member whose client port speaks TLS only.
-    pub async fn single_tls(tls: ClientTls) -> Self {
-        Self::start_with(1, Some(tls)).await
+    /// One member whose client port speaks TLS only, started with `extra`
+    /// flags too.
+    pub async fn single_tls(tls: ClientTls, extra: &[&str]) -> Self {
+        Self::start_with(1, Some(tls), extra).await
     }
 
     async fn start(n: usize) -> Self {
-        Self::start_with(n, None).await
+        Self::start_with(n, None, &[]).await
     }
 
-    async fn start_with(n: usize, tls: Option<ClientTls>) -> Self {
+    async fn start_with(n: usize, tls: Option<ClientTls>, extra: &[&str]) -> Self {
         let bin = etcd_bin();
         let scheme = if tls.is_some() { "https" } else { "http" };
         let dir = std::env::temp_dir().join(format!(
@@ -165,6 +166,7 @@ impl EtcdCluster {
                 .to_vec();
                 let mut args = args;
                 args.extend(tls.as_ref().map(tls_args).unwrap_or_default());
+                args.extend(extra.iter().map(|s| s.to_string()));
                 Member {
                     name: name.clone(),
                     client,
