@@ -81,13 +81,19 @@ impl Secured {
         }
     }
 
-    /// The TLS flags with `ca` as the CA (`https://` implied).
-    fn tls_flags(&self, ca: &Path) -> Vec<String> {
+    /// `--etcd` (bare `HOST:PORT`: https is implied by the CA).
+    fn etcd(&self) -> Vec<String> {
+        flags(&["--etcd", &self.endpoint])
+    }
+
+    /// `--etcd-tls-ca`.
+    fn ca(&self, ca: &Path) -> Vec<String> {
+        flags(&["--etcd-tls-ca", &ca.to_string_lossy()])
+    }
+
+    /// The client certificate and its key.
+    fn cert(&self) -> Vec<String> {
         flags(&[
-            "--etcd",
-            &self.endpoint,
-            "--etcd-tls-ca",
-            &ca.to_string_lossy(),
             "--etcd-cert",
             &self.client.cert.to_string_lossy(),
             "--etcd-key",
@@ -95,16 +101,19 @@ impl Secured {
         ])
     }
 
-    /// Every flag a client needs, the password read from its file.
-    fn good_flags(&self) -> Vec<String> {
-        let mut f = self.tls_flags(&self.ca);
-        f.extend(flags(&[
+    /// The `tollgate` user, its password read from a file.
+    fn user(&self) -> Vec<String> {
+        flags(&[
             "--etcd-user",
             "tollgate",
             "--etcd-password-file",
             &self.password_file.to_string_lossy(),
-        ]));
-        f
+        ])
+    }
+
+    /// Every flag a client needs.
+    fn good_flags(&self) -> Vec<String> {
+        [self.etcd(), self.ca(&self.ca), self.cert(), self.user()].concat()
     }
 
     /// The library's own connection, as the `tollgate` user.
@@ -176,86 +185,84 @@ fn status_with(access: &[String], env: &[(&str, &str)], name: &str) -> (i32, Str
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_reaches_etcd_over_mtls_as_an_etcd_user_and_says_why_it_cannot() {
     let s = Secured::start("etcd-access-cli").await;
-    let mut init = flags(&["init", "--cluster", "sec", "--shards", "1"]);
-    init.extend(s.good_flags());
+    let init = [
+        flags(&["init", "--cluster", "sec", "--shards", "1"]),
+        s.good_flags(),
+    ]
+    .concat();
     let (code, out) = cluster_cli(&init, &[]);
     assert_eq!(code, 0, "cluster init with the right credentials: {out}");
 
-    // The password from the environment, the endpoint written https://.
-    let mut env_flags = s.tls_flags(&s.ca);
-    env_flags[1] = format!("https://{}", s.endpoint);
-    env_flags.extend(flags(&["--etcd-user", "tollgate"]));
-    let (code, out) = status_with(&env_flags, &[("TOLLGATE_ETCD_PASSWORD", PASSWORD)], "sec");
+    // The endpoint written https://, the password from the environment.
+    let https = flags(&["--etcd", &format!("https://{}", s.endpoint)]);
+    let user = flags(&["--etcd-user", "tollgate"]);
+    let env_access = [https.clone(), s.ca(&s.ca), s.cert(), user.clone()].concat();
+    let password = [("TOLLGATE_ETCD_PASSWORD", PASSWORD)];
+    let (code, out) = status_with(&env_access, &password, "sec");
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("cluster sec: 1 shards"), "{out}");
 
-    let (code, out) = status_with(
-        &env_flags,
-        &[("TOLLGATE_ETCD_PASSWORD", "not-the-password")],
-        "sec",
-    );
-    assert_eq!(code, 2, "{out}");
-    assert!(
-        out.contains("etcd refused connect") && out.contains("authentication failed"),
-        "a wrong password: {out}"
-    );
-
-    // TLS right, no user: etcd refuses the request itself.
-    let (code, out) = status_with(&s.tls_flags(&s.ca), &[], "sec");
-    assert_eq!(code, 2, "{out}");
-    assert!(out.contains("etcd refused"), "no user: {out}");
-
-    // A CA that did not sign etcd's certificate: never connects.
-    let mut rogue = s.tls_flags(&s.rogue_ca);
-    rogue.extend(s.good_flags().split_off(8));
-    let (code, out) = status_with(&rogue, &[], "sec");
-    assert_eq!(code, 2, "{out}");
-    assert!(
-        out.contains("TLS with etcd failed") && out.contains("UnknownIssuer"),
-        "an untrusted CA: {out}"
-    );
-
-    // No client certificate: etcd ends the handshake.
-    let mut no_cert = s.tls_flags(&s.ca);
-    no_cert.truncate(4);
-    no_cert.extend(s.good_flags().split_off(8));
-    let (code, out) = status_with(&no_cert, &[], "sec");
-    assert_eq!(code, 2, "{out}");
-    assert!(
-        out.contains("TLS with etcd failed"),
-        "no client certificate: {out}"
-    );
-
-    // Nothing listens there: the last connection error is reported.
-    let closed = flags(&["--etcd", &free_addr(), "--timeout", "1s"]);
-    let (code, out) = cluster_cli(
-        &[flags(&["status", "--cluster", "sec"]), closed].concat(),
-        &[],
-    );
-    assert_eq!(code, 2, "{out}");
-    assert!(
-        out.contains("no member reached within 1s") && out.contains("connect"),
-        "no etcd: {out}"
-    );
-
-    // Refused before anything is sent.
-    let mut cert_only = s.tls_flags(&s.ca);
-    cert_only.truncate(6);
-    let (code, out) = status_with(&cert_only, &[], "sec");
-    assert_eq!(code, 2, "{out}");
-    assert!(out.contains("--etcd-cert needs --etcd-key"), "{out}");
-    let https_without_ca = flags(&["--etcd", &format!("https://{}", s.endpoint)]);
-    let (code, out) = status_with(&https_without_ca, &[], "sec");
-    assert_eq!(code, 2, "{out}");
-    assert!(out.contains("https needs --etcd-tls-ca"), "{out}");
-    let user_without_password = {
-        let mut f = s.tls_flags(&s.ca);
-        f.extend(flags(&["--etcd-user", "tollgate"]));
-        f
-    };
-    let (code, out) = status_with(&user_without_password, &[], "sec");
-    assert_eq!(code, 2, "{out}");
-    assert!(out.contains("--etcd-user needs a password"), "{out}");
+    let wrong = [("TOLLGATE_ETCD_PASSWORD", "not-the-password")];
+    let closed = flags(&["--etcd", &free_addr()]);
+    // (what, flags, environment, what the error must say); each exits 2.
+    let refused: [(&str, Vec<String>, &[(&str, &str)], &[&str]); 8] = [
+        (
+            "a wrong password",
+            env_access.clone(),
+            &wrong,
+            &["etcd refused connect", "authentication failed"],
+        ),
+        (
+            "no user: etcd refuses the request itself",
+            [s.etcd(), s.ca(&s.ca), s.cert()].concat(),
+            &[],
+            &["etcd refused read the cluster", "permission denied"],
+        ),
+        (
+            "a CA that did not sign etcd's certificate",
+            [s.etcd(), s.ca(&s.rogue_ca), s.cert(), s.user()].concat(),
+            &[],
+            &["TLS with etcd failed", "UnknownIssuer"],
+        ),
+        (
+            "no client certificate: etcd ends the handshake",
+            [s.etcd(), s.ca(&s.ca), s.user()].concat(),
+            &[],
+            &["TLS with etcd failed"],
+        ),
+        (
+            "nothing listens: the last connection error",
+            closed,
+            &[],
+            &["no member reached within 2s", "connect"],
+        ),
+        // Refused before anything is sent.
+        (
+            "a certificate without its key",
+            [s.etcd(), s.ca(&s.ca), s.cert()[..2].to_vec()].concat(),
+            &[],
+            &["--etcd-cert needs --etcd-key"],
+        ),
+        (
+            "https without a CA",
+            https,
+            &[],
+            &["https needs --etcd-tls-ca"],
+        ),
+        (
+            "a user without a password",
+            [s.etcd(), s.ca(&s.ca), s.cert(), user].concat(),
+            &[],
+            &["--etcd-user needs a password"],
+        ),
+    ];
+    for (what, access, env, says) in refused {
+        let (code, out) = status_with(&access, env, "sec");
+        assert_eq!(code, 2, "{what}: {out}");
+        for needle in says {
+            assert!(out.contains(needle), "{what}: {out}");
+        }
+    }
 }
 
 /// `tollgate serve` in cluster mode with `access` flags, expected to fail
@@ -303,8 +310,11 @@ fn serve_refused(access: &[String]) -> (i32, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_joins_over_mtls_as_an_etcd_user_and_is_refused_without_them() {
     let s = Secured::start("etcd-access-node").await;
-    let mut init = flags(&["init", "--cluster", "sec", "--shards", "1"]);
-    init.extend(s.good_flags());
+    let init = [
+        flags(&["init", "--cluster", "sec", "--shards", "1"]),
+        s.good_flags(),
+    ]
+    .concat();
     let (code, out) = cluster_cli(&init, &[]);
     assert_eq!(code, 0, "{out}");
 
@@ -330,35 +340,34 @@ async fn a_node_joins_over_mtls_as_an_etcd_user_and_is_refused_without_them() {
     })
     .await;
 
-    let mut wrong = s.tls_flags(&s.ca);
-    wrong.extend(flags(&[
-        "--etcd-user",
-        "tollgate",
-        "--etcd-password",
-        "nope",
-    ]));
-    let (code, out) = serve_refused(&wrong);
-    assert_ne!(code, 0, "{out}");
-    assert!(
-        out.contains("authentication failed"),
-        "a wrong password: {out}"
-    );
-
-    let (code, out) = serve_refused(&s.tls_flags(&s.ca));
-    assert_ne!(code, 0, "{out}");
-    assert!(out.contains("etcd refused"), "no user: {out}");
-
-    let mut rogue = s.tls_flags(&s.rogue_ca);
-    rogue.extend(s.good_flags().split_off(8));
-    let (code, out) = serve_refused(&rogue);
-    assert_ne!(code, 0, "{out}");
-    assert!(out.contains("certificate"), "an untrusted CA: {out}");
-
-    let mut cert_only = s.tls_flags(&s.ca);
-    cert_only.truncate(6);
-    let (code, out) = serve_refused(&cert_only);
-    assert_eq!(code, 2, "{out}");
-    assert!(out.contains("--etcd-cert needs --etcd-key"), "{out}");
+    let wrong = flags(&["--etcd-user", "tollgate", "--etcd-password", "nope"]);
+    let refused: [(&str, Vec<String>, &str); 4] = [
+        (
+            "a wrong password",
+            [s.etcd(), s.ca(&s.ca), s.cert(), wrong].concat(),
+            "authentication failed",
+        ),
+        (
+            "no user",
+            [s.etcd(), s.ca(&s.ca), s.cert()].concat(),
+            "etcd refused",
+        ),
+        (
+            "an untrusted CA",
+            [s.etcd(), s.ca(&s.rogue_ca), s.cert(), s.user()].concat(),
+            "TLS with etcd failed",
+        ),
+        (
+            "a certificate without its key",
+            [s.etcd(), s.ca(&s.ca), s.cert()[..2].to_vec()].concat(),
+            "--etcd-cert needs --etcd-key",
+        ),
+    ];
+    for (what, access, says) in refused {
+        let (code, out) = serve_refused(&access);
+        assert_eq!(code, 2, "{what}: {out}");
+        assert!(out.contains(says), "{what}: {out}");
+    }
     drop(node);
 }
 
