@@ -133,6 +133,9 @@ impl Secured {
     }
 }
 
+/// Environment variables given to a command.
+type Env<'a> = &'a [(&'a str, &'a str)];
+
 fn flags(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -205,7 +208,7 @@ async fn the_cli_reaches_etcd_over_mtls_as_an_etcd_user_and_says_why_it_cannot()
     let wrong = [("TOLLGATE_ETCD_PASSWORD", "not-the-password")];
     let closed = flags(&["--etcd", &free_addr()]);
     // (what, flags, environment, what the error must say); each exits 2.
-    let refused: [(&str, Vec<String>, &[(&str, &str)], &[&str]); 8] = [
+    let refused: [(&str, Vec<String>, Env, &[&str]); 8] = [
         (
             "a wrong password",
             env_access.clone(),
