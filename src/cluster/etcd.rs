@@ -12,9 +12,13 @@
 //! although the others are up. Such a request never left this process, so
 //! [`Etcd::call`] sends it again (another endpoint is picked) until the
 //! deadline. Any other failure is reported: a request that may have reached
-//! etcd is never sent twice.
+//! etcd is never sent twice. A failure that comes from TLS (an untrusted
+//! certificate, a client certificate refused or missing) is reported as
+//! such, [`ClusterError::Tls`].
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
@@ -31,6 +35,8 @@ pub struct Etcd {
     client: Client,
     request_timeout: Duration,
     tls: Tls,
+    /// Whether etcd answered a request yet (over TLS: the handshake works).
+    answered: Arc<AtomicBool>,
 }
 
 /// The connection's TLS, to tell a failed handshake from other failures.
@@ -77,6 +83,8 @@ impl Etcd {
             client,
             request_timeout: settings.request_timeout,
             tls,
+            // With a user, etcd has just answered the authentication.
+            answered: Arc::new(AtomicBool::new(settings.access.user.is_some())),
         })
     }
 
@@ -100,10 +108,19 @@ impl Etcd {
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        retried(op, self.request_timeout, self.tls, || {
-            request(self.client())
-        })
-        .await
+        // Once etcd answered, the handshake is known to work: a broken
+        // transport is then just that, not a missing client certificate.
+        let tls = match self.tls {
+            Tls::On { .. } if self.answered.load(Ordering::Relaxed) => {
+                Tls::On { client_cert: true }
+            }
+            tls => tls,
+        };
+        let result = retried(op, self.request_timeout, tls, || request(self.client())).await;
+        if result.is_ok() {
+            self.answered.store(true, Ordering::Relaxed);
+        }
+        result
     }
 }
 
