@@ -39,6 +39,8 @@ pub struct EtcdArgs {
     /// Give up after this long.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
+    #[command(flatten)]
+    pub access: crate::config::EtcdAccessArgs,
 }
 
 #[derive(Debug, Args)]
@@ -123,6 +125,7 @@ mod imp {
         let settings = EtcdSettings {
             request_timeout: args.timeout,
             connect_timeout: args.timeout,
+            access: args.access.access(),
             ..EtcdSettings::new(EtcdSettings::parse_endpoints(&args.etcd)?)
         };
         let keys = Keyspace::new(&args.cluster)?;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::{ShardId, TopologyError};
+use super::{EtcdAccessError, ShardId, TopologyError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -13,6 +13,41 @@ pub enum ClusterError {
         #[source]
         source: etcd_client::Error,
     },
+
+    /// etcd refused the credentials, or the user lacks a permission: a
+    /// wrong or missing `--etcd-user`/password, or a role without read
+    /// and write on the cluster's prefix.
+    #[error("etcd refused {op}: {source} (check --etcd-user and its password, and that the user's role may read and write /tollgate/)")]
+    Denied {
+        op: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
+
+    /// No etcd member could be reached within the request deadline: each
+    /// attempt failed to connect (`source`: the last one's error, e.g. a
+    /// refused connection or a certificate the CA does not vouch for).
+    #[error("etcd {op}: no member reached within {after:?}: {source}")]
+    Unreachable {
+        op: &'static str,
+        after: Duration,
+        #[source]
+        source: etcd_client::Error,
+    },
+
+    /// The TLS connection to etcd failed: etcd's certificate is not signed
+    /// by `--etcd-tls-ca`, or etcd refused the client certificate (or its
+    /// absence).
+    #[error("etcd {op}: TLS with etcd failed: {source} (check that --etcd-tls-ca signed etcd's certificate, and --etcd-cert/--etcd-key when etcd demands client certificates)")]
+    Tls {
+        op: &'static str,
+        #[source]
+        source: etcd_client::Error,
+    },
+
+    /// The etcd credentials or TLS files cannot be used.
+    #[error(transparent)]
+    Access(#[from] EtcdAccessError),
 
     /// An etcd request got no answer in time (no quorum, partition).
     #[error("etcd {op}: no answer within {after:?}")]
@@ -68,6 +103,30 @@ pub enum ClusterError {
 
 impl ClusterError {
     pub(crate) fn etcd(op: &'static str) -> impl FnOnce(etcd_client::Error) -> Self {
-        move |source| Self::Etcd { op, source }
+        move |source| {
+            if denied(&source) {
+                Self::Denied { op, source }
+            } else {
+                Self::Etcd { op, source }
+            }
+        }
+    }
+}
+
+/// Whether etcd refused the request for its credentials or permissions.
+fn denied(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return false;
+    };
+    match status.code() {
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => true,
+        // etcd answers a wrong password, a missing user name and a
+        // user on an etcd without auth with these codes.
+        tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => {
+            let m = status.message();
+            m.starts_with("etcdserver: ")
+                && (m.contains("auth") || m.contains("user name") || m.contains("password"))
+        }
+        _ => false,
     }
 }

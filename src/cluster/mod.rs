@@ -38,6 +38,7 @@
 //!  etcd <--txn---- Member::campaign / admin::{init, begin_move, complete_move}
 //! ```
 
+mod access;
 mod admin;
 mod error;
 mod etcd;
@@ -49,6 +50,7 @@ mod settings;
 mod topology;
 mod view;
 
+pub use access::{EtcdAccess, EtcdAccessError};
 pub use admin::{
     abort_move, begin_move, complete_move, init, load_topology, replace_topology, status,
     ClusterStatus, Fence,

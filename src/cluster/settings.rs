@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::ClusterError;
+use super::{ClusterError, EtcdAccess};
 
 /// TTL of a node's etcd lease: how long after its last renewal etcd keeps
 /// the node's registration and primary key. A failover takes about this
@@ -36,6 +36,8 @@ pub struct EtcdSettings {
     pub keepalive_interval: Duration,
     pub request_timeout: Duration,
     pub connect_timeout: Duration,
+    /// TLS and the etcd user (none by default).
+    pub access: EtcdAccess,
 }
 
 impl EtcdSettings {
@@ -48,6 +50,7 @@ impl EtcdSettings {
             keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            access: EtcdAccess::default(),
         }
     }
 
@@ -94,6 +97,7 @@ impl EtcdSettings {
         if self.request_timeout.is_zero() || self.connect_timeout.is_zero() {
             return bad("etcd timeouts must be above zero".into());
         }
+        self.access.validate(&self.urls())?;
         Ok(())
     }
 
@@ -119,15 +123,17 @@ impl EtcdSettings {
         })
     }
 
-    /// The endpoints as URLs etcd-client accepts.
+    /// The endpoints as URLs etcd-client accepts: a bare `HOST:PORT` is
+    /// `https://` when TLS is configured (`--etcd-tls-ca`), else `http://`.
     pub(crate) fn urls(&self) -> Vec<String> {
+        let scheme = if self.access.tls() { "https" } else { "http" };
         self.endpoints
             .iter()
             .map(|e| {
                 if e.starts_with("http://") || e.starts_with("https://") {
                     e.clone()
                 } else {
-                    format!("http://{e}")
+                    format!("{scheme}://{e}")
                 }
             })
             .collect()
@@ -162,6 +168,16 @@ mod tests {
             ["a:1", "b:2"]
         );
         assert!(EtcdSettings::parse_endpoints(" ,").is_err());
+        let tls = EtcdSettings {
+            endpoints: vec!["a:1".into(), "https://b:2".into()],
+            access: EtcdAccess {
+                tls_ca: Some("ca.pem".into()),
+                ..EtcdAccess::default()
+            },
+            ..s.clone()
+        };
+        assert_eq!(tls.urls(), ["https://a:1", "https://b:2"]);
+        tls.validate().unwrap();
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Cluster mode's settings: how the node reaches etcd, which cluster and
 //! shard it joins, and the lease that fences its writes as a primary.
 
-use super::{human, ConfigError, ReplicationSettings};
+use super::{human, redacted, ConfigError, ReplicationSettings};
 use crate::units::parse_duration;
 use clap::Args;
 use serde::Serialize;
+use std::path::PathBuf;
 use std::time::Duration;
 
 pub const DEFAULT_LEASE_TTL: &str = "5s";
@@ -63,6 +64,10 @@ pub struct ClusterSettings {
     #[arg(long, default_value = DEFAULT_CAMPAIGN_DELAY, value_parser = parse_duration)]
     #[serde(serialize_with = "human")]
     pub campaign_delay: Duration,
+
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub etcd_access: EtcdAccessArgs,
 }
 
 impl ClusterSettings {
@@ -129,6 +134,62 @@ impl ClusterSettings {
             keepalive_interval: self.lease_renew,
             request_timeout: self.etcd_timeout,
             connect_timeout: self.etcd_timeout,
+            access: self.etcd_access.access(),
         })
+    }
+}
+
+/// How to authenticate to etcd: TLS and an etcd user. The same flags on
+/// `tollgate serve` and every `tollgate cluster` command.
+#[derive(Debug, Clone, Default, Args, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct EtcdAccessArgs {
+    /// CA certificate(s), PEM, that signed etcd's client certificate: talk
+    /// to etcd over TLS (a HOST:PORT endpoint means https://).
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_ETCD_TLS_CA")]
+    pub etcd_tls_ca: Option<PathBuf>,
+
+    /// Client certificate, PEM, presented to etcd (for etcd's
+    /// --client-cert-auth); needs --etcd-key and --etcd-tls-ca.
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// The private key of --etcd-cert, PEM.
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// etcd user (etcd with `auth enable`); needs a password.
+    #[arg(long, value_name = "NAME", env = "TOLLGATE_ETCD_USER")]
+    pub etcd_user: Option<String>,
+
+    /// The etcd user's password. Prefer TOLLGATE_ETCD_PASSWORD or
+    /// --etcd-password-file: a command line is visible to every local user.
+    #[arg(
+        long,
+        value_name = "PASS",
+        env = "TOLLGATE_ETCD_PASSWORD",
+        hide_env_values = true
+    )]
+    #[serde(serialize_with = "redacted")]
+    pub etcd_password: Option<String>,
+
+    /// A file whose first line is the etcd user's password.
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
+}
+
+impl EtcdAccessArgs {
+    /// The credentials, as the control plane takes them (checked when
+    /// the settings are validated, files read when connecting).
+    #[cfg(feature = "cluster")]
+    pub fn access(&self) -> crate::cluster::EtcdAccess {
+        crate::cluster::EtcdAccess {
+            tls_ca: self.etcd_tls_ca.clone(),
+            cert: self.etcd_cert.clone(),
+            key: self.etcd_key.clone(),
+            user: self.etcd_user.clone(),
+            password: self.etcd_password.clone(),
+            password_file: self.etcd_password_file.clone(),
+        }
     }
 }

@@ -56,7 +56,7 @@ pub(crate) use supervisor::Supervisor;
 
 use crate::clock::Clock;
 use crate::config::ReplicationSettings;
-use crate::store::Store;
+use crate::store::{MergeRefused, Store};
 use crate::tls::Tls;
 use metrics::ReplMetrics;
 use pair::PairMode;
@@ -223,28 +223,50 @@ impl Node {
 
     /// HANDOFF: merges another node's states into ours, each key keeping
     /// the copy with less quota left. Only a node serving writes takes
-    /// them. Returns how many records changed a state here.
+    /// them. Returns how many records changed a state here. A state that
+    /// would add a key past `--max-memory` evicts by `--on-full evict`; by
+    /// `refuse` it is not merged, and the frame is answered
+    /// [`Refusal::StoreFull`] once the others are (a merge is idempotent:
+    /// the sender may send it all again).
     pub fn take_handoff(&self, epoch: u64, records: &[Record]) -> Result<u32, Refusal> {
         self.source.leads()?;
         let gate = self.source.admit(Access::Write)?;
         let now = self.core.clock.now();
         let store = &self.core.store;
+        let (mut merged, mut refused) = (0u32, 0u32);
         // In a cluster, states of slots this shard neither owns nor
         // receives are not ours to keep (the sender's map was older).
-        let merged = records
-            .iter()
-            .filter(|r| gate.receives(&r.key) && store.merge(&key_write(r), now))
-            .count();
+        for record in records.iter().filter(|r| gate.receives(&r.key)) {
+            match store.merge(&key_write(record), now) {
+                Ok(true) => merged += 1,
+                Ok(false) => {}
+                Err(MergeRefused) => refused += 1,
+            }
+        }
+        // At most a frame's worth of records, far below u32::MAX.
+        let total = u32::try_from(records.len()).unwrap_or(u32::MAX);
+        if refused > 0 {
+            tracing::warn!(
+                from_epoch = epoch,
+                records = total,
+                merged,
+                refused,
+                "handed-over states refused: the store is at its memory cap"
+            );
+            return Err(Refusal::StoreFull {
+                refused,
+                records: total,
+            });
+        }
         let stats = &self.core.role.stats;
         stats.handoffs_received.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
             from_epoch = epoch,
-            records = records.len(),
+            records = total,
             merged,
             "merged states handed over by another node"
         );
-        // At most a frame's worth of records, far below u32::MAX.
-        Ok(u32::try_from(merged).unwrap_or(u32::MAX))
+        Ok(merged)
     }
 
     /// PROMOTE: the epoch this node is primary at, and whether it already

@@ -64,6 +64,10 @@ pub(crate) enum Refusal {
     /// Another node claimed an epoch this node does not believe, or a
     /// promotion would pass the largest epoch.
     Epoch(EpochError),
+    /// HANDOFF: `refused` of the frame's `records` would have added keys
+    /// past `--max-memory` with `--on-full refuse`; they were not merged
+    /// (the others were).
+    StoreFull { refused: u32, records: u32 },
 }
 
 impl From<EpochError> for Refusal {
@@ -105,6 +109,7 @@ impl Refusal {
             // A value out of the range this node accepts.
             Self::Epoch(EpochError::TooFar { .. }) => ErrorCode::Malformed,
             Self::Epoch(EpochError::Exhausted(_)) => ErrorCode::Internal,
+            Self::StoreFull { .. } => ErrorCode::StoreFull,
         }
     }
 }
@@ -157,6 +162,11 @@ impl std::fmt::Display for Refusal {
                 f.write_str("cluster mode: etcd elects each shard's primary, PROMOTE is not used")
             }
             Self::Epoch(e) => e.fmt(f),
+            Self::StoreFull { refused, records } => write!(
+                f,
+                "the store is at its memory cap (--max-memory, --on-full refuse): {refused} of \
+                 the {records} handed-over states would add keys and were not merged"
+            ),
         }
     }
 }

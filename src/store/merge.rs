@@ -9,8 +9,12 @@
 //! Invariants: a merge never deletes (an absent or unchanged table in the
 //! handed state leaves ours alone), never lowers what a state has used, and
 //! records the key for the replication sender like any write, under the
-//! same stripe lock.
+//! same stripe lock. A merge that adds an entry stays within `--max-memory`
+//! as a check adding a key would: it evicts by `--on-full evict`, or, by
+//! `--on-full refuse` (or when even an emptied stripe has no room), is
+//! refused with [`MergeRefused`] and adds nothing.
 
+use super::remote::AbsorbError;
 use super::tables::Table;
 use super::{Entry, KeyWrite, Locked, Store, StoredKey, TableWrite};
 use crate::algorithm;
@@ -65,8 +69,10 @@ impl Store {
     }
 
     /// Merges one handed-over key into ours. Returns whether any of our
-    /// states changed.
-    pub fn merge(&self, write: &KeyWrite, now: Nanos) -> bool {
+    /// states changed; [`MergeRefused`] when a table's state is new here
+    /// and the memory cap refuses it (a table merged before it stays
+    /// merged, and recorded).
+    pub fn merge(&self, write: &KeyWrite, now: Nanos) -> Result<bool, MergeRefused> {
         let hash = self.hash(&write.key);
         let stripe = self.stripe(Slot::of(&write.key));
         let mut locked = stripe.lock();
@@ -90,17 +96,33 @@ impl Store {
                 None => theirs.clone(),
                 Some(ours) => merge_entries(ours, theirs, cap),
             };
-            if ours.as_ref() != Some(&merged) {
-                tables.put(&self.hasher, hash, &write.key, merged);
-                changed = true;
+            if ours.as_ref() == Some(&merged) {
+                continue;
             }
+            if tables.is_new(hash, &write.key, &merged) {
+                let room = self.room_for(tables, changes, stripe, &write.key, &merged, now);
+                if let Err(AbsorbError::StoreFull) = room {
+                    if changed {
+                        self.record_change(stripe, changes, &write.key);
+                    }
+                    return Err(MergeRefused);
+                }
+            }
+            tables.put(&self.hasher, hash, &write.key, merged);
+            changed = true;
         }
         if changed {
             self.record_change(stripe, changes, &write.key);
         }
-        changed
+        Ok(changed)
     }
 }
+
+/// A handed-over state that would add an entry past the memory cap
+/// (`--max-memory`) when the policy refuses new keys: it was not merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the store is at its memory cap and refuses new keys")]
+pub struct MergeRefused;
 
 /// Two live entries of one table of one key: the merged state expires at
 /// the later of the two. States of different algorithms (the key was used
@@ -155,13 +177,21 @@ mod tests {
     fn the_copy_with_less_left_wins_and_nothing_is_deleted() {
         let store = Store::new(StoreConfig::default());
         let now = 100;
-        assert!(store.merge(&put("k", Some(bucket(500)), Some(window(3, 900))), now));
+        assert!(store
+            .merge(&put("k", Some(bucket(500)), Some(window(3, 900))), now)
+            .unwrap());
         assert_eq!(store.entries(b"k", now), [bucket(500), window(3, 900)]);
         // An older copy changes nothing.
-        assert!(!store.merge(&put("k", Some(bucket(400)), Some(window(2, 800))), now));
+        assert!(!store
+            .merge(&put("k", Some(bucket(400)), Some(window(2, 800))), now)
+            .unwrap());
         // A newer one moves each state forward.
-        assert!(store.merge(&put("k", Some(bucket(600)), None), now));
-        assert!(store.merge(&put("k", None, Some(window(5, 700))), now));
+        assert!(store
+            .merge(&put("k", Some(bucket(600)), None), now)
+            .unwrap());
+        assert!(store
+            .merge(&put("k", None, Some(window(5, 700))), now)
+            .unwrap());
         assert_eq!(store.entries(b"k", now), [bucket(600), window(5, 900)]);
         // Absent in the handed state: ours stays.
         let absent = KeyWrite {
@@ -169,10 +199,10 @@ mod tests {
             bucket: TableWrite::Remove,
             other: TableWrite::Remove,
         };
-        assert!(!store.merge(&absent, now));
+        assert!(!store.merge(&absent, now).unwrap());
         assert_eq!(store.entries(b"k", now).len(), 2);
         // An expired handed state is ignored.
-        assert!(!store.merge(&put("j", Some(bucket(50)), None), now));
+        assert!(!store.merge(&put("j", Some(bucket(50)), None), now).unwrap());
         assert!(store.entries(b"j", now).is_empty());
     }
 
@@ -183,7 +213,7 @@ mod tests {
         for i in 0..store.stripe_count() {
             store.drain_stripe(i, 0);
         }
-        assert!(store.merge(&put("k", Some(bucket(500)), None), 0));
+        assert!(store.merge(&put("k", Some(bucket(500)), None), 0).unwrap());
         let drained: Vec<_> = (0..store.stripe_count())
             .map(|i| store.drain_stripe(i, 0))
             .filter(|d| *d != crate::store::Drained::Nothing)
@@ -200,5 +230,43 @@ mod tests {
         assert!(store.get(b"k", 0).is_none());
         assert!((0..store.stripe_count())
             .any(|i| store.drain_stripe(i, 0) != crate::store::Drained::Nothing));
+    }
+
+    #[test]
+    fn a_new_key_past_the_memory_cap_is_refused_or_evicts_by_policy() {
+        let full = |on_full| {
+            Store::new(StoreConfig {
+                stripes: 1,
+                max_memory: Some(16 << 10),
+                on_full,
+                ..StoreConfig::default()
+            })
+        };
+        let now = 100;
+        let refuse = full(crate::store::Full::Refuse);
+        let key = |i: usize| Bytes::from(format!("rl:{{k{i}}}:x"));
+        let write = |i: usize| KeyWrite {
+            key: key(i),
+            bucket: TableWrite::Put(bucket(1_000 + i as u64)),
+            other: TableWrite::Keep,
+        };
+        let first_refused = (0..10_000)
+            .find(|&i| refuse.merge(&write(i), now).is_err())
+            .expect("a 16 KiB store fills up");
+        assert!(
+            refuse.memory_bytes() <= 16 << 10,
+            "{}",
+            refuse.memory_bytes()
+        );
+        assert!(refuse.entries(&key(first_refused), now).is_empty());
+        assert!(refuse.refused() >= 1);
+        // A key that holds state still merges.
+        assert_eq!(refuse.merge(&write(0), now), Ok(false));
+        let evict = full(crate::store::Full::Evict);
+        for i in 0..10_000 {
+            evict.merge(&write(i), now).expect("evicts instead");
+        }
+        assert!(evict.memory_bytes() <= 16 << 10, "{}", evict.memory_bytes());
+        assert!(evict.evicted() > 0);
     }
 }

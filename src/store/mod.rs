@@ -37,6 +37,7 @@ use changes::ChangeLog;
 pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
 pub use group::Mode;
 pub use key::StoredKey;
+pub use merge::MergeRefused;
 pub use remote::{AbsorbError, RemoteUsage};
 pub use tables::Full;
 use tables::{Hints, Kind, Table, Tables};

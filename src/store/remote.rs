@@ -107,7 +107,8 @@ impl Store {
 
     /// Makes room for a new key's `entry` within the stripe's memory share,
     /// as a check adding a key would (evicting or refusing by policy).
-    fn room_for(
+    /// Also what a HANDOFF's merge of a new key asks (`merge.rs`).
+    pub(super) fn room_for(
         &self,
         tables: &mut super::Tables,
         changes: &mut super::ChangeLog,

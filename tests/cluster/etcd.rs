@@ -4,6 +4,9 @@
 //! range; everything is killed and removed when the [`EtcdCluster`] is
 //! dropped.
 //!
+//! [`EtcdCluster::single_tls`] serves its client port over TLS only (and
+//! asks clients for a certificate when given the CA to check them with).
+//!
 //! etcd comes from `$ETCD_BIN` or `etcd` on the PATH (Debian's
 //! `etcd-server`, installed by `scripts/deps.sh`). Without it every cluster
 //! test fails with a message saying so: they never skip.
@@ -13,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use tokio::time::Instant;
 
 /// Generous bound for etcd to start or elect a leader; never a pass/fail
@@ -70,6 +73,22 @@ pub struct EtcdCluster {
     bin: String,
     dir: PathBuf,
     members: Vec<Member>,
+    /// How the harness's own probes reach a TLS client port.
+    probe_tls: Option<TlsOptions>,
+}
+
+/// Client TLS of an etcd member: its certificate, and who it trusts.
+pub struct ClientTls {
+    /// PEM files of etcd's certificate (for 127.0.0.1) and key.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// PEM of the CA that signed `cert` (the harness's probes trust it).
+    pub ca_pem: String,
+    /// With a CA file: etcd demands client certificates it signed
+    /// (`--client-cert-auth`), and the probes present `probe` (PEM chain
+    /// and key).
+    pub client_ca: Option<PathBuf>,
+    pub probe: Option<(String, String)>,
 }
 
 static CLUSTERS: AtomicUsize = AtomicUsize::new(0);
@@ -85,8 +104,19 @@ impl EtcdCluster {
         Self::start(3).await
     }
 
+    /// One member whose client port speaks TLS only, started with `extra`
+    /// flags too.
+    pub async fn single_tls(tls: ClientTls, extra: &[&str]) -> Self {
+        Self::start_with(1, Some(tls), extra).await
+    }
+
     async fn start(n: usize) -> Self {
+        Self::start_with(n, None, &[]).await
+    }
+
+    async fn start_with(n: usize, tls: Option<ClientTls>, extra: &[&str]) -> Self {
         let bin = etcd_bin();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let dir = std::env::temp_dir().join(format!(
             "tollgate-etcd-{}-{}",
             std::process::id(),
@@ -114,9 +144,9 @@ impl EtcdCluster {
                     "--data-dir",
                     &data.to_string_lossy(),
                     "--listen-client-urls",
-                    &format!("http://{client}"),
+                    &format!("{scheme}://{client}"),
                     "--advertise-client-urls",
-                    &format!("http://{client}"),
+                    &format!("{scheme}://{client}"),
                     "--listen-peer-urls",
                     &format!("http://{peer}"),
                     "--initial-advertise-peer-urls",
@@ -134,6 +164,9 @@ impl EtcdCluster {
                 ]
                 .map(str::to_owned)
                 .to_vec();
+                let mut args = args;
+                args.extend(tls.as_ref().map(tls_args).unwrap_or_default());
+                args.extend(extra.iter().map(|s| s.to_string()));
                 Member {
                     name: name.clone(),
                     client,
@@ -143,7 +176,19 @@ impl EtcdCluster {
                 }
             })
             .collect();
-        let mut cluster = EtcdCluster { bin, dir, members };
+        let probe_tls = tls.map(|t| {
+            let options = TlsOptions::new().ca_certificate(Certificate::from_pem(&t.ca_pem));
+            match &t.probe {
+                Some((chain, key)) => options.identity(Identity::from_pem(chain, key)),
+                None => options,
+            }
+        });
+        let mut cluster = EtcdCluster {
+            bin,
+            dir,
+            members,
+            probe_tls,
+        };
         for i in 0..n {
             cluster.members[i].spawn(&cluster.bin);
         }
@@ -160,13 +205,19 @@ impl EtcdCluster {
         self.members[i].client.clone()
     }
 
-    /// A raw etcd-client connection to member `i` (for probing).
-    async fn probe(&self, i: usize) -> Option<Client> {
-        let options = ConnectOptions::new()
+    /// A raw etcd-client connection to member `i` (for probing; over TLS
+    /// with the probe's certificate when the client port speaks TLS).
+    pub async fn probe(&self, i: usize) -> Option<Client> {
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_millis(500))
             .with_timeout(Duration::from_secs(1));
+        let mut scheme = "http";
+        if let Some(tls) = &self.probe_tls {
+            options = options.with_tls(tls.clone());
+            scheme = "https";
+        }
         Client::connect(
-            [format!("http://{}", self.members[i].client)],
+            [format!("{scheme}://{}", self.members[i].client)],
             Some(options),
         )
         .await
@@ -241,6 +292,24 @@ impl EtcdCluster {
         self.members[i].signal("-CONT");
         self.members[i].stopped = false;
     }
+}
+
+/// etcd's flags for `tls`.
+fn tls_args(tls: &ClientTls) -> Vec<String> {
+    let mut args = vec![
+        "--cert-file".to_owned(),
+        tls.cert.to_string_lossy().into_owned(),
+        "--key-file".to_owned(),
+        tls.key.to_string_lossy().into_owned(),
+    ];
+    if let Some(ca) = &tls.client_ca {
+        args.extend([
+            "--client-cert-auth".to_owned(),
+            "--trusted-ca-file".to_owned(),
+            ca.to_string_lossy().into_owned(),
+        ]);
+    }
+    args
 }
 
 impl Drop for EtcdCluster {

@@ -14,6 +14,7 @@ mod client_tls;
 mod connections;
 #[cfg(feature = "events")]
 mod events;
+mod handoff_cap;
 mod hostile_io;
 mod process;
 mod protected;

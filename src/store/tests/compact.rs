@@ -120,7 +120,7 @@ fn leaky_buckets_are_handed_off_and_merged() {
     let handed = from.live_states(stripe, S, |s| s == slot);
     assert_eq!(handed.len(), 1);
     let (key, entry) = &handed[0];
-    assert!(to.merge(&write_of_entry(key, entry), S));
+    assert_eq!(to.merge(&write_of_entry(key, entry), S), Ok(true));
     assert_eq!(to.entries(b"{h}x", S), from.entries(b"{h}x", S));
     assert_eq!(from.forget_slots(|s| s == slot), 1);
     assert!(from.is_empty());

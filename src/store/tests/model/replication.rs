@@ -181,7 +181,9 @@ impl Replicated {
                     }),
                     other: TableWrite::Keep,
                 };
-                self.primary.merge(&handed, now);
+                // A refusing cap may refuse a new key: nothing changes
+                // then, and the standby must hold the same.
+                let _ = self.primary.merge(&handed, now);
             }
             Step::ReleaseHeld(pick) => {
                 let leased: Vec<Bytes> = keys::all()
