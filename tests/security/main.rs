@@ -15,6 +15,7 @@ mod connections;
 mod hostile_io;
 mod process;
 mod protected;
+mod resp_hostile;
 mod spec;
 mod spoofing;
 mod tls;

@@ -10,12 +10,15 @@
 //! - every command that touches the counters is first admitted by the
 //!   node, as a CHECK frame is: a standby answers writes (and reads,
 //!   unless it serves stale reads) with READONLY naming its primary;
-//! - a MULTI holds at most `--max-batch` commands; EXEC runs them in
-//!   order, each admitted on its own (Tollgate has no cross-key
-//!   transactions: a MULTI is a batch, as a pipeline is).
+//! - a MULTI holds at most `--max-batch` commands and
+//!   `--resp-max-multi-bytes` bytes, drawn from `--max-connection-memory`
+//!   (multi.rs); EXEC runs them in order, each admitted on its own
+//!   (Tollgate has no cross-key transactions: a MULTI is a batch, as a
+//!   pipeline is).
 
 use super::cluster;
 use super::counter;
+use super::multi::Multi;
 use super::parse::Args;
 use super::reply::Reply;
 use super::table::{self, Cmd, Spec, SCRIPTING, TABLE};
@@ -42,14 +45,6 @@ pub(super) struct Ctx<'a> {
 /// Redis's version the front end answers like (HELLO, INFO): the commands
 /// it knows behave as in this version.
 pub(super) const REDIS_VERSION: &str = "7.2.0";
-
-/// Commands queued by MULTI.
-#[derive(Debug, Default)]
-struct Multi {
-    queued: Vec<Args>,
-    /// A command could not be queued: EXEC answers EXECABORT.
-    aborted: bool,
-}
 
 /// One connection's state.
 #[derive(Debug)]
@@ -110,7 +105,7 @@ impl Session {
         }
         if !spec.fits(args.len()) {
             if let Some(m) = &mut self.multi {
-                m.aborted = true;
+                m.abort();
             }
             return reply.error(&format!(
                 "ERR wrong number of arguments for '{}' command",
@@ -122,15 +117,12 @@ impl Session {
                 spec.cmd,
                 Cmd::Exec | Cmd::Discard | Cmd::Multi | Cmd::Quit | Cmd::Reset
             ) {
-                let max = usize::from(ctx.shared.limits.max_batch);
-                if m.queued.len() >= max {
-                    m.aborted = true;
-                    return reply.error(&format!(
-                        "ERR a MULTI holds at most {max} commands (max-batch)"
-                    ));
-                }
-                m.queued.push(args.clone());
-                return reply.simple("QUEUED");
+                let max_commands = usize::from(ctx.shared.limits.max_batch);
+                let max_bytes = ctx.shared.frontends.resp_max_multi_bytes;
+                return match m.queue(args, max_commands, max_bytes) {
+                    Ok(()) => reply.simple("QUEUED"),
+                    Err(e) => reply.error(&e.to_string()),
+                };
             }
         }
         self.execute(ctx, spec, args, later, reply);
@@ -179,7 +171,7 @@ impl Session {
             Cmd::Multi => match &self.multi {
                 Some(_) => reply.error("ERR MULTI calls can not be nested"),
                 None => {
-                    self.multi = Some(Multi::default());
+                    self.multi = Some(Multi::new(ctx.shared.budget.clone()));
                     reply.simple("OK");
                 }
             },
@@ -231,12 +223,12 @@ impl Session {
         let Some(multi) = self.multi.take() else {
             return reply.error("ERR EXEC without MULTI");
         };
-        if multi.aborted {
+        let Some(queued) = multi.commands() else {
             return reply.error("EXECABORT Transaction discarded because of previous errors.");
-        }
-        reply.array(multi.queued.len());
-        for (i, args) in multi.queued.iter().enumerate() {
-            self.one(ctx, args, &multi.queued[i + 1..], reply);
+        };
+        reply.array(queued.len());
+        for (i, args) in queued.iter().enumerate() {
+            self.one(ctx, args, &queued[i + 1..], reply);
         }
     }
 
@@ -349,7 +341,7 @@ impl Session {
 
     fn unknown(&mut self, args: &Args, reply: &mut Reply) {
         if let Some(m) = &mut self.multi {
-            m.aborted = true;
+            m.abort();
         }
         let name = String::from_utf8_lossy(&args[0]).into_owned();
         if SCRIPTING

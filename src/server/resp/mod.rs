@@ -29,6 +29,7 @@
 mod cluster;
 mod commands;
 mod counter;
+mod multi;
 mod parse;
 mod reply;
 mod table;
