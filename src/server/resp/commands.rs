@@ -9,7 +9,10 @@
 //!   NOAUTH and touch nothing;
 //! - every command that touches the counters is first admitted by the
 //!   node, as a CHECK frame is: a standby answers writes (and reads,
-//!   unless it serves stale reads) with READONLY naming its primary;
+//!   unless it serves stale reads) with READONLY naming its primary; in
+//!   cluster mode every key's slot is screened first (MOVED to the owner's
+//!   RESP address, TRYAGAIN while it moves) and a refused command touches
+//!   nothing; in a MULTI a refused command is refused when queued;
 //! - a MULTI holds at most `--max-batch` commands and
 //!   `--resp-max-multi-bytes` bytes, drawn from `--max-connection-memory`
 //!   (multi.rs); EXEC runs them in order, each admitted on its own
@@ -117,6 +120,12 @@ impl Session {
                 spec.cmd,
                 Cmd::Exec | Cmd::Discard | Cmd::Multi | Cmd::Quit | Cmd::Reset
             ) {
+                // Refused now as Redis refuses it (a key of another node's
+                // slot, a standby), so EXEC answers EXECABORT; EXEC asks again.
+                if let Err(e) = admitted(ctx, spec, args) {
+                    m.abort();
+                    return reply.error(&e);
+                }
                 let max_commands = usize::from(ctx.shared.limits.max_batch);
                 let max_bytes = ctx.shared.frontends.resp_max_multi_bytes;
                 return match m.queue(args, max_commands, max_bytes) {
@@ -129,10 +138,8 @@ impl Session {
     }
 
     fn execute(&mut self, ctx: &Ctx, spec: &Spec, args: &Args, later: &[Args], reply: &mut Reply) {
-        if let Some(access) = spec.access() {
-            if let Err(refusal) = ctx.shared.node.admit(access) {
-                return reply.error(&refused(&refusal, ctx.port));
-            }
+        if let Err(e) = admitted(ctx, spec, args) {
+            return reply.error(&e);
         }
         let arg = |i: usize| -> &[u8] { &args[i] };
         match spec.cmd {
@@ -365,10 +372,36 @@ impl Session {
 
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
-/// The RESP error for a node's refusal: READONLY (a standby, with its
-/// primary's RESP address) as a Redis replica answers writes.
+/// Whether the node serves a command that touches the counters here:
+/// its access (a standby refuses writes), and in cluster mode every key's
+/// slot (nothing is evaluated for a key another node owns). Err is the
+/// error to answer.
+fn admitted(ctx: &Ctx, spec: &Spec, args: &Args) -> Result<(), String> {
+    let Some(access) = spec.access() else {
+        return Ok(());
+    };
+    let gate = ctx
+        .shared
+        .node
+        .admit(access)
+        .map_err(|r| refused(&r, ctx.port))?;
+    gate.screen_keys(spec.keys_of(args))
+        .map_err(|r| refused(&r, ctx.port))
+}
+
+/// The RESP error for a node's refusal, as Redis words it: READONLY (a
+/// standby, with its primary's RESP address) as a Redis replica answers
+/// writes; MOVED (the slot's owner's RESP address) and TRYAGAIN as a Redis
+/// Cluster node answers a key it does not serve.
 pub(super) fn refused(refusal: &Refusal, port: u16) -> String {
     match refusal {
+        Refusal::Moved { slot, addr, .. } => {
+            // An IPv6 host unbracketed, as Redis writes it (clients split
+            // at the last colon).
+            let (host, port) = on_port(addr, port);
+            format!("MOVED {slot} {host}:{port}")
+        }
+        Refusal::TryAgain(busy) => format!("TRYAGAIN {busy}"),
         Refusal::NotPrimary {
             primary: Some(p),
             epoch,
