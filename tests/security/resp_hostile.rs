@@ -1,8 +1,9 @@
 //! Hostile clients of the RESP front end (`--resp`), over raw sockets
 //! against a real `tollgate serve` process: queued MULTI transactions stay
-//! inside `--resp-max-multi-bytes` and `--max-connection-memory`.
+//! inside `--resp-max-multi-bytes` and `--max-connection-memory`, and a
+//! connection guessing tokens is closed at its third wrong one.
 
-use crate::common::{http, PATIENCE};
+use crate::common::{http, RawConn, PATIENCE};
 use crate::harness::{eventually, free_addr, BIN};
 use crate::process::KillOnDrop;
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ const MIB: u64 = 1 << 20;
 /// A `tollgate serve` process with a RESP front end.
 struct Server {
     child: KillOnDrop,
+    addr: SocketAddr,
     resp: SocketAddr,
     admin: SocketAddr,
 }
@@ -36,6 +38,7 @@ impl Server {
             .unwrap();
         let server = Server {
             child: KillOnDrop(child),
+            addr: addr.parse().unwrap(),
             resp: resp.parse().unwrap(),
             admin: admin.parse().unwrap(),
         };
@@ -262,4 +265,56 @@ async fn queued_transactions_stay_within_the_connection_memory_budget() {
     })
     .await;
     assert_eq!(other.exchange(&command(&[b"PING"]), 1).await, ["+PONG"]);
+}
+
+/// Wrong tokens are answered WRONGPASS; the third on one connection
+/// (RESET does not start the count again) closes it. Every refusal for a
+/// missing or wrong token is counted by port, the protocol port's too; the
+/// right token still gets in.
+#[tokio::test]
+async fn the_third_wrong_token_closes_the_connection_and_is_counted() {
+    const TOKEN: &str = "resp-hostile-test-client-token-0123";
+    let server = Server::start(&["--auth-token", TOKEN]).await;
+    let wrongpass = "-WRONGPASS invalid username-password pair or user is disabled.";
+    let mut c = Resp::connect(server.resp).await;
+    assert_eq!(
+        c.exchange(&command(&[b"AUTH", b"guess-1"]), 1).await,
+        [wrongpass]
+    );
+    let hello = command(&[b"HELLO", b"3", b"AUTH", b"default", b"guess-2"]);
+    assert_eq!(c.exchange(&hello, 1).await, [wrongpass]);
+    assert_eq!(c.exchange(&command(&[b"RESET"]), 1).await, ["+RESET"]);
+    // The third, with a PING behind it in the same write: the PING is not
+    // answered, the connection closes.
+    let mut third = command(&[b"AUTH", b"default", b"guess-3"]);
+    third.extend_from_slice(&command(&[b"PING"]));
+    assert_eq!(c.exchange(&third, 1).await, [wrongpass]);
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(PATIENCE, c.stream.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(closed, Ok(Ok(_))) && rest.is_empty() && c.pending.is_empty(),
+        "still open after the third wrong token: {closed:?} {rest:?}"
+    );
+
+    // A command before authenticating is refused for a missing token.
+    let mut anonymous = Resp::connect(server.resp).await;
+    let noauth = anonymous.exchange(&command(&[b"PING"]), 1).await;
+    assert_eq!(noauth, ["-NOAUTH Authentication required."]);
+    let mut node = RawConn::connect(server.addr).await;
+    let refused = node.hello(Some("not-the-token")).await;
+    assert!(
+        matches!(refused, Some(tollgate_protocol::Response::Error { code, .. })
+            if code == tollgate_protocol::ErrorCode::AuthFailed),
+        "{refused:?}"
+    );
+    let resp = r#"tollgate_auth_failures_total{port="resp"}"#;
+    let protocol = r#"tollgate_auth_failures_total{port="protocol"}"#;
+    assert_eq!(server.metric(resp).await, 4.0);
+    assert_eq!(server.metric(protocol).await, 1.0);
+
+    // The right token gets in, after wrong ones on other connections.
+    let mut good = Resp::connect(server.resp).await;
+    let auth = command(&[b"AUTH", TOKEN.as_bytes()]);
+    assert_eq!(good.exchange(&auth, 1).await, ["+OK"]);
+    assert_eq!(good.exchange(&command(&[b"PING"]), 1).await, ["+PONG"]);
 }

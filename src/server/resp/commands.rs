@@ -6,7 +6,10 @@
 //!   of its commands' replies);
 //! - until the connection is authenticated (when the server has client
 //!   tokens) only AUTH, HELLO, QUIT and RESET are answered; the rest get
-//!   NOAUTH and touch nothing;
+//!   NOAUTH and touch nothing; the [`MAX_WRONG_TOKENS`]th wrong token
+//!   (AUTH, HELLO AUTH) is answered WRONGPASS and closes the connection,
+//!   as QUIT does (later commands get no reply); every refusal for a
+//!   missing or wrong token counts in `tollgate_auth_failures_total`;
 //! - every command that touches the counters is first admitted by the
 //!   node, as a CHECK frame is: a standby answers writes (and reads,
 //!   unless it serves stale reads) with READONLY naming its primary; in
@@ -59,7 +62,14 @@ pub(super) struct Session {
     pub quit: bool,
     id: u64,
     multi: Option<Multi>,
+    /// Wrong tokens given on this connection (kept across RESET).
+    wrong_tokens: u32,
 }
+
+/// Wrong tokens (AUTH, HELLO AUTH) one connection may give: the last is
+/// answered WRONGPASS and the connection closed, so tokens cannot be
+/// guessed one after another on one connection.
+pub(super) const MAX_WRONG_TOKENS: u32 = 3;
 
 impl Session {
     pub fn new(shared: &Shared, id: u64) -> Self {
@@ -71,6 +81,7 @@ impl Session {
             quit: false,
             id,
             multi: None,
+            wrong_tokens: 0,
         }
     }
 
@@ -104,6 +115,7 @@ impl Session {
         if !self.authenticated
             && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit | Cmd::Reset)
         {
+            count_auth_failure(ctx);
             return reply.error("NOAUTH Authentication required.");
         }
         if !spec.fits(args.len()) {
@@ -155,7 +167,9 @@ impl Session {
                 reply.simple("OK");
             }
             Cmd::Reset => {
+                let wrong_tokens = self.wrong_tokens;
                 *self = Self::new(ctx.shared, self.id);
+                self.wrong_tokens = wrong_tokens;
                 reply.resp3 = false;
                 reply.simple("RESET");
             }
@@ -257,7 +271,7 @@ impl Session {
             match (&option[..], rest.len()) {
                 (b"AUTH", 3..) => {
                     if ctx.shared.auth.hello(&rest[2]).is_none() {
-                        return reply.error(WRONGPASS);
+                        return self.wrong_token(ctx, reply);
                     }
                     self.authenticated = true;
                     rest = &rest[3..];
@@ -275,6 +289,7 @@ impl Session {
             }
         }
         if !self.authenticated {
+            count_auth_failure(ctx);
             return reply.error(
                 "NOAUTH HELLO must be called with the client already authenticated, otherwise \
                  the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
@@ -319,10 +334,21 @@ impl Session {
         }
         let password = &args[args.len() - 1];
         if ctx.shared.auth.hello(password).is_none() {
-            return reply.error(WRONGPASS);
+            return self.wrong_token(ctx, reply);
         }
         self.authenticated = true;
         reply.simple("OK");
+    }
+
+    /// A wrong token: WRONGPASS, counted; the [`MAX_WRONG_TOKENS`]th
+    /// closes the connection once the reply is written.
+    fn wrong_token(&mut self, ctx: &Ctx, reply: &mut Reply) {
+        count_auth_failure(ctx);
+        self.wrong_tokens += 1;
+        reply.error(WRONGPASS);
+        if self.wrong_tokens >= MAX_WRONG_TOKENS {
+            self.quit = true;
+        }
     }
 
     fn client(&mut self, args: &[Bytes], reply: &mut Reply) {
@@ -368,6 +394,12 @@ impl Session {
             "ERR unknown command '{name}', with args beginning with: {shown}"
         ));
     }
+}
+
+/// Counts a request refused for a missing or wrong token.
+fn count_auth_failure(ctx: &Ctx) {
+    let failures = &ctx.shared.metrics.frontends.auth_failures;
+    failures.with_label_values(&["resp"]).inc();
 }
 
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
