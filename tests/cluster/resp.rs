@@ -1,7 +1,8 @@
 //! The RESP front end of cluster nodes: a command on a key whose slot
 //! another shard owns answers `-MOVED slot host:port` (the owner's host on
 //! the RESP port, as CLUSTER SLOTS names it) and counts nothing here; in
-//! a MULTI it is refused when queued and EXEC answers EXECABORT.
+//! a MULTI it is refused when queued and EXEC answers EXECABORT. A
+//! standby sends its own shard's keys to its primary alike.
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -40,11 +41,15 @@ async fn call(stream: &mut TcpStream, words: &[&str], lines: usize) -> Vec<Strin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_another_shard_is_moved_and_not_counted() {
     let mut d = Deployment::start(EtcdCluster::single().await, "resp-moved", 2, 0).await;
-    let resp: Vec<String> = (0..2).map(|_| free_addr()).collect();
-    for (shard, addr) in resp.iter().enumerate() {
-        let node = d.spawn(shard as u16, &["--resp", addr]);
+    // Shard 0: a primary and a standby (started second); shard 1: one.
+    let resp: Vec<String> = (0..3).map(|_| free_addr()).collect();
+    for (shard, addr) in [(0u16, &resp[0]), (1, &resp[1])] {
+        let node = d.spawn(shard, &["--resp", addr]);
         d.nodes.push(vec![node]);
     }
+    d.settled().await;
+    let standby = d.spawn(0, &["--resp", &resp[2]]);
+    d.nodes[0].push(standby);
     d.settled().await;
     let mut router = Router::new(vec![d.nodes[0][0].addr.clone()]);
     assert!(router.refresh().await);
@@ -99,5 +104,17 @@ async fn a_key_of_another_shard_is_moved_and_not_counted() {
         .await
         .unwrap();
     assert_eq!(call(&mut owner, &["INCR", &k1], 1).await, [":1"]);
+    assert_eq!(call(&mut c, &["GET", &k0], 2).await, ["$1", "1"]);
+
+    // Shard 0's standby sends its own shard's keys to its primary too,
+    // and counts nothing.
+    assert_eq!(d.primary(0).await.addr, d.nodes[0][0].addr);
+    let slot0 = Slot::of(k0.as_bytes()).get();
+    let port2 = resp[2].rsplit_once(':').unwrap().1;
+    let mut s = within("connect", TcpStream::connect(&resp[2]))
+        .await
+        .unwrap();
+    let to_primary = format!("-MOVED {slot0} 127.0.0.1:{port2}");
+    assert_eq!(call(&mut s, &["INCR", &k0], 1).await, [to_primary.as_str()]);
     assert_eq!(call(&mut c, &["GET", &k0], 2).await, ["$1", "1"]);
 }
