@@ -105,7 +105,7 @@ pub(crate) struct FrontendMetrics {
     /// The same for any other command (refused).
     pub resp_other: IntCounter,
     /// `tollgate_auth_failures_total{port}`: requests refused for a
-    /// missing or wrong token, by port (protocol, resp, envoy).
+    /// missing or wrong client token, by port (protocol, resp, envoy).
     pub auth_failures: IntCounterVec,
 }
 
@@ -154,12 +154,12 @@ impl FrontendMetrics {
         Ok(Self {
             resp: counters(Frontend::Resp),
             envoy: counters(Frontend::Envoy),
-            auth_failures,
             resp_other: resp_commands.with_label_values(&["other"]),
             resp_commands: commands
                 .iter()
                 .map(|c| resp_commands.with_label_values(&[c]))
                 .collect(),
+            auth_failures,
         })
     }
 }
