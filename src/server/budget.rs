@@ -10,7 +10,8 @@
 //! client back). So the process holds at most
 //! `max_connections * INITIAL + max_connection_memory` of partial frames,
 //! however many clients send half a frame and stop. A RESP connection's
-//! queued MULTI draws from the same budget ([`Held`]).
+//! read buffer beyond its own 16 KiB (a long command still arriving) and
+//! its queued MULTI draw from the same budget ([`Held`]).
 //!
 //! Invariants:
 //! - the budget's `used` is the sum of what every [`ReadBuffer`] and
@@ -136,6 +137,14 @@ impl Held {
     /// Bytes held now.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Gives back what is held beyond `n` bytes.
+    pub fn shrink_to(&mut self, n: usize) {
+        if self.bytes > n {
+            self.budget.give_back(self.bytes - n);
+            self.bytes = n;
+        }
     }
 
     /// Gives back everything held.

@@ -1,7 +1,8 @@
 //! Hostile clients of the RESP front end (`--resp`), over raw sockets
 //! against a real `tollgate serve` process: queued MULTI transactions stay
-//! inside `--resp-max-multi-bytes` and `--max-connection-memory`, and a
-//! connection guessing tokens is closed at its third wrong one.
+//! inside `--resp-max-multi-bytes` and `--max-connection-memory`, so do
+//! half-sent long commands, and a connection guessing tokens is closed at
+//! its third wrong one.
 
 use crate::common::{http, RawConn, PATIENCE};
 use crate::harness::{eventually, free_addr, BIN};
@@ -10,6 +11,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::task::JoinSet;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -52,16 +54,25 @@ impl Server {
 
     /// The server process's resident set (VmRSS), in bytes.
     fn rss(&self) -> u64 {
+        self.status_kib("VmRSS:") * KIB
+    }
+
+    /// The server process's peak resident set (VmHWM), in bytes.
+    fn peak_rss(&self) -> u64 {
+        self.status_kib("VmHWM:") * KIB
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.0.id()))
             .expect("the server runs");
         let kib = status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .expect("VmRSS in /proc/PID/status")
+            .find_map(|l| l.strip_prefix(field))
+            .unwrap_or_else(|| panic!("{field} in /proc/PID/status"))
             .trim()
             .trim_end_matches("kB")
             .trim();
-        kib.parse::<u64>().unwrap() * KIB
+        kib.parse().unwrap()
     }
 
     async fn metric(&self, series: &str) -> f64 {
@@ -125,17 +136,18 @@ impl Resp {
     }
 }
 
-/// A PING of 63 arguments of 512 bytes (the longest the defaults allow):
-/// about 32 KiB on the wire, queued whole by a MULTI.
+/// A PING of 24 arguments of 512 bytes (the longest the defaults allow):
+/// 12.2 KiB on the wire, so it fits a connection's own 16 KiB read buffer
+/// (only the MULTI takes from the budget), queued whole by a MULTI.
 fn big_ping() -> Vec<u8> {
     let arg = [b'x'; 512];
     let mut words: Vec<&[u8]> = vec![b"PING"];
-    words.extend(std::iter::repeat_n(&arg[..], 63));
+    words.extend(std::iter::repeat_n(&arg[..], 24));
     command(&words)
 }
 
-/// 100 connections each open a MULTI and queue 20 commands of 32 KiB
-/// (64 MiB in all, 2,000 commands). Each transaction may hold 1 MiB and
+/// 100 connections each open a MULTI and queue 40 commands of 12 KiB
+/// (48 MiB in all, 4,000 commands). Each transaction may hold 1 MiB and
 /// all of them together the 4 MiB budget: the first few queue theirs, the
 /// others are answered -OOM and their EXEC -EXECABORT, the server's
 /// resident memory grows by a bound set by those settings, another client
@@ -144,7 +156,7 @@ fn big_ping() -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_transactions_stay_within_the_connection_memory_budget() {
     const CONNS: usize = 100;
-    const QUEUED: usize = 20;
+    const QUEUED: usize = 40;
     let server = Server::start(&[
         "--max-connection-memory",
         "4MiB",
@@ -170,14 +182,14 @@ async fn queued_transactions_stay_within_the_connection_memory_budget() {
     let refused = replies
         .iter()
         .position(|r| r.starts_with("-OOM"))
-        .unwrap_or_else(|| panic!("a 1.3 MiB transaction was not refused: {:?}", &replies[..3]));
+        .unwrap_or_else(|| panic!("a 1 MiB transaction was not refused: {:?}", &replies[..3]));
     assert!(
         replies[refused].contains("resp-max-multi-bytes"),
         "{}",
         replies[refused]
     );
     assert!(
-        (20..=40).contains(&refused),
+        (60..=79).contains(&refused),
         "{refused} queued before the cap"
     );
     let exec = lone.exchange(&command(&[b"EXEC"]), 1).await;
@@ -219,14 +231,14 @@ async fn queued_transactions_stay_within_the_connection_memory_budget() {
     );
     assert!(oom > 0, "no command was refused ({queued} queued)");
     assert!(used <= (4 * MIB) as f64 && used > 0.0, "budget used {used}");
-    // Each queued command is about 35 KiB counted: no more than the
-    // budget's worth were queued (64 MiB were sent).
+    // Each queued command is about 13 KiB counted: no more than the
+    // budget's worth were queued (48 MiB were sent).
     assert!(
-        queued * 32 * KIB as usize <= 4 * MIB as usize,
+        queued * 12 * KIB as usize <= 4 * MIB as usize,
         "{queued} queued"
     );
     // The budget, each connection's 16 KiB read buffer and what the
-    // allocator keeps: far below the 64 MiB sent.
+    // allocator keeps: far below the 48 MiB sent.
     assert!(grown < 24 * MIB, "server RSS grew by {} MiB", grown / MIB);
 
     // Another client is answered meanwhile.
@@ -317,4 +329,83 @@ async fn the_third_wrong_token_closes_the_connection_and_is_counted() {
     let auth = command(&[b"AUTH", TOKEN.as_bytes()]);
     assert_eq!(good.exchange(&auth, 1).await, ["+OK"]);
     assert_eq!(good.exchange(&command(&[b"PING"]), 1).await, ["+PONG"]);
+}
+
+/// 64 connections each send the first 2 MiB of a 4 MiB command (2,048
+/// arguments of 2 KiB, allowed by the settings) and stop: 128 MiB if each
+/// were buffered. Beyond its own 16 KiB a connection's read buffer grows
+/// only from the 1 MiB budget, and a connection that holds some and needs
+/// more than is free is answered an error and closed: every one of them
+/// ends so, the server's peak resident memory stays within a bound set by
+/// those settings, another client is answered, and the budget is back to 0
+/// with no client closing anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_long_commands_stay_within_the_connection_memory_budget() {
+    const CONNS: usize = 64;
+    let server = Server::start(&[
+        "--resp-max-args",
+        "2048",
+        "--max-key-len",
+        "2048",
+        "--max-frame",
+        "64KiB",
+        "--max-connection-memory",
+        "1MiB",
+        "--frame-timeout",
+        "5m",
+    ])
+    .await;
+    let before = server.rss();
+    let arg = vec![b'x'; 2048];
+    let mut words: Vec<&[u8]> = vec![b"PING"];
+    words.extend(std::iter::repeat_n(&arg[..], 2047));
+    let mut start = command(&words);
+    start.truncate(2 * MIB as usize);
+    let start = std::sync::Arc::new(start);
+    // Each connection writes in a task of its own (the write stops when
+    // the server stops reading) and reads until the server closes.
+    let mut conns = JoinSet::new();
+    for _ in 0..CONNS {
+        let s = TcpStream::connect(server.resp).await.unwrap();
+        let start = start.clone();
+        conns.spawn(async move {
+            let (mut read, mut write) = s.into_split();
+            let writer = tokio::spawn(async move {
+                let _ = write.write_all(&start).await;
+                write
+            });
+            let mut got = Vec::new();
+            let _ = read.read_to_end(&mut got).await;
+            writer.abort();
+            String::from_utf8_lossy(&got).into_owned()
+        });
+    }
+    let mut other = Resp::connect(server.resp).await;
+    assert_eq!(other.exchange(&command(&[b"PING"]), 1).await, ["+PONG"]);
+    let mut told = 0;
+    let ended = tokio::time::timeout(PATIENCE, async {
+        while let Some(got) = conns.join_next().await {
+            let got = got.unwrap();
+            assert!(got.is_empty() || got.starts_with("-ERR no memory"), "{got}");
+            told += usize::from(got.contains("max-connection-memory"));
+        }
+    });
+    ended
+        .await
+        .expect("the server ends every connection it has no memory for");
+    let grown = server.peak_rss().saturating_sub(before);
+    eprintln!(
+        "{CONNS} half-sent 4 MiB commands: {told} told no memory, server peak RSS grew by {} KiB",
+        grown / KIB
+    );
+    assert!(told > 0, "no connection was told why it closed");
+    // The 1 MiB budget, 16 KiB of own buffer per connection and what the
+    // allocator keeps: far below the 128 MiB sent.
+    assert!(
+        grown < 24 * MIB,
+        "server peak RSS grew by {} MiB",
+        grown / MIB
+    );
+    assert_eq!(server.metric("tollgate_connection_memory_bytes").await, 0.0);
+    assert_eq!(other.exchange(&command(&[b"PING"]), 1).await, ["+PONG"]);
 }
