@@ -85,6 +85,11 @@ impl Session {
         }
     }
 
+    /// Whether an open MULTI holds any of the connection memory budget.
+    pub fn holds_budget(&self) -> bool {
+        self.multi.as_ref().is_some_and(Multi::holds_budget)
+    }
+
     /// Answers every command of `batch` into `buf`.
     pub fn run(&mut self, ctx: &Ctx, batch: &[Args], buf: &mut BytesMut) {
         for i in 0..batch.len() {

@@ -273,17 +273,18 @@ impl Connection {
     /// An unfinished command needs `lacking` more bytes of the connection
     /// memory budget. A connection that holds none waits (reading nothing,
     /// so TCP holds the client back) until they are free; one that already
-    /// holds some, or whose command's deadline passes first, is answered
-    /// an error and closed, giving back what it holds: a connection never
-    /// waits while holding budget, so long commands cannot hold the budget
-    /// waiting for each other. Ok(false): the server shuts down (a
-    /// half-received command cannot be answered: close).
+    /// holds some (its read buffer or its queued MULTI), or whose command's
+    /// deadline passes first, is answered an error and closed, giving back
+    /// what it holds: a connection never waits while holding budget, so
+    /// connections cannot hold the budget waiting for each other.
+    /// Ok(false): the server shuts down (a half-received command cannot be
+    /// answered: close).
     async fn wait_for_memory(
         &mut self,
         lacking: usize,
         deadline: Instant,
     ) -> Result<bool, ConnError> {
-        if self.rbuf.holds_budget() {
+        if self.rbuf.holds_budget() || self.session.holds_budget() {
             return self.no_memory(lacking).await;
         }
         let shared = self.shared.clone();

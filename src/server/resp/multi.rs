@@ -135,6 +135,11 @@ impl Multi {
         self.held.release();
     }
 
+    /// Whether the queued commands hold any of the budget.
+    pub fn holds_budget(&self) -> bool {
+        self.held.bytes() > 0
+    }
+
     /// The queued commands, or None when the transaction was aborted.
     pub fn commands(&self) -> Option<&[Args]> {
         (!self.aborted).then_some(&self.queued[..])
