@@ -6,7 +6,7 @@
 
 use super::{at_least, at_most, human, ConfigError, ServerConfig};
 use crate::config::security::{protected_mode, Exposure};
-use crate::units::parse_duration;
+use crate::units::{parse_bytes, parse_duration};
 use clap::Args;
 use serde::Serialize;
 use std::net::SocketAddr;
@@ -19,6 +19,11 @@ pub const DEFAULT_RESP_MAX_ARGS: u32 = 64;
 /// Most `--resp-max-args` may be: a command of more arguments is surely
 /// not one of those the front end answers.
 pub const MAX_RESP_ARGS_CEILING: u32 = 4096;
+/// Default `--resp-max-multi-bytes`.
+pub const DEFAULT_RESP_MAX_MULTI_BYTES: &str = "1MiB";
+/// Least `--resp-max-multi-bytes`: room for a few commands of the usual
+/// size (a CL.THROTTLE, an INCR and its EXPIRE).
+pub const MIN_RESP_MULTI_BYTES: usize = 4 * 1024;
 /// Shortest longest-argument a RESP command may always carry, whatever
 /// `--max-key-len` says: an AUTH password (255 bytes), a client name.
 pub const MIN_RESP_ARG_LEN: usize = 512;
@@ -44,6 +49,13 @@ pub struct FrontendSettings {
     #[arg(long, default_value_t = DEFAULT_RESP_MAX_ARGS)]
     pub resp_max_args: u32,
 
+    /// Most bytes one RESP MULTI may hold queued (its commands' arguments
+    /// plus a small fixed cost each), e.g. `1MiB`; drawn from
+    /// --max-connection-memory too. A command past either is answered
+    /// -OOM and the transaction's EXEC -EXECABORT.
+    #[arg(long, default_value = DEFAULT_RESP_MAX_MULTI_BYTES, value_parser = parse_bytes)]
+    pub resp_max_multi_bytes: usize,
+
     /// Address of the Envoy rate limit service (RLS v3 gRPC) front end
     /// (off unless set; needs a build with the cargo feature `envoy`).
     #[arg(long, value_name = "ADDR")]
@@ -57,6 +69,11 @@ impl FrontendSettings {
             "resp-max-args",
             self.resp_max_args.into(),
             MAX_RESP_ARGS_CEILING.into(),
+        )?;
+        at_least(
+            "resp-max-multi-bytes",
+            self.resp_max_multi_bytes as u64,
+            MIN_RESP_MULTI_BYTES as u64,
         )?;
         let window = self.resp_counter_window;
         if window < Duration::from_millis(1) {

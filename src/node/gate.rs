@@ -56,6 +56,20 @@ impl Gate<'_> {
         }
     }
 
+    /// Rules 1 to 3 for a command of the drop-in front ends, which has
+    /// no per-check status to answer TryAgain with: a key whose slot is
+    /// moving refuses the whole command (TryAgain), as RESET's do.
+    pub fn screen_keys<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Result<(), Refusal> {
+        match self {
+            #[cfg(feature = "cluster")]
+            Self::Slots(gate) => gate.screen(keys, true),
+            _ => {
+                let _ = keys;
+                Ok(())
+            }
+        }
+    }
+
     /// Rule 3: whether a check whose first key is `key` is answered
     /// TryAgain on its own (its slot is moving).
     pub fn moving(&self, key: &[u8]) -> bool {

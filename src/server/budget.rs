@@ -9,10 +9,13 @@
 //! reads nothing more (its bytes wait in the kernel, and TCP holds the
 //! client back). So the process holds at most
 //! `max_connections * INITIAL + max_connection_memory` of partial frames,
-//! however many clients send half a frame and stop.
+//! however many clients send half a frame and stop. A RESP connection's
+//! read buffer beyond its own 16 KiB (a long command still arriving) and
+//! its queued MULTI draw from the same budget ([`Held`]).
 //!
 //! Invariants:
-//! - the budget's `used` is the sum of what every [`ReadBuffer`] holds;
+//! - the budget's `used` is the sum of what every [`ReadBuffer`] and
+//!   every [`Held`] holds;
 //!   it never exceeds the limit (a take that would is refused);
 //! - a buffer that took from the budget allocates exactly its frame, and
 //!   gives back everything once only frames of the initial size remain;
@@ -47,7 +50,7 @@ impl Budget {
         let gauge = IntGauge::new(
             "tollgate_connection_memory_bytes",
             "Bytes of connection read buffers beyond their initial 16 KiB, \
-             drawn from --max-connection-memory.",
+             and of queued RESP transactions, drawn from --max-connection-memory.",
         )?;
         let limit_gauge = IntGauge::new(
             "tollgate_connection_memory_limit_bytes",
@@ -91,6 +94,67 @@ impl Budget {
     #[cfg(test)]
     fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)
+    }
+}
+
+/// Bytes of the budget held for something other than a read buffer (a
+/// RESP transaction's queued commands); given back when it drops, so a
+/// holder ended any way (EXEC, DISCARD, the connection closing) returns
+/// them.
+pub(crate) struct Held {
+    budget: Arc<Budget>,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held").field("bytes", &self.bytes).finish()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.give_back(std::mem::take(&mut self.bytes));
+    }
+}
+
+impl Held {
+    /// Holds nothing yet.
+    pub fn new(budget: Arc<Budget>) -> Self {
+        Self { budget, bytes: 0 }
+    }
+
+    /// Takes `n` more bytes if the budget has them free; false (nothing
+    /// taken) when it has not.
+    pub fn grow(&mut self, n: usize) -> bool {
+        let taken = self.budget.try_take(n);
+        if taken {
+            self.bytes += n;
+        }
+        taken
+    }
+
+    /// Bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Gives back what is held beyond `n` bytes.
+    pub fn shrink_to(&mut self, n: usize) {
+        if self.bytes > n {
+            self.budget.give_back(self.bytes - n);
+            self.bytes = n;
+        }
+    }
+
+    /// Gives back everything held.
+    pub fn release(&mut self) {
+        self.budget.give_back(std::mem::take(&mut self.bytes));
+    }
+
+    /// The budget's limit, in bytes.
+    pub fn limit(&self) -> usize {
+        self.budget.limit
     }
 }
 
@@ -286,6 +350,18 @@ mod tests {
         drop(a);
         assert_eq!(b.used(), 0);
         assert_eq!(c.make_room(), Room::Ready);
+    }
+
+    #[test]
+    fn held_bytes_are_refused_past_the_limit_and_given_back_on_drop() {
+        let b = budget(64 * 1024);
+        let mut held = Held::new(b.clone());
+        assert!(held.grow(40_000));
+        assert!(!held.grow(40_000), "past the limit");
+        assert_eq!(held.bytes(), 40_000);
+        assert_eq!(b.used(), 40_000);
+        drop(held);
+        assert_eq!(b.used(), 0);
     }
 
     #[tokio::test]

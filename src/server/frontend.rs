@@ -104,6 +104,9 @@ pub(crate) struct FrontendMetrics {
     pub resp_commands: Vec<IntCounter>,
     /// The same for any other command (refused).
     pub resp_other: IntCounter,
+    /// `tollgate_auth_failures_total{port}`: requests refused for a
+    /// missing or wrong client token, by port (protocol, resp, envoy).
+    pub auth_failures: IntCounterVec,
 }
 
 impl FrontendMetrics {
@@ -134,6 +137,14 @@ impl FrontendMetrics {
         registry.register(Box::new(checks.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(resp_commands.clone()))?;
+        let auth_failures = IntCounterVec::new(
+            Opts::new(
+                "tollgate_auth_failures_total",
+                "Requests refused for a missing or wrong token, by port.",
+            ),
+            &["port"],
+        )?;
+        registry.register(Box::new(auth_failures.clone()))?;
         let counters = |f: Frontend| FrontendCounters {
             allowed: checks.with_label_values(&[f.name(), "allowed"]),
             denied: checks.with_label_values(&[f.name(), "denied"]),
@@ -148,6 +159,7 @@ impl FrontendMetrics {
                 .iter()
                 .map(|c| resp_commands.with_label_values(&[c]))
                 .collect(),
+            auth_failures,
         })
     }
 }

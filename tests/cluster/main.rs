@@ -32,6 +32,7 @@ mod procs;
 #[allow(dead_code)] // `sever` is for the replication tests
 #[path = "../replication/proxy.rs"]
 mod proxy;
+mod resp;
 mod router;
 mod routing;
 mod support;

@@ -49,7 +49,8 @@ pub fn tollgate(args: &[&str]) -> (i32, String, String) {
 impl Deployment {
     /// `tollgate cluster init` of `shards` shards, then `per_shard` nodes
     /// of each (started one shard after the other), waiting until every
-    /// shard has a primary and its standbys are in sync.
+    /// shard has a primary and its standbys are in sync (`per_shard` 0:
+    /// none started, `nodes` left empty for the caller to fill).
     pub async fn start(etcd: EtcdCluster, name: &str, shards: u16, per_shard: usize) -> Self {
         Self::start_with(etcd, name, shards, per_shard, &LEASE_FLAGS).await
     }
@@ -82,7 +83,8 @@ impl Deployment {
             nodes: Vec::new(),
             lease_flags: lease_flags.iter().map(|s| s.to_string()).collect(),
         };
-        for shard in 0..shards {
+        // None per shard: the caller spawns them (with flags of its own).
+        for shard in (0..shards).filter(|_| per_shard > 0) {
             let nodes = (0..per_shard)
                 .map(|_| deployment.spawn(shard, &[]))
                 .collect();

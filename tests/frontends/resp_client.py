@@ -1,6 +1,7 @@
 """redis-py against Tollgate's RESP front end (run by resp_py.rs).
 
-Usage: resp_client.py PORT TOKEN
+Usage: resp_client.py PORT TOKEN (a server with the default
+--resp-max-multi-bytes)
 
 The server runs a manual clock at t = 1000 s that the test does not move,
 so every number below is exact. Exits non-zero (an AssertionError) on the
@@ -64,6 +65,19 @@ for protocol in (2, 3):
             raise AssertionError("refused command answered")
         except redis.ResponseError as e:
             assert "unknown command" in str(e), e
+    assert r.ping() is True
+
+    # A MULTI past --resp-max-multi-bytes (1 MiB: 40 commands of 32 KiB):
+    # the command that does not fit is refused with Redis's OOM error and
+    # EXEC discards the transaction; the connection goes on.
+    pipe = r.pipeline(transaction=True)
+    for _ in range(40):
+        pipe.execute_command("PING", *(["x" * 512] * 63))
+    try:
+        pipe.execute()
+        raise AssertionError("a 1.3 MiB MULTI was run")
+    except redis.exceptions.OutOfMemoryError as e:
+        assert "resp-max-multi-bytes" in str(e), e
     assert r.ping() is True
     r.close()
 

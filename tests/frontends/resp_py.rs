@@ -1,6 +1,7 @@
 //! redis-py (the pinned version in requirements.txt) against the RESP front
 //! end: RESP2 and RESP3, AUTH, CL.THROTTLE, INCR/EXPIRE in a pipeline and
-//! in MULTI/EXEC, GET/TTL/PTTL/DEL, refused scripts, and RedisCluster
+//! in MULTI/EXEC (a MULTI past its bytes refused with OutOfMemoryError),
+//! GET/TTL/PTTL/DEL, refused scripts, and RedisCluster
 //! routing by CLUSTER SLOTS. The script (resp_client.py) asserts every
 //! reply; this test runs it and fails with its output.
 

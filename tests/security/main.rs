@@ -18,6 +18,7 @@ mod handoff_cap;
 mod hostile_io;
 mod process;
 mod protected;
+mod resp_hostile;
 mod spec;
 mod spoofing;
 mod tls;

@@ -120,6 +120,8 @@ impl Connection {
         }
         let given = auth_token.as_deref().unwrap_or_default();
         let Some(privilege) = self.shared.auth.hello(given) else {
+            let failures = &self.shared.metrics.frontends.auth_failures;
+            failures.with_label_values(&["protocol"]).inc();
             self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
             return Flow::Close;
         };

@@ -6,16 +6,25 @@
 //!   of its commands' replies);
 //! - until the connection is authenticated (when the server has client
 //!   tokens) only AUTH, HELLO, QUIT and RESET are answered; the rest get
-//!   NOAUTH and touch nothing;
+//!   NOAUTH and touch nothing; the [`MAX_WRONG_TOKENS`]th wrong token
+//!   (AUTH, HELLO AUTH) is answered WRONGPASS and closes the connection,
+//!   as QUIT does (later commands get no reply); every refusal for a
+//!   missing or wrong token counts in `tollgate_auth_failures_total`;
 //! - every command that touches the counters is first admitted by the
 //!   node, as a CHECK frame is: a standby answers writes (and reads,
-//!   unless it serves stale reads) with READONLY naming its primary;
-//! - a MULTI holds at most `--max-batch` commands; EXEC runs them in
-//!   order, each admitted on its own (Tollgate has no cross-key
-//!   transactions: a MULTI is a batch, as a pipeline is).
+//!   unless it serves stale reads) with READONLY naming its primary; in
+//!   cluster mode every key's slot is screened first (MOVED to the owner's
+//!   RESP address, TRYAGAIN while it moves) and a refused command touches
+//!   nothing; in a MULTI a refused command is refused when queued;
+//! - a MULTI holds at most `--max-batch` commands and
+//!   `--resp-max-multi-bytes` bytes, drawn from `--max-connection-memory`
+//!   (multi.rs); EXEC runs them in order, each admitted on its own
+//!   (Tollgate has no cross-key transactions: a MULTI is a batch, as a
+//!   pipeline is).
 
 use super::cluster;
 use super::counter;
+use super::multi::Multi;
 use super::parse::Args;
 use super::reply::Reply;
 use super::table::{self, Cmd, Spec, SCRIPTING, TABLE};
@@ -43,14 +52,6 @@ pub(super) struct Ctx<'a> {
 /// it knows behave as in this version.
 pub(super) const REDIS_VERSION: &str = "7.2.0";
 
-/// Commands queued by MULTI.
-#[derive(Debug, Default)]
-struct Multi {
-    queued: Vec<Args>,
-    /// A command could not be queued: EXEC answers EXECABORT.
-    aborted: bool,
-}
-
 /// One connection's state.
 #[derive(Debug)]
 pub(super) struct Session {
@@ -61,7 +62,14 @@ pub(super) struct Session {
     pub quit: bool,
     id: u64,
     multi: Option<Multi>,
+    /// Wrong tokens given on this connection (kept across RESET).
+    wrong_tokens: u32,
 }
+
+/// Wrong tokens (AUTH, HELLO AUTH) one connection may give: the last is
+/// answered WRONGPASS and the connection closed, so tokens cannot be
+/// guessed one after another on one connection.
+pub(super) const MAX_WRONG_TOKENS: u32 = 3;
 
 impl Session {
     pub fn new(shared: &Shared, id: u64) -> Self {
@@ -73,7 +81,13 @@ impl Session {
             quit: false,
             id,
             multi: None,
+            wrong_tokens: 0,
         }
+    }
+
+    /// Whether an open MULTI holds any of the connection memory budget.
+    pub fn holds_budget(&self) -> bool {
+        self.multi.as_ref().is_some_and(Multi::holds_budget)
     }
 
     /// Answers every command of `batch` into `buf`.
@@ -106,11 +120,12 @@ impl Session {
         if !self.authenticated
             && !matches!(spec.cmd, Cmd::Auth | Cmd::Hello | Cmd::Quit | Cmd::Reset)
         {
+            count_auth_failure(ctx);
             return reply.error("NOAUTH Authentication required.");
         }
         if !spec.fits(args.len()) {
             if let Some(m) = &mut self.multi {
-                m.aborted = true;
+                m.abort();
             }
             return reply.error(&format!(
                 "ERR wrong number of arguments for '{}' command",
@@ -122,25 +137,26 @@ impl Session {
                 spec.cmd,
                 Cmd::Exec | Cmd::Discard | Cmd::Multi | Cmd::Quit | Cmd::Reset
             ) {
-                let max = usize::from(ctx.shared.limits.max_batch);
-                if m.queued.len() >= max {
-                    m.aborted = true;
-                    return reply.error(&format!(
-                        "ERR a MULTI holds at most {max} commands (max-batch)"
-                    ));
+                // Refused now as Redis refuses it (a key of another node's
+                // slot, a standby), so EXEC answers EXECABORT; EXEC asks again.
+                if let Err(e) = admitted(ctx, spec, args) {
+                    m.abort();
+                    return reply.error(&e);
                 }
-                m.queued.push(args.clone());
-                return reply.simple("QUEUED");
+                let max_commands = usize::from(ctx.shared.limits.max_batch);
+                let max_bytes = ctx.shared.frontends.resp_max_multi_bytes;
+                return match m.queue(args, max_commands, max_bytes) {
+                    Ok(()) => reply.simple("QUEUED"),
+                    Err(e) => reply.error(&e.to_string()),
+                };
             }
         }
         self.execute(ctx, spec, args, later, reply);
     }
 
     fn execute(&mut self, ctx: &Ctx, spec: &Spec, args: &Args, later: &[Args], reply: &mut Reply) {
-        if let Some(access) = spec.access() {
-            if let Err(refusal) = ctx.shared.node.admit(access) {
-                return reply.error(&refused(&refusal, ctx.port));
-            }
+        if let Err(e) = admitted(ctx, spec, args) {
+            return reply.error(&e);
         }
         let arg = |i: usize| -> &[u8] { &args[i] };
         match spec.cmd {
@@ -156,7 +172,9 @@ impl Session {
                 reply.simple("OK");
             }
             Cmd::Reset => {
+                let wrong_tokens = self.wrong_tokens;
                 *self = Self::new(ctx.shared, self.id);
+                self.wrong_tokens = wrong_tokens;
                 reply.resp3 = false;
                 reply.simple("RESET");
             }
@@ -179,7 +197,7 @@ impl Session {
             Cmd::Multi => match &self.multi {
                 Some(_) => reply.error("ERR MULTI calls can not be nested"),
                 None => {
-                    self.multi = Some(Multi::default());
+                    self.multi = Some(Multi::new(ctx.shared.budget.clone()));
                     reply.simple("OK");
                 }
             },
@@ -231,12 +249,12 @@ impl Session {
         let Some(multi) = self.multi.take() else {
             return reply.error("ERR EXEC without MULTI");
         };
-        if multi.aborted {
+        let Some(queued) = multi.commands() else {
             return reply.error("EXECABORT Transaction discarded because of previous errors.");
-        }
-        reply.array(multi.queued.len());
-        for (i, args) in multi.queued.iter().enumerate() {
-            self.one(ctx, args, &multi.queued[i + 1..], reply);
+        };
+        reply.array(queued.len());
+        for (i, args) in queued.iter().enumerate() {
+            self.one(ctx, args, &queued[i + 1..], reply);
         }
     }
 
@@ -258,7 +276,7 @@ impl Session {
             match (&option[..], rest.len()) {
                 (b"AUTH", 3..) => {
                     if ctx.shared.auth.hello(&rest[2]).is_none() {
-                        return reply.error(WRONGPASS);
+                        return self.wrong_token(ctx, reply);
                     }
                     self.authenticated = true;
                     rest = &rest[3..];
@@ -276,6 +294,7 @@ impl Session {
             }
         }
         if !self.authenticated {
+            count_auth_failure(ctx);
             return reply.error(
                 "NOAUTH HELLO must be called with the client already authenticated, otherwise \
                  the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the \
@@ -320,10 +339,21 @@ impl Session {
         }
         let password = &args[args.len() - 1];
         if ctx.shared.auth.hello(password).is_none() {
-            return reply.error(WRONGPASS);
+            return self.wrong_token(ctx, reply);
         }
         self.authenticated = true;
         reply.simple("OK");
+    }
+
+    /// A wrong token: WRONGPASS, counted; the [`MAX_WRONG_TOKENS`]th
+    /// closes the connection once the reply is written.
+    fn wrong_token(&mut self, ctx: &Ctx, reply: &mut Reply) {
+        count_auth_failure(ctx);
+        self.wrong_tokens += 1;
+        reply.error(WRONGPASS);
+        if self.wrong_tokens >= MAX_WRONG_TOKENS {
+            self.quit = true;
+        }
     }
 
     fn client(&mut self, args: &[Bytes], reply: &mut Reply) {
@@ -349,7 +379,7 @@ impl Session {
 
     fn unknown(&mut self, args: &Args, reply: &mut Reply) {
         if let Some(m) = &mut self.multi {
-            m.aborted = true;
+            m.abort();
         }
         let name = String::from_utf8_lossy(&args[0]).into_owned();
         if SCRIPTING
@@ -371,12 +401,44 @@ impl Session {
     }
 }
 
+/// Counts a request refused for a missing or wrong token.
+fn count_auth_failure(ctx: &Ctx) {
+    let failures = &ctx.shared.metrics.frontends.auth_failures;
+    failures.with_label_values(&["resp"]).inc();
+}
+
 const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 
-/// The RESP error for a node's refusal: READONLY (a standby, with its
-/// primary's RESP address) as a Redis replica answers writes.
+/// Whether the node serves a command that touches the counters here:
+/// its access (a standby refuses writes), and in cluster mode every key's
+/// slot (nothing is evaluated for a key another node owns). Err is the
+/// error to answer.
+fn admitted(ctx: &Ctx, spec: &Spec, args: &Args) -> Result<(), String> {
+    let Some(access) = spec.access() else {
+        return Ok(());
+    };
+    let gate = ctx
+        .shared
+        .node
+        .admit(access)
+        .map_err(|r| refused(&r, ctx.port))?;
+    gate.screen_keys(spec.keys_of(args))
+        .map_err(|r| refused(&r, ctx.port))
+}
+
+/// The RESP error for a node's refusal, as Redis words it: READONLY (a
+/// standby, with its primary's RESP address) as a Redis replica answers
+/// writes; MOVED (the slot's owner's RESP address) and TRYAGAIN as a Redis
+/// Cluster node answers a key it does not serve.
 pub(super) fn refused(refusal: &Refusal, port: u16) -> String {
     match refusal {
+        Refusal::Moved { slot, addr, .. } => {
+            // An IPv6 host unbracketed, as Redis writes it (clients split
+            // at the last colon).
+            let (host, port) = on_port(addr, port);
+            format!("MOVED {slot} {host}:{port}")
+        }
+        Refusal::TryAgain(busy) => format!("TRYAGAIN {busy}"),
         Refusal::NotPrimary {
             primary: Some(p),
             epoch,

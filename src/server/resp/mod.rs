@@ -6,7 +6,9 @@
 //!  accept -> admission (a place of --max-connections, shared with the
 //!   protocol port; when full: -ERR max number of clients reached)
 //!   -> TLS (the protocol port's)
-//!   -> read -> parse.rs: complete commands, bounded -> commands.rs: a
+//!   -> read (buffer.rs: 16 KiB own, a longer unfinished command grows
+//!      from --max-connection-memory)
+//!   -> parse.rs: complete commands, bounded -> commands.rs: a
 //!      batch of them answered in order (auth, node admission, MULTI)
 //!        CL.THROTTLE        -> throttle.rs: token bucket via check::check_one
 //!        INCR/EXPIRE/GET... -> counter.rs: fixed window counter (Store::update)
@@ -26,20 +28,24 @@
 //!   panics;
 //! - on shutdown a connection answers what it has read and closes.
 
+mod buffer;
 mod cluster;
 mod commands;
 mod counter;
+mod multi;
 mod parse;
 mod reply;
 mod table;
 mod throttle;
 
 use super::admission::{Admission, Answer};
+use super::budget::ReadBuffer;
 use super::conn_metrics::OpenConnection;
 use super::connection::{secure_with, write_out, WriteError};
 use super::frontend::accept_loop;
 use super::Shared;
 use crate::tls::Socket;
+use buffer::{CommandBuffer, READ_BUFFER};
 use bytes::BytesMut;
 use commands::{Ctx, Session};
 use parse::{Args, Limits};
@@ -56,7 +62,6 @@ use tokio_util::task::TaskTracker;
 
 pub(crate) use table::names as command_names;
 
-const READ_BUFFER: usize = 16 * 1024;
 /// Most commands answered before the replies are written out, so a long
 /// pipeline does not grow the write buffer without bound.
 const MAX_BATCH: usize = 1024;
@@ -116,6 +121,8 @@ enum ConnError {
     CommandTimeout(Duration),
     #[error("client did not read its replies within {0:?}")]
     WriteTimeout(Duration),
+    #[error("no memory to read {lacking} more bytes of a command (budget {limit} bytes)")]
+    NoMemory { lacking: usize, limit: usize },
 }
 
 struct Connection {
@@ -123,7 +130,7 @@ struct Connection {
     peer: SocketAddr,
     shared: Arc<Shared>,
     port: u16,
-    rbuf: BytesMut,
+    rbuf: CommandBuffer,
     wbuf: BytesMut,
     session: Session,
     limits: Limits,
@@ -147,7 +154,7 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, po
         stream,
         peer,
         port,
-        rbuf: BytesMut::with_capacity(READ_BUFFER),
+        rbuf: CommandBuffer::new(shared.budget.clone()),
         wbuf: BytesMut::with_capacity(READ_BUFFER),
         session: Session::new(&shared, id),
         limits: Limits {
@@ -173,15 +180,18 @@ impl Connection {
                 return Ok(());
             }
             let (deadline, on_timeout) = self.read_deadline(opened);
-            if self.rbuf.capacity() - self.rbuf.len() < 1024 {
-                self.rbuf.reserve(READ_BUFFER);
-            }
             let shared = self.shared.clone();
+            if let Err(lacking) = self.rbuf.make_room() {
+                if !self.wait_for_memory(lacking, deadline).await? {
+                    return Ok(());
+                }
+                continue;
+            }
             tokio::select! {
                 biased;
                 _ = shared.lifecycle.abort.cancelled() => return Ok(()),
                 _ = shared.lifecycle.draining.cancelled() => return self.drain().await,
-                read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf)) => {
+                read = tokio::time::timeout_at(deadline, self.stream.read_buf(&mut self.rbuf.buf)) => {
                     match read {
                         Ok(Ok(0)) => return Ok(()),
                         Ok(Ok(_)) => {}
@@ -201,7 +211,7 @@ impl Connection {
             let t = c.handshake_timeout;
             return (opened + t, ConnError::AuthTimeout(t));
         }
-        if self.rbuf.is_empty() {
+        if self.rbuf.buf.is_empty() {
             self.partial_since = None;
             let t = c.idle_timeout;
             return (Instant::now() + t, ConnError::Idle(t));
@@ -219,7 +229,7 @@ impl Connection {
             let mut batch: Vec<Args> = Vec::new();
             let mut broken = None;
             while batch.len() < MAX_BATCH {
-                match parse::parse(&mut self.rbuf, &self.limits) {
+                match parse::parse(&mut self.rbuf.buf, &self.limits) {
                     Ok(Some(args)) => {
                         self.partial_since = None;
                         batch.push(args);
@@ -260,6 +270,54 @@ impl Connection {
         }
     }
 
+    /// An unfinished command needs `lacking` more bytes of the connection
+    /// memory budget. A connection that holds none waits (reading nothing,
+    /// so TCP holds the client back) until they are free; one that already
+    /// holds some (its read buffer or its queued MULTI), or whose command's
+    /// deadline passes first, is answered an error and closed, giving back
+    /// what it holds: a connection never waits while holding budget, so
+    /// connections cannot hold the budget waiting for each other.
+    /// Ok(false): the server shuts down (a half-received command cannot be
+    /// answered: close).
+    async fn wait_for_memory(
+        &mut self,
+        lacking: usize,
+        deadline: Instant,
+    ) -> Result<bool, ConnError> {
+        if self.rbuf.holds_budget() || self.session.holds_budget() {
+            return self.no_memory(lacking).await;
+        }
+        let shared = self.shared.clone();
+        tokio::select! {
+            biased;
+            _ = shared.lifecycle.abort.cancelled() => Ok(false),
+            _ = shared.lifecycle.draining.cancelled() => Ok(false),
+            freed = ReadBuffer::wait_for(&shared.budget, lacking, deadline) => {
+                if freed {
+                    return Ok(true);
+                }
+                self.no_memory(lacking).await
+            }
+        }
+    }
+
+    /// Refuses the unfinished command for want of memory and ends the
+    /// connection.
+    async fn no_memory(&mut self, lacking: usize) -> Result<bool, ConnError> {
+        let limit = self.rbuf.budget_limit();
+        let mut reply = Reply {
+            buf: &mut self.wbuf,
+            resp3: self.session.resp3,
+        };
+        reply.error(&format!(
+            "ERR no memory to read the rest of this command: the connections' memory budget \
+             (max-connection-memory, {limit} bytes) has not {lacking} bytes free; closing"
+        ));
+        self.rbuf.clear();
+        self.flush().await?;
+        Err(ConnError::NoMemory { lacking, limit })
+    }
+
     async fn flush(&mut self) -> Result<(), ConnError> {
         if write_out(
             &mut self.stream,
@@ -284,13 +342,14 @@ impl Connection {
             if !more {
                 return Ok(());
             }
-            if self.rbuf.capacity() - self.rbuf.len() < 1024 {
-                self.rbuf.reserve(READ_BUFFER);
+            if self.rbuf.make_room().is_err() {
+                // No memory for the rest of a long command: end here.
+                break;
             }
             tokio::select! {
                 biased;
                 _ = shared.lifecycle.abort.cancelled() => return Ok(()),
-                read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf)) => {
+                read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf.buf)) => {
                     match read {
                         Ok(Ok(0)) | Err(_) => break,
                         Ok(Ok(_)) => {}

@@ -149,6 +149,29 @@ impl Spec {
         }
     }
 
+    /// The keys of `args` (the name at 0), by this row's key positions:
+    /// what the node's slot gate screens (cluster mode).
+    pub fn keys_of<'a>(&self, args: &'a [bytes::Bytes]) -> impl Iterator<Item = &'a [u8]> {
+        let (first, last, step) = self.keys;
+        // Inclusive; a negative position counts from the end.
+        let end = if last < 0 {
+            args.len() as i64 + last
+        } else {
+            last
+        };
+        let start = if first > 0 {
+            first as usize
+        } else {
+            args.len()
+        };
+        args.iter()
+            .enumerate()
+            .skip(start)
+            .take_while(move |&(i, _)| i as i64 <= end)
+            .step_by(step.max(1) as usize)
+            .map(|(_, k)| &k[..])
+    }
+
     /// This row as `COMMAND` answers it: name, arity, flags, first key,
     /// last key, step, ACL categories, tips, key specifications,
     /// subcommands (the last four empty).
@@ -190,6 +213,12 @@ mod tests {
         assert_eq!(lookup(b"TTL").unwrap().1.access(), Some(Access::Read));
         assert_eq!(lookup(b"PING").unwrap().1.access(), None);
         assert!(lookup(b"EVAL").is_none());
+        let args: Vec<bytes::Bytes> = ["DEL", "a", "b", "c"].map(bytes::Bytes::from).to_vec();
+        let keys: Vec<&[u8]> = lookup(b"DEL").unwrap().1.keys_of(&args).collect();
+        assert_eq!(keys, [b"a", b"b", b"c"]);
+        let keys: Vec<&[u8]> = lookup(b"INCR").unwrap().1.keys_of(&args[..2]).collect();
+        assert_eq!(keys, [b"a"]);
+        assert_eq!(lookup(b"PING").unwrap().1.keys_of(&args).count(), 0);
         // Names are unique, so COMMAND lists each once.
         let mut names = names();
         names.sort_unstable();
