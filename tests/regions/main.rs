@@ -9,6 +9,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod delay;
+#[allow(dead_code)]
+#[path = "../replication/harness.rs"]
+mod harness;
+mod process;
 
 use common::{batch_of, eventually, http, rule, RawConn, TempDir, PATIENCE};
 use delay::DelayRelay;
