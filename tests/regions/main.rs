@@ -12,6 +12,7 @@ mod delay;
 #[allow(dead_code)]
 #[path = "../replication/harness.rs"]
 mod harness;
+mod journal_bound;
 mod process;
 
 use common::{batch_of, eventually, http, rule, RawConn, TempDir, PATIENCE};

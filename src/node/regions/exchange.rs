@@ -97,7 +97,7 @@ async fn exchange_once(
 ) {
     let peer = &regions.peers[index];
     let metrics = regions.metrics.peer(&peer.config.name);
-    let fresh = std::mem::take(&mut *peer.journal.lock());
+    let fresh = regions.take_journal(index);
     s.pending.absorb(fresh);
     let report = match s.unanswered.take() {
         Some(report) => report,
@@ -118,6 +118,8 @@ async fn exchange_once(
             }
         }
     };
+    // Exact again: merged keys and sealed ones make room for new keys.
+    regions.set_pending_bytes(index, s.pending.bytes());
     match send(core, &peer.config.addr, &mut s.link, &report, timeout).await {
         Ok(ack) if ack.region != peer.config.name => {
             tracing::warn!(
