@@ -14,6 +14,7 @@ mod delay;
 mod harness;
 mod journal_bound;
 mod process;
+mod spoofing;
 
 use common::{batch_of, eventually, http, rule, RawConn, TempDir, PATIENCE};
 use delay::DelayRelay;

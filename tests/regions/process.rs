@@ -22,7 +22,7 @@ rules:
   - name: daily
     algorithm: token-bucket
     rate: 1000/day
-    global: [a, b]
+    global: [a, b, c]
 ";
 
 /// A region's process: `name`, listening on `addr`, its one peer region

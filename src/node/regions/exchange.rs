@@ -6,7 +6,9 @@
 //! `exchange-max-bytes` (or takes the unanswered one again), sends it over
 //! a node link (HELLO with the cluster secret) and waits for USAGE_OK. A
 //! message is numbered once (session, seq) and resent unchanged until
-//! answered, so the receiver applies it at most once; a Malformed refusal
+//! answered, so the receiver applies it at most once; the session is the
+//! time this node became the region's primary, so a receiver can refuse an
+//! earlier primary's late messages. A Malformed refusal
 //! (the peer does not know this region, say) drops it with a warning
 //! rather than retrying it forever. One message is in flight per peer.
 
@@ -42,9 +44,20 @@ pub(crate) async fn run(core: Arc<Core>, regions: Arc<Regions>, shutdown: Cancel
     tasks.shutdown().await;
 }
 
+/// A session: the sender's start time (ns since the UNIX epoch), so that a
+/// receiver can tell a later session from an earlier one (PROTOCOL.md
+/// §16); never 0, and distinct for two senders started in the same
+/// nanosecond only by chance, which does not matter: sessions are per
+/// sending region and a region has one primary.
+fn new_session(now: crate::clock::Nanos) -> u64 {
+    now.max(1)
+}
+
 /// What one sender keeps between intervals.
 struct Sender {
     session: u64,
+    /// Whether the node was primary at the previous interval.
+    primary: bool,
     seq: u64,
     pending: Journal,
     unanswered: Option<UsageReport>,
@@ -62,7 +75,8 @@ async fn send_loop(
     // counts as silent and the link is opened afresh.
     let timeout = (interval * 4).max(Duration::from_secs(1));
     let mut s = Sender {
-        session: fastrand::u64(1..),
+        session: new_session(core.clock.now()),
+        primary: false,
         seq: 0,
         pending: Journal::default(),
         unanswered: None,
@@ -79,7 +93,15 @@ async fn send_loop(
             // A standby's counters are the primary's copy: it reports nothing
             // and keeps no link.
             s.link = None;
+            s.primary = false;
             continue;
+        }
+        if !s.primary {
+            // Exchanging (again) as the region's primary: a new session,
+            // later than that of any primary before it.
+            s.primary = true;
+            s.session = new_session(core.clock.now());
+            s.seq = 0;
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

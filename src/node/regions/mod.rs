@@ -100,6 +100,16 @@ pub(crate) enum UsageRefusal {
     UnknownRegion(String),
     #[error("session 0 is not a session")]
     ZeroSession,
+    /// A session older than the one the region sends in now (a message
+    /// from before its restart, or another sender claiming the region).
+    #[error(
+        "session {session} of region {region:?} is older than its session {newest}, which is live"
+    )]
+    OlderSession {
+        region: String,
+        session: u64,
+        newest: u64,
+    },
 }
 
 /// How a rule name resolves on the receiver: the limit, when the rule
@@ -239,6 +249,19 @@ impl Regions {
         if let Some((session, seq)) = *applied {
             if session == report.session && report.seq <= seq {
                 return Ok(ack(true));
+            }
+            // Sessions are the sender's start time: an older one is a
+            // sender that has been replaced, unless the newer has gone
+            // silent (a restart whose clock stepped back must not be shut
+            // out for good).
+            let silent = peer.last_received.load(Ordering::Relaxed)
+                < now.saturating_sub(self.stall_after().as_nanos() as u64);
+            if report.session < session && !silent {
+                return Err(UsageRefusal::OlderSession {
+                    region: report.region.clone(),
+                    session: report.session,
+                    newest: session,
+                });
             }
         }
         let name = peer.config.name.as_str();

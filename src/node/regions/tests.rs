@@ -207,3 +207,32 @@ fn a_peers_journal_and_pending_usage_stay_within_their_bound() {
     record(&r, 20_001);
     assert_eq!(r.peers[0].journal.lock().len(), 1);
 }
+
+#[test]
+fn an_older_session_is_refused_while_the_newer_one_is_live() {
+    let r = regions(&["eu"]);
+    assert!(r
+        .receive(&report("eu", 20, 1, 10, "api"), &resolve, T0)
+        .is_ok());
+    // A late message of the primary before (or a spoofer's made-up one).
+    assert_eq!(
+        r.receive(&report("eu", 19, 7, 100, "api"), &resolve, T0 + MS),
+        Err(UsageRefusal::OlderSession {
+            region: "eu".into(),
+            session: 19,
+            newest: 20
+        })
+    );
+    assert_eq!(remaining(&r), 600 - 10 - 1);
+    // The newer session carries on.
+    assert!(r
+        .receive(&report("eu", 20, 2, 10, "api"), &resolve, T0 + MS)
+        .is_ok());
+    // Silent for the stall period (4 x 500 ms): an older session is taken
+    // (a sender restarted with its clock stepped back).
+    let later = T0 + MS + 2_001 * MS;
+    assert!(r
+        .receive(&report("eu", 5, 1, 10, "api"), &resolve, later)
+        .is_ok());
+    assert_eq!(remaining(&r), 600 - 30 - 1);
+}

@@ -166,9 +166,16 @@ pub(in crate::server) enum UsageError {
 /// USAGE from another region (PROTOCOL.md §16): only on a node connection
 /// of a primary in a region. Each entry is charged under this node's own
 /// rule of that name when the rule is global and lists the sender.
+///
+/// `bound` is the region the connection speaks for: the first region whose
+/// USAGE it had applied; a USAGE naming another is refused (AuthFailed), so
+/// one link cannot pass for several regions. (The cluster secret is the
+/// same everywhere, so nothing the HELLO proves names the region; a
+/// per-region secret would set `bound` from the HELLO instead.)
 pub(in crate::server) fn receive_usage(
     shared: &super::Shared,
     privilege: crate::server::auth::Privilege,
+    bound: &mut Option<String>,
     report: &tollgate_protocol::UsageReport,
 ) -> Result<tollgate_protocol::UsageAck, UsageError> {
     use tollgate_protocol::ErrorCode;
@@ -196,7 +203,18 @@ pub(in crate::server) fn receive_usage(
             .filter(|r| r.global().iter().any(|g| g == sender) && r.global().contains(&own))
             .map(|r| r.limit)
     };
-    regions
+    if let Some(region) = bound.as_deref().filter(|r| *r != report.region) {
+        return Err(UsageError::Error(
+            ErrorCode::AuthFailed,
+            format!(
+                "this connection speaks for region {region:?}, not {:?}",
+                report.region
+            ),
+        ));
+    }
+    let ack = regions
         .receive(report, &resolve, shared.clock.now())
-        .map_err(|e| UsageError::Error(ErrorCode::Malformed, e.to_string()))
+        .map_err(|e| UsageError::Error(ErrorCode::Malformed, e.to_string()))?;
+    bound.get_or_insert_with(|| report.region.clone());
+    Ok(ack)
 }
