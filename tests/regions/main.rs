@@ -13,6 +13,7 @@ mod delay;
 #[path = "../replication/harness.rs"]
 mod harness;
 mod journal_bound;
+mod peer_text;
 mod process;
 mod spoofing;
 

@@ -14,6 +14,7 @@
 
 use super::journal::Journal;
 use super::Regions;
+use crate::log_text::Escaped;
 use crate::node::link::{unexpected, Link, LinkError};
 use crate::node::shared::Core;
 use std::sync::Arc;
@@ -145,7 +146,7 @@ async fn exchange_once(
     match send(core, &peer.config.addr, &mut s.link, &report, timeout).await {
         Ok(ack) if ack.region != peer.config.name => {
             tracing::warn!(
-                peer = %peer.config.name, answered = %ack.region,
+                peer = %peer.config.name, answered = %Escaped(&ack.region),
                 "the address of a peer region leads to another region; usage dropped"
             );
             metrics.send_failures.inc();
@@ -160,7 +161,7 @@ async fn exchange_once(
         // know this region, say); drop it rather than retry it forever.
         Err(LinkError::Refused { code, message }) if code == ErrorCode::Malformed => {
             tracing::warn!(
-                peer = %peer.config.name, %code, %message,
+                peer = %peer.config.name, %code, reason = %Escaped(&message),
                 "peer region refused our usage; message dropped"
             );
             metrics.send_failures.inc();
