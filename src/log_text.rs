@@ -1,5 +1,5 @@
 //! Text a peer chose (a HELLO's client name, a standby's advertised
-//! address), made safe to log.
+//! address, a peer node's error message or region name), made safe to log.
 //!
 //! The text log format writes a field's value as it is, so a newline in a
 //! client name would start a line of the client's making (a forged
@@ -37,13 +37,38 @@ pub fn escape(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Displays its text [`escape`]d: for a log field or an error message
+/// holding a peer's text (`tracing::warn!(message = %Escaped(&m), ..)`,
+/// `#[error("{}", Escaped(.message))]`), without a copy when clean.
+#[derive(Debug, Clone, Copy)]
+pub struct Escaped<'a>(pub &'a str);
+
+impl std::fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&escape(self.0))
+    }
+}
+
 fn needs_escape(c: char) -> bool {
     c.is_control() || matches!(c, '\\' | '\u{2028}' | '\u{2029}')
 }
 
 #[cfg(test)]
 mod tests {
-    use super::escape;
+    use super::{escape, Escaped};
+
+    #[test]
+    fn the_wrapper_displays_the_escaped_text() {
+        let peer = "refused\n\u{1b}[2J\nINFO forged";
+        assert_eq!(Escaped("plain").to_string(), "plain");
+        let shown = format!("peer said: {}", Escaped("no\n\u{1b}[2Jway"));
+        assert_eq!(shown, "peer said: no\\n\\u{1b}[2Jway");
+        assert!(!Escaped(peer).to_string().contains('\n'));
+        assert!(!Escaped("a\nb\u{1b}[31m")
+            .to_string()
+            .chars()
+            .any(char::is_control));
+    }
 
     #[test]
     fn plain_text_is_borrowed_as_it_is() {

@@ -54,6 +54,11 @@ impl LeakyBucket {
         retag(self.gcra.evaluate(tat, now, cost))
     }
 
+    /// Units in the bucket at `now` (see [`TokenBucket::in_use`]).
+    pub fn in_use(&self, tat: Option<Nanos>, now: Nanos) -> u64 {
+        self.gcra.in_use(tat, now)
+    }
+
     /// Takes `amount` units back out of the bucket, never below empty.
     pub fn refund(&self, tat: Option<Nanos>, now: Nanos, amount: u64) -> Verdict {
         retag(self.gcra.refund(tat, now, amount))

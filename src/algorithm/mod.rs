@@ -456,14 +456,14 @@ impl Policy {
     /// after the refund (always allowed). Never beyond a full bucket or an
     /// empty window; a key without state (or with another algorithm's state)
     /// is left alone and answered as full. Concurrency slots are not
-    /// refunded: they are released by lease id ([`release_lease`]).
+    /// refunded: they are released by lease id ([`release_lease`]). O(1) in
+    /// `amount`: a remote report may carry any u64.
     pub fn refund(
         &self,
         state: Option<&State>,
         now: Nanos,
-        amount: u32,
+        amount: u64,
     ) -> Result<Verdict, InvalidLimit> {
-        let amount = u64::from(amount);
         Ok(match self {
             Policy::TokenBucket(tb) => {
                 let tat = match state {
@@ -502,6 +502,28 @@ impl Policy {
             }
             Policy::Concurrency(_) => return Err(InvalidLimit::RefundOfLeases),
         })
+    }
+}
+
+impl Policy {
+    /// The units `state` holds at `now` that a refund could give back (0
+    /// for no state, another algorithm's state, or leases): the units a
+    /// refund returned are this before it less this after it.
+    pub fn in_use(&self, state: Option<&State>, now: Nanos) -> u64 {
+        match (self, state) {
+            (Policy::TokenBucket(tb), Some(State::TokenBucket { tat })) => {
+                tb.in_use(Some(*tat), now)
+            }
+            (Policy::LeakyBucket(lb), Some(State::LeakyBucket { tat })) => {
+                lb.in_use(Some(*tat), now)
+            }
+            (Policy::SlidingWindow(sw), Some(State::SlidingWindow(ws))) => {
+                sw.in_use(Some(*ws), now)
+            }
+            (Policy::FixedWindow(fw), Some(State::FixedWindow(s))) => fw.in_use(Some(*s), now),
+            (Policy::SlidingLog(sl), Some(State::SlidingLog(log))) => sl.in_use(Some(log), now),
+            _ => 0,
+        }
     }
 }
 

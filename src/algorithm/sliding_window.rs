@@ -132,6 +132,15 @@ impl SlidingWindow {
 
     /// Gives `amount` units back: off the current window first, then off the
     /// previous one, never below zero. No state: nothing to give back.
+    /// Units counted in the two windows in force at `now` (what a refund
+    /// can take back from).
+    pub fn in_use(&self, state: Option<WindowState>, now: Nanos) -> u64 {
+        state.map_or(0, |s| {
+            let w = self.in_force(Some(s), now);
+            w.prev.saturating_add(w.cur)
+        })
+    }
+
     pub fn refund(&self, state: Option<WindowState>, now: Nanos, amount: u64) -> Verdict {
         let w = self.window;
         let Window {

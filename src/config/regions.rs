@@ -17,6 +17,7 @@ use tollgate_protocol::valid_region_name;
 pub const DEFAULT_EXCHANGE_INTERVAL: &str = "500ms";
 pub const DEFAULT_REGION_STALL_INTERVALS: u32 = 4;
 pub const DEFAULT_EXCHANGE_MAX_BYTES: &str = "1MiB";
+pub const DEFAULT_REGION_JOURNAL_MAX_BYTES: &str = "64MiB";
 
 /// Regions and the usage exchange between them.
 #[derive(Debug, Clone, Args, Serialize)]
@@ -55,6 +56,12 @@ pub struct RegionSettings {
     /// exchange is stalled, in (0, 1] (default: 1 / number of regions).
     #[arg(long, value_name = "SHARE")]
     pub region_ceiling: Option<f64>,
+
+    /// Most memory the usage not yet sent to one peer region may take
+    /// (while it is down, say); usage of keys new to it is dropped past
+    /// that (counted by tollgate_region_usage_dropped_total).
+    #[arg(long, default_value = DEFAULT_REGION_JOURNAL_MAX_BYTES, value_parser = parse_bytes)]
+    pub region_journal_max_bytes: usize,
 }
 
 /// The peers as a config file takes them (one scalar, comma-separated;
@@ -133,6 +140,12 @@ impl RegionSettings {
         )?;
         // Room for the header and one entry with a long key.
         at_least("exchange-max-bytes", self.exchange_max_bytes as u64, 4096)?;
+        // Room for a few entries with long keys.
+        at_least(
+            "region-journal-max-bytes",
+            self.region_journal_max_bytes as u64,
+            64 << 10,
+        )?;
         if let Some(share) = self.region_ceiling {
             if !(share > 0.0 && share <= 1.0) {
                 return Err(ConfigError::CeilingShare(share.to_string()));

@@ -37,7 +37,8 @@ pub(crate) enum LinkError {
     Silent(Duration),
     #[error("the other node closed the connection")]
     Closed,
-    #[error("refused: {code}: {message}")]
+    // The other node's text, escaped wherever this is shown or logged.
+    #[error("refused: {code}: {}", crate::log_text::Escaped(.message))]
     Refused { code: ErrorCode, message: String },
     #[error("protocol: {0}")]
     Protocol(String),

@@ -44,7 +44,7 @@ use crate::events::{self, Events, Outcome};
 use crate::node::Gate;
 use crate::rules::{Rule, RuleSet};
 use crate::slot::Slot;
-use crate::store::{Mode, Spot};
+use crate::store::{Mode, Returned, Spot};
 use bytes::BytesMut;
 use smallvec::SmallVec;
 use std::time::Instant;
@@ -444,12 +444,23 @@ impl Evaluation<'_> {
     /// A REFUND check: resolved like a CHECK, then refunded as one group
     /// (shadow rules too: their units were charged when their part passed).
     fn refund(&self, pairs: &[Pair], spots: &[Spot]) -> Decided<'_> {
+        self.refund_returning(pairs, spots, &mut Returned::new())
+    }
+
+    /// [`Self::refund`], filling `returned` with the units each pair gave
+    /// back (see `Store::refund_returning`).
+    fn refund_returning(
+        &self,
+        pairs: &[Pair],
+        spots: &[Spot],
+        returned: &mut Returned,
+    ) -> Decided<'_> {
         let store = &self.shared.store;
         let result = if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
-            store.refund_at(pairs, spots, self.now)
+            store.refund_returning(pairs, spots, self.now, returned)
         } else {
             match self.resolve(pairs) {
-                Ok((resolved, _)) => store.refund_at(&resolved, spots, self.now),
+                Ok((resolved, _)) => store.refund_returning(&resolved, spots, self.now, returned),
                 Err(code) => CheckResult::Error(code),
             }
         };

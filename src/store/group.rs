@@ -32,6 +32,10 @@ pub enum Mode {
     Peek,
 }
 
+/// The units each pair of a refund gave back, in the pairs' order: at most
+/// its cost, less when the key held less (0 for a key never charged).
+pub type Returned = SmallVec<[u64; 4]>;
+
 /// What a group does to the state of its keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
@@ -44,14 +48,14 @@ impl Store {
     /// Evaluates one check (an atomic group when it has several pairs).
     pub fn check(&self, pairs: &[Pair], now: Nanos, mode: Mode) -> CheckResult {
         let spots = self.spots(pairs);
-        self.run_group(pairs, &spots, now, Op::Check(mode))
+        self.run_group(pairs, &spots, now, Op::Check(mode), None)
     }
 
     /// [`Store::check`] of pairs whose spots the caller already has
     /// (`spots[i]` is `pairs[i]`'s, from [`Store::spot`]): the slot and the
     /// hash of each key are not computed again.
     pub fn check_at(&self, pairs: &[Pair], spots: &[Spot], now: Nanos, mode: Mode) -> CheckResult {
-        self.run_group(pairs, spots, now, Op::Check(mode))
+        self.run_group(pairs, spots, now, Op::Check(mode), None)
     }
 
     /// The spot of every pair's key.
@@ -66,13 +70,27 @@ impl Store {
     /// InvalidLimit: leases are given back with [`Store::release`].
     pub fn refund(&self, pairs: &[Pair], now: Nanos) -> CheckResult {
         let spots = self.spots(pairs);
-        self.run_group(pairs, &spots, now, Op::Refund)
+        self.run_group(pairs, &spots, now, Op::Refund, None)
     }
 
     /// [`Store::refund`] of pairs whose spots the caller already has (as
     /// for [`Store::check_at`]).
     pub fn refund_at(&self, pairs: &[Pair], spots: &[Spot], now: Nanos) -> CheckResult {
-        self.run_group(pairs, spots, now, Op::Refund)
+        self.run_group(pairs, spots, now, Op::Refund, None)
+    }
+
+    /// [`Store::refund_at`] that also fills `returned` with the units each
+    /// pair actually gave back (what a region reports to its peers: a
+    /// refund beyond what a key holds returns only what it holds).
+    pub fn refund_returning(
+        &self,
+        pairs: &[Pair],
+        spots: &[Spot],
+        now: Nanos,
+        returned: &mut Returned,
+    ) -> CheckResult {
+        returned.clear();
+        self.run_group(pairs, spots, now, Op::Refund, Some(returned))
     }
 
     /// Frees concurrency lease `lease` of `key`. Returns whether it was live
@@ -99,7 +117,14 @@ impl Store {
         true
     }
 
-    fn run_group(&self, pairs: &[Pair], spots: &[Spot], now: Nanos, op: Op) -> CheckResult {
+    fn run_group(
+        &self,
+        pairs: &[Pair],
+        spots: &[Spot],
+        now: Nanos,
+        op: Op,
+        returned: Option<&mut Returned>,
+    ) -> CheckResult {
         assert_eq!(pairs.len(), spots.len(), "one spot per pair");
         debug_assert!(
             pairs
@@ -108,7 +133,7 @@ impl Store {
                 .all(|(p, &s)| s == self.spot(&p.key)),
             "spots of other keys"
         );
-        match self.evaluate_group(pairs, spots, now, op) {
+        match self.evaluate_group(pairs, spots, now, op, returned) {
             Ok(decision) => CheckResult::Decision(decision),
             Err(code) => CheckResult::Error(code),
         }
@@ -120,6 +145,7 @@ impl Store {
         spots: &[Spot],
         now: Nanos,
         op: Op,
+        mut returned: Option<&mut Returned>,
     ) -> Result<tollgate_protocol::Decision, ErrorCode> {
         let first = spots.first().ok_or(ErrorCode::Malformed)?;
         if pairs.len() > usize::from(u8::MAX) {
@@ -176,9 +202,13 @@ impl Store {
             let verdict = match op {
                 Op::Check(_) => policy.evaluate(state, now, pair.cost),
                 Op::Refund => policy
-                    .refund(state, now, pair.cost)
+                    .refund(state, now, pair.cost.into())
                     .map_err(|_| ErrorCode::InvalidLimit)?,
             };
+            if let (Op::Refund, Some(r)) = (op, returned.as_deref_mut()) {
+                let left = policy.in_use(verdict.state.as_ref(), now);
+                r.push(policy.in_use(state, now).saturating_sub(left));
+            }
             after.push(match verdict.state {
                 Some(state) if verdict.decision.allowed => Some(Entry {
                     state,

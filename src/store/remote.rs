@@ -44,9 +44,6 @@ pub enum AbsorbError {
     StoreFull,
 }
 
-/// Refunds are given back in steps of a REFUND's `u32` cost.
-const REFUND_STEP: u64 = u32::MAX as u64;
-
 impl Store {
     /// Charges `usage` of `key`, made in another region under `limit`, into
     /// the key's state: `charged` at the usage's time, then `refunded` as a
@@ -74,16 +71,17 @@ impl Store {
         )? {
             entry = Some(Entry { state, expires_at });
         }
-        let mut refund = usage.refunded;
-        while refund > 0 && entry.is_some() {
-            let step = refund.min(REFUND_STEP);
-            refund -= step;
-            let state = entry.as_ref().map(|e| &e.state);
-            let verdict = policy.refund(state, now, step as u32)?;
-            entry = verdict.state.map(|state| Entry {
-                state,
-                expires_at: verdict.expires_at,
-            });
+        // One refund of the whole amount, whatever it is: the algorithms'
+        // refunds are O(1) in the amount and saturate at an empty state, so
+        // a peer's `refunded = u64::MAX` costs what 1 does under the lock.
+        if usage.refunded > 0 {
+            if let Some(e) = &entry {
+                let verdict = policy.refund(Some(&e.state), now, usage.refunded)?;
+                entry = verdict.state.map(|state| Entry {
+                    state,
+                    expires_at: verdict.expires_at,
+                });
+            }
         }
         // Charged so long ago, or refunded so much, that nothing is left.
         let entry = entry.filter(|e| e.expires_at > now);
@@ -204,6 +202,33 @@ mod tests {
             assert!(s.absorb(key.as_bytes(), &l, usage(0, 3, now), now).unwrap());
             assert_eq!(remaining(&s, &key, l, now), 6);
         }
+    }
+
+    #[test]
+    fn a_huge_remote_refund_empties_the_key_in_one_step() {
+        let s = Store::new(StoreConfig::default());
+        let now = 100 * S;
+        for l in [
+            limit(Algorithm::TokenBucket, 1, 60_000, 10),
+            limit(Algorithm::SlidingWindow, 10, 60_000, 0),
+            limit(Algorithm::FixedWindow, 10, 60_000, 0),
+        ] {
+            let key = format!("rl:{{huge}}:{}", l.algorithm.name());
+            s.absorb(key.as_bytes(), &l, usage(4, 0, now), now).unwrap();
+            assert_eq!(remaining(&s, &key, l, now), 5, "{l:?}");
+            // Before: 2^32 steps of u32::MAX under the stripe lock (this
+            // test ran for minutes); now one refund, which leaves the key
+            // empty (and removed).
+            assert!(s
+                .absorb(key.as_bytes(), &l, usage(u64::MAX, u64::MAX, now), now)
+                .unwrap());
+            assert_eq!(remaining(&s, &key, l, now), 9, "{l:?}");
+        }
+        // On a key that was never charged: nothing to give back.
+        let l = limit(Algorithm::FixedWindow, 10, 60_000, 0);
+        assert!(!s
+            .absorb(b"untouched", &l, usage(0, u64::MAX, now), now)
+            .unwrap());
     }
 
     #[test]

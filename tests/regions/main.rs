@@ -9,6 +9,13 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod delay;
+#[allow(dead_code)]
+#[path = "../replication/harness.rs"]
+mod harness;
+mod journal_bound;
+mod peer_text;
+mod process;
+mod spoofing;
 
 use common::{batch_of, eventually, http, rule, RawConn, TempDir, PATIENCE};
 use delay::DelayRelay;
@@ -378,7 +385,9 @@ async fn usage_needs_a_node_connection_and_a_known_region() {
     let key = "rl:{customer}:forged";
     let report = |region: &str| UsageReport {
         region: region.into(),
-        session: 7,
+        // Newer than eu's own session (its start time), which may have
+        // reached us already: an older one would be refused.
+        session: u64::MAX / 2,
         seq: 1,
         sent_at: 0,
         entries: vec![tollgate_protocol::UsageEntry {

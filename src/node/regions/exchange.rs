@@ -6,12 +6,15 @@
 //! `exchange-max-bytes` (or takes the unanswered one again), sends it over
 //! a node link (HELLO with the cluster secret) and waits for USAGE_OK. A
 //! message is numbered once (session, seq) and resent unchanged until
-//! answered, so the receiver applies it at most once; a Malformed refusal
+//! answered, so the receiver applies it at most once; the session is the
+//! time this node became the region's primary, so a receiver can refuse an
+//! earlier primary's late messages. A Malformed refusal
 //! (the peer does not know this region, say) drops it with a warning
 //! rather than retrying it forever. One message is in flight per peer.
 
 use super::journal::Journal;
 use super::Regions;
+use crate::log_text::Escaped;
 use crate::node::link::{unexpected, Link, LinkError};
 use crate::node::shared::Core;
 use std::sync::Arc;
@@ -42,9 +45,20 @@ pub(crate) async fn run(core: Arc<Core>, regions: Arc<Regions>, shutdown: Cancel
     tasks.shutdown().await;
 }
 
+/// A session: the sender's start time (ns since the UNIX epoch), so that a
+/// receiver can tell a later session from an earlier one (PROTOCOL.md
+/// §16); never 0, and distinct for two senders started in the same
+/// nanosecond only by chance, which does not matter: sessions are per
+/// sending region and a region has one primary.
+fn new_session(now: crate::clock::Nanos) -> u64 {
+    now.max(1)
+}
+
 /// What one sender keeps between intervals.
 struct Sender {
     session: u64,
+    /// Whether the node was primary at the previous interval.
+    primary: bool,
     seq: u64,
     pending: Journal,
     unanswered: Option<UsageReport>,
@@ -62,7 +76,8 @@ async fn send_loop(
     // counts as silent and the link is opened afresh.
     let timeout = (interval * 4).max(Duration::from_secs(1));
     let mut s = Sender {
-        session: fastrand::u64(1..),
+        session: new_session(core.clock.now()),
+        primary: false,
         seq: 0,
         pending: Journal::default(),
         unanswered: None,
@@ -79,7 +94,15 @@ async fn send_loop(
             // A standby's counters are the primary's copy: it reports nothing
             // and keeps no link.
             s.link = None;
+            s.primary = false;
             continue;
+        }
+        if !s.primary {
+            // Exchanging (again) as the region's primary: a new session,
+            // later than that of any primary before it.
+            s.primary = true;
+            s.session = new_session(core.clock.now());
+            s.seq = 0;
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -97,7 +120,7 @@ async fn exchange_once(
 ) {
     let peer = &regions.peers[index];
     let metrics = regions.metrics.peer(&peer.config.name);
-    let fresh = std::mem::take(&mut *peer.journal.lock());
+    let fresh = regions.take_journal(index);
     s.pending.absorb(fresh);
     let report = match s.unanswered.take() {
         Some(report) => report,
@@ -118,10 +141,12 @@ async fn exchange_once(
             }
         }
     };
+    // Exact again: merged keys and sealed ones make room for new keys.
+    regions.set_pending_bytes(index, s.pending.bytes());
     match send(core, &peer.config.addr, &mut s.link, &report, timeout).await {
         Ok(ack) if ack.region != peer.config.name => {
             tracing::warn!(
-                peer = %peer.config.name, answered = %ack.region,
+                peer = %peer.config.name, answered = %Escaped(&ack.region),
                 "the address of a peer region leads to another region; usage dropped"
             );
             metrics.send_failures.inc();
@@ -136,7 +161,7 @@ async fn exchange_once(
         // know this region, say); drop it rather than retry it forever.
         Err(LinkError::Refused { code, message }) if code == ErrorCode::Malformed => {
             tracing::warn!(
-                peer = %peer.config.name, %code, %message,
+                peer = %peer.config.name, %code, reason = %Escaped(&message),
                 "peer region refused our usage; message dropped"
             );
             metrics.send_failures.inc();

@@ -10,6 +10,8 @@ pub(super) struct RegionMetrics {
     units_imported: IntCounterVec,
     skipped: IntCounterVec,
     send_failures: IntCounterVec,
+    entries_dropped: IntCounterVec,
+    units_dropped: IntCounterVec,
     pub capped: IntCounter,
     pub ceiling_activations: IntCounter,
     pub ceiling_denied: IntCounter,
@@ -24,6 +26,8 @@ pub(super) struct PeerMetrics {
     pub units_imported: IntCounter,
     pub skipped: IntCounter,
     pub send_failures: IntCounter,
+    pub entries_dropped: IntCounter,
+    pub units_dropped: IntCounter,
 }
 
 impl RegionMetrics {
@@ -81,6 +85,18 @@ impl RegionMetrics {
                 "tollgate_region_send_failures_total",
                 "USAGE messages to a peer region that failed (connection, timeout, refusal).",
             )?,
+            entries_dropped: per_peer(
+                r,
+                "tollgate_region_entries_dropped_total",
+                "Usage records of keys new to a peer region's journal dropped because it \
+                 held --region-journal-max-bytes (one per check or refund).",
+            )?,
+            units_dropped: per_peer(
+                r,
+                "tollgate_region_usage_dropped_total",
+                "Units (charged and refunded) never reported to a peer region because its \
+                 journal was full.",
+            )?,
             capped: counter(
                 r,
                 "tollgate_region_messages_capped_total",
@@ -110,6 +126,8 @@ impl RegionMetrics {
             units_imported: self.units_imported.with_label_values(&[name]),
             skipped: self.skipped.with_label_values(&[name]),
             send_failures: self.send_failures.with_label_values(&[name]),
+            entries_dropped: self.entries_dropped.with_label_values(&[name]),
+            units_dropped: self.units_dropped.with_label_values(&[name]),
         }
     }
 }

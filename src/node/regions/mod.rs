@@ -2,7 +2,8 @@
 //! other regions (README "Global limits", PROTOCOL.md §16).
 //!
 //! ```text
-//!  check path (server) --record--> journal, one per peer region (journal.rs)
+//!  check path (server) --record--> journal, one per peer region (journal.rs;
+//!      new keys dropped past `region-journal-max-bytes` with the pending)
 //!  exchange task per peer (exchange.rs): every interval, journal -> pending
 //!      -> one USAGE (at most `exchange-max-bytes`) -> USAGE_OK
 //!  USAGE from a peer (server) --receive--> at-most-once -> Store::absorb
@@ -28,7 +29,7 @@ pub(crate) use exchange::run;
 use crate::clock::Nanos;
 use crate::config::{RegionPeer, RegionSettings};
 use crate::store::{RemoteUsage, Store};
-use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use bytes::Bytes;
 use journal::Journal;
 use metrics::RegionMetrics;
@@ -47,6 +48,8 @@ pub(crate) struct RegionConfig {
     pub stall_intervals: u32,
     pub max_message_bytes: usize,
     pub ceiling_share: f64,
+    /// The bytes one peer's journal and pending usage may take together.
+    pub journal_max_bytes: usize,
 }
 
 impl RegionConfig {
@@ -61,6 +64,7 @@ impl RegionConfig {
             stall_intervals: s.region_stall_intervals,
             max_message_bytes: s.exchange_max_bytes.min(max_frame as usize),
             ceiling_share: s.ceiling_share(),
+            journal_max_bytes: s.region_journal_max_bytes,
         })
     }
 }
@@ -70,6 +74,13 @@ pub(crate) struct Peer {
     pub config: RegionPeer,
     /// Usage recorded for it since its exchange task last looked.
     journal: Mutex<Journal>,
+    /// The bytes of its sender's pending usage (an upper bound, raised
+    /// under the journal's lock as the journal is handed over), so that the
+    /// two together stay within `journal_max_bytes`.
+    pending_bytes: AtomicUsize,
+    /// Its `entries_dropped` and `usage_dropped` series, at hand for the
+    /// check path.
+    dropped: (prometheus::IntCounter, prometheus::IntCounter),
     /// Clock (ns) of the last USAGE it answered, and of the last USAGE from
     /// it; the start time until then.
     last_acked: AtomicU64,
@@ -89,6 +100,16 @@ pub(crate) enum UsageRefusal {
     UnknownRegion(String),
     #[error("session 0 is not a session")]
     ZeroSession,
+    /// A session older than the one the region sends in now (a message
+    /// from before its restart, or another sender claiming the region).
+    #[error(
+        "session {session} of region {region:?} is older than its session {newest}, which is live"
+    )]
+    OlderSession {
+        region: String,
+        session: u64,
+        newest: u64,
+    },
 }
 
 /// How a rule name resolves on the receiver: the limit, when the rule
@@ -119,6 +140,11 @@ impl Regions {
             .map(|p| Peer {
                 config: p.clone(),
                 journal: Mutex::new(Journal::default()),
+                pending_bytes: AtomicUsize::new(0),
+                dropped: {
+                    let m = metrics.peer(&p.name);
+                    (m.entries_dropped, m.units_dropped)
+                },
                 last_acked: AtomicU64::new(now),
                 last_received: AtomicU64::new(now),
                 applied: Mutex::new(None),
@@ -141,7 +167,9 @@ impl Regions {
     }
 
     /// Records usage of `key` under the global `rule` by this region's own
-    /// clients, for each peer region the rule lists (`regions`).
+    /// clients, for each peer region the rule lists (`regions`). A key new
+    /// to a peer's journal while its journal and pending usage hold
+    /// `journal_max_bytes` is dropped for that peer, and counted.
     pub fn record(
         &self,
         key: &Bytes,
@@ -153,7 +181,16 @@ impl Regions {
     ) {
         for peer in &self.peers {
             if regions.contains(&peer.config.name) {
-                peer.journal.lock().add(key, rule, charged, refunded, now);
+                let mut journal = peer.journal.lock();
+                // Relaxed: only raised under this lock; lowered by the
+                // sender, which can only make room.
+                let held = journal.bytes() + peer.pending_bytes.load(Ordering::Relaxed);
+                let room = self.config.journal_max_bytes.saturating_sub(held);
+                if !journal.add(key, rule, (charged, refunded, now), room) {
+                    drop(journal);
+                    peer.dropped.0.inc();
+                    peer.dropped.1.inc_by(charged.saturating_add(refunded));
+                }
             }
         }
     }
@@ -213,6 +250,19 @@ impl Regions {
             if session == report.session && report.seq <= seq {
                 return Ok(ack(true));
             }
+            // Sessions are the sender's start time: an older one is a
+            // sender that has been replaced, unless the newer has gone
+            // silent (a restart whose clock stepped back must not be shut
+            // out for good).
+            let silent = peer.last_received.load(Ordering::Relaxed)
+                < now.saturating_sub(self.stall_after().as_nanos() as u64);
+            if report.session < session && !silent {
+                return Err(UsageRefusal::OlderSession {
+                    region: report.region.clone(),
+                    session: report.session,
+                    newest: session,
+                });
+            }
         }
         let name = peer.config.name.as_str();
         let labels = self.metrics.peer(name);
@@ -240,6 +290,24 @@ impl Regions {
         *applied = Some((report.session, report.seq));
         peer.last_received.fetch_max(now, Ordering::Relaxed);
         Ok(ack(false))
+    }
+
+    /// Hands peer `index`'s journal to its sender, counting its bytes as
+    /// pending before the lock is let go (so `record` never sees the room
+    /// of both at once).
+    fn take_journal(&self, index: usize) -> Journal {
+        let peer = &self.peers[index];
+        let mut journal = peer.journal.lock();
+        peer.pending_bytes
+            .fetch_add(journal.bytes(), Ordering::Relaxed);
+        std::mem::take(&mut *journal)
+    }
+
+    /// What peer `index`'s sender holds now (after merging and sealing).
+    fn set_pending_bytes(&self, index: usize, bytes: usize) {
+        self.peers[index]
+            .pending_bytes
+            .store(bytes, Ordering::Relaxed);
     }
 
     /// Re-reads who is stalled; called every interval by the monitor.

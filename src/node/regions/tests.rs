@@ -23,6 +23,7 @@ fn regions(peers: &[&str]) -> Regions {
         stall_intervals: 4,
         max_message_bytes: 1 << 20,
         ceiling_share: 1.0 / 3.0,
+        journal_max_bytes: 64 << 20,
     };
     let store = Arc::new(Store::new(StoreConfig::default()));
     Regions::new(config, store, T0, &Registry::new()).unwrap()
@@ -175,4 +176,63 @@ fn usage_is_journalled_for_the_peers_the_rule_lists() {
     assert_eq!(eu.len(), 1);
     assert_eq!(eu[0].charged, 3);
     assert!(ap.is_empty());
+}
+
+#[test]
+fn a_peers_journal_and_pending_usage_stay_within_their_bound() {
+    let mut r = regions(&["eu"]);
+    r.config.journal_max_bytes = 64 << 10;
+    let rule = RuleName::try_from("api").unwrap();
+    let listed = ["eu".to_owned()];
+    let record = |r: &Regions, i: u32| {
+        let key = Bytes::from(format!("rl:{{k{i}}}"));
+        r.record(&key, &rule, &listed, 1, 0, T0);
+    };
+    for i in 0..10_000 {
+        record(&r, i);
+    }
+    let dropped = || r.metrics.peer("eu").entries_dropped.get();
+    let held = r.peers[0].journal.lock().len();
+    assert!(held > 100 && held < 10_000, "{held}");
+    assert_eq!(dropped(), 10_000 - held as u64);
+    assert_eq!(r.metrics.peer("eu").units_dropped.get(), dropped());
+    // Handed to the sender, the journal's bytes still count as pending
+    // until the sender says otherwise: no new key fits.
+    let mut pending = r.take_journal(0);
+    record(&r, 20_000);
+    assert_eq!(dropped(), 10_000 - held as u64 + 1);
+    // Sent (sealed out of the pending usage): room again.
+    while pending.seal(1 << 20, 2).1 {}
+    r.set_pending_bytes(0, pending.bytes());
+    record(&r, 20_001);
+    assert_eq!(r.peers[0].journal.lock().len(), 1);
+}
+
+#[test]
+fn an_older_session_is_refused_while_the_newer_one_is_live() {
+    let r = regions(&["eu"]);
+    assert!(r
+        .receive(&report("eu", 20, 1, 10, "api"), &resolve, T0)
+        .is_ok());
+    // A late message of the primary before (or a spoofer's made-up one).
+    assert_eq!(
+        r.receive(&report("eu", 19, 7, 100, "api"), &resolve, T0 + MS),
+        Err(UsageRefusal::OlderSession {
+            region: "eu".into(),
+            session: 19,
+            newest: 20
+        })
+    );
+    assert_eq!(remaining(&r), 600 - 10 - 1);
+    // The newer session carries on.
+    assert!(r
+        .receive(&report("eu", 20, 2, 10, "api"), &resolve, T0 + MS)
+        .is_ok());
+    // Silent for the stall period (4 x 500 ms): an older session is taken
+    // (a sender restarted with its clock stepped back).
+    let later = T0 + MS + 2_001 * MS;
+    assert!(r
+        .receive(&report("eu", 5, 1, 10, "api"), &resolve, later)
+        .is_ok());
+    assert_eq!(remaining(&r), 600 - 30 - 1);
 }

@@ -39,17 +39,20 @@ const REPLICATE_ID: u32 = 2;
 pub(crate) enum FollowError {
     #[error(transparent)]
     Link(#[from] LinkError),
-    #[error("{addr} is not primary")]
+    #[error("{} is not primary", crate::log_text::Escaped(.addr))]
     NotPrimary { addr: String },
-    #[error("{addr} is at epoch {theirs}, below ours ({ours}): not following a replaced primary")]
+    #[error(
+        "{} is at epoch {theirs}, below ours ({ours}): not following a replaced primary",
+        crate::log_text::Escaped(.addr)
+    )]
     StaleEpoch {
         addr: String,
         theirs: u64,
         ours: u64,
     },
-    #[error("{addr}: {error}")]
+    #[error("{}: {error}", crate::log_text::Escaped(.addr))]
     Epoch { addr: String, error: EpochError },
-    #[error("refused: {code}: {message}")]
+    #[error("refused: {code}: {}", crate::log_text::Escaped(.message))]
     Refused { code: ErrorCode, message: String },
     #[error("protocol: {0}")]
     Protocol(String),
@@ -102,8 +105,11 @@ pub(crate) async fn follow(core: &Core) {
         }
         failures = failures.saturating_add(1);
         if failures == 1 {
+            // The primary's address may be one a peer announced.
+            let primary = crate::log_text::Escaped(&primary);
             tracing::warn!(%primary, error = %e, "replication connection ended");
         } else {
+            let primary = crate::log_text::Escaped(&primary);
             tracing::debug!(%primary, error = %e, failures, "replication connection failed");
         }
         let base = settings.heartbeat;

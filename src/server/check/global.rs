@@ -7,7 +7,8 @@
 //!    cut off? -> PEEK each global pair's ceiling key -> one denies: denied
 //!    the check as usual -> allowed: record the units charged of each
 //!      global pair for the peers its rule lists; charge its ceiling key
-//!  REFUND: as usual, then record the refund and refund the ceiling key
+//!  REFUND: as usual, then record the units each global pair actually gave
+//!    back (not the cost asked for) and refund them from the ceiling key
 //! ```
 //!
 //! The ceiling key (the key and a suffix no protocol key is likely to end
@@ -20,7 +21,7 @@
 use super::{Decided, Evaluation};
 use crate::node::regions::Regions;
 use crate::rules::Rule;
-use crate::store::{Mode, Spot};
+use crate::store::{Mode, Returned, Spot};
 use bytes::{BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 use tollgate_protocol::{CheckResult, Decision, LimitRef, Pair, RuleName};
@@ -123,20 +124,29 @@ impl<'a> Evaluation<'a> {
         decided
     }
 
-    /// A REFUND on a node in a region: the units given back are reported
-    /// too, and given back to the ceiling key.
+    /// A REFUND on a node in a region: the units each global pair actually
+    /// gave back (never more than its key held: 0 for a key never charged)
+    /// are reported too, and given back to the ceiling key. Reporting the
+    /// cost asked for would let a client refund an untouched key here and
+    /// wipe out usage the peers hold of it.
     pub(super) fn refund_regional(
         &self,
         regions: &Regions,
         pairs: &[Pair],
         spots: &[Spot],
     ) -> Decided<'_> {
-        let decided = self.refund(pairs, spots);
+        let mut returned = Returned::new();
+        let decided = self.refund_returning(pairs, spots, &mut returned);
         if let Decided::Refunded(_) = decided {
             for (i, name, rule) in self.global_pairs(pairs) {
                 let pair = &pairs[i];
-                let units = Self::units(pair, rule);
-                regions.record(&pair.key, name, rule.global(), 0, units.into(), self.now);
+                let units = returned.get(i).copied().unwrap_or(0);
+                if units == 0 {
+                    continue;
+                }
+                regions.record(&pair.key, name, rule.global(), 0, units, self.now);
+                // At most the pair's cost, a u32.
+                let units = u32::try_from(units).unwrap_or(u32::MAX);
                 let ceiling =
                     Pair::inline(ceiling_key(&pair.key), regions.ceiling(&rule.limit), units);
                 self.shared.store.refund(&[ceiling], self.now);
@@ -156,9 +166,16 @@ pub(in crate::server) enum UsageError {
 /// USAGE from another region (PROTOCOL.md §16): only on a node connection
 /// of a primary in a region. Each entry is charged under this node's own
 /// rule of that name when the rule is global and lists the sender.
+///
+/// `bound` is the region the connection speaks for: the first region whose
+/// USAGE it had applied; a USAGE naming another is refused (AuthFailed), so
+/// one link cannot pass for several regions. (The cluster secret is the
+/// same everywhere, so nothing the HELLO proves names the region; a
+/// per-region secret would set `bound` from the HELLO instead.)
 pub(in crate::server) fn receive_usage(
     shared: &super::Shared,
     privilege: crate::server::auth::Privilege,
+    bound: &mut Option<String>,
     report: &tollgate_protocol::UsageReport,
 ) -> Result<tollgate_protocol::UsageAck, UsageError> {
     use tollgate_protocol::ErrorCode;
@@ -186,7 +203,18 @@ pub(in crate::server) fn receive_usage(
             .filter(|r| r.global().iter().any(|g| g == sender) && r.global().contains(&own))
             .map(|r| r.limit)
     };
-    regions
+    if let Some(region) = bound.as_deref().filter(|r| *r != report.region) {
+        return Err(UsageError::Error(
+            ErrorCode::AuthFailed,
+            format!(
+                "this connection speaks for region {region:?}, not {:?}",
+                report.region
+            ),
+        ));
+    }
+    let ack = regions
         .receive(report, &resolve, shared.clock.now())
-        .map_err(|e| UsageError::Error(ErrorCode::Malformed, e.to_string()))
+        .map_err(|e| UsageError::Error(ErrorCode::Malformed, e.to_string()))?;
+    bound.get_or_insert_with(|| report.region.clone());
+    Ok(ack)
 }

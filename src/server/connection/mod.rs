@@ -123,6 +123,8 @@ struct Connection {
     ready: bool,
     /// What the HELLO proved (a client until then).
     privilege: Privilege,
+    /// The region this connection's USAGE speaks for, once one applied.
+    usage_region: Option<String>,
     client_name: String,
     /// When the partial frame now in `rbuf` started arriving.
     partial_since: Option<Instant>,
@@ -162,6 +164,7 @@ pub(super) async fn serve(
         wbuf: BytesMut::new(),
         ready: false,
         privilege: Privilege::Client,
+        usage_region: None,
         client_name: String::new(),
         partial_since: None,
         replicate: None,
@@ -476,17 +479,20 @@ impl Connection {
                 check::answer(shared, id, &batch, Verb::Refund, &gate, &mut self.wbuf)
             }
             Request::Release(leases) => check::release(shared, id, &leases, &mut self.wbuf),
-            Request::Usage(report) => match check::receive_usage(shared, self.privilege, &report) {
-                Ok(ack) => encode_response(id, &Response::UsageOk(ack), &mut self.wbuf),
-                Err(check::UsageError::Node(refusal)) => {
-                    self.refuse(id, &refusal);
-                    Ok(())
+            Request::Usage(report) => {
+                match check::receive_usage(shared, self.privilege, &mut self.usage_region, &report)
+                {
+                    Ok(ack) => encode_response(id, &Response::UsageOk(ack), &mut self.wbuf),
+                    Err(check::UsageError::Node(refusal)) => {
+                        self.refuse(id, &refusal);
+                        Ok(())
+                    }
+                    Err(check::UsageError::Error(code, message)) => {
+                        self.error(id, code, &message);
+                        Ok(())
+                    }
                 }
-                Err(check::UsageError::Error(code, message)) => {
-                    self.error(id, code, &message);
-                    Ok(())
-                }
-            },
+            }
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
         if let Err(e) = encoded {

@@ -300,3 +300,45 @@ fn new_algorithms_expire_when_their_state_stops_mattering() {
     assert_eq!(s.sweep(s.stripe_count(), 6 * S), 1);
     assert!(s.is_empty());
 }
+
+#[test]
+fn a_refund_returns_only_what_each_key_held() {
+    let s = store();
+    let returned_by = |pairs: &[Pair], now| {
+        let spots: Vec<_> = pairs.iter().map(|p| s.spot(&p.key)).collect();
+        let mut returned = Returned::new();
+        decided(s.refund_returning(pairs, &spots, now, &mut returned));
+        returned.into_vec()
+    };
+    for p in [
+        tb("b", 10, 1000, 10, 6),
+        sw("w", 10, 1000, 6),
+        fw("f", 10, 1000, 6),
+        log("l", 10, 1000, 6),
+        pair("lb", Algorithm::LeakyBucket, 10, 1000, 10, 6),
+    ] {
+        decided(s.check(std::slice::from_ref(&p), S, Mode::Charge));
+        // 6 held: a refund of 4 returns 4 (a millisecond later, the bucket's
+        // partly refilled token still counts), one of 4 more only the 2 left.
+        let mut four = p.clone();
+        four.cost = 4;
+        assert_eq!(
+            returned_by(std::slice::from_ref(&four), S + MS),
+            [4],
+            "{p:?}"
+        );
+        assert_eq!(
+            returned_by(std::slice::from_ref(&four), S + MS),
+            [2],
+            "{p:?}"
+        );
+    }
+    // A key never charged returns nothing, whatever was asked for, next to
+    // one that does.
+    decided(s.check(&[fw("{g}held", 10, 1000, 3)], S, Mode::Charge));
+    let asked = [
+        fw("{g}untouched", 10, 1000, u32::MAX),
+        fw("{g}held", 10, 1000, 5),
+    ];
+    assert_eq!(returned_by(&asked, S), [0, 3]);
+}

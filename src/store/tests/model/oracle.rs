@@ -199,7 +199,7 @@ impl Model {
             refund -= step;
             let state = entry.as_ref().map(|e| &e.state);
             let verdict = policy
-                .refund(state, self.now, step as u32)
+                .refund(state, self.now, step)
                 .expect("a global algorithm takes refunds");
             let expires_at = verdict.expires_at;
             entry = verdict.state.map(|state| Entry { state, expires_at });
@@ -260,7 +260,7 @@ impl Model {
             let verdict = match op {
                 GroupOp::Check(_) => policy.evaluate(state, now, pair.cost),
                 GroupOp::Refund => policy
-                    .refund(state, now, pair.cost)
+                    .refund(state, now, pair.cost.into())
                     .expect("leases are refused above"),
             };
             let next = match verdict.state {

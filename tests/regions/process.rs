@@ -1,0 +1,250 @@
+//! Regions as real `tollgate serve` processes, and a hostile peer sending
+//! USAGE by hand (a raw node connection with the cluster secret): what a
+//! region reports and what it takes from others.
+//!
+//! Where one region must not hear from the other, its peer address is a
+//! port nobody listens on: the exchange then runs one way only, and what
+//! the receiving region holds of a key is exactly what its own clients and
+//! the sender did.
+
+use crate::common::{batch_of, http, rule, RawConn, TempDir};
+use crate::harness::{eventually, free_addr, Node, CLUSTER_SECRET};
+use serde_json::Value;
+use std::net::SocketAddr;
+use tollgate_protocol::{
+    CheckResult, Decision, ErrorCode, Request, Response, UsageEntry, UsageReport,
+};
+
+/// A token bucket of 1,000 a day: it refills one unit every 86 s, so a
+/// test sees at most one.
+pub const RULES: &str = "\
+rules:
+  - name: daily
+    algorithm: token-bucket
+    rate: 1000/day
+    global: [a, b, c]
+";
+
+/// A region's process: `name`, listening on `addr`, its one peer region
+/// `peer` at `peer_addr`, exchanging every 100 ms; `extra` flags after.
+pub fn region(
+    dir: &TempDir,
+    name: &str,
+    addr: &str,
+    peer: &str,
+    peer_addr: &str,
+    extra: &[&str],
+) -> Node {
+    let rules = dir.path("rules.yaml");
+    std::fs::write(&rules, RULES).unwrap();
+    let peer_flag = format!("{peer}={peer_addr}");
+    let mut args = vec![
+        "--rules",
+        rules.to_str().unwrap(),
+        "--region",
+        name,
+        "--region-peer",
+        &peer_flag,
+        "--exchange-interval",
+        "100ms",
+        // A peer that never answers must not cap the checks of a test.
+        "--region-stall-intervals",
+        "100000",
+    ];
+    args.extend_from_slice(extra);
+    Node::start(addr, &args)
+}
+
+pub fn sock(addr: &str) -> SocketAddr {
+    addr.parse().unwrap()
+}
+
+/// A connection that proved the cluster secret, as a peer region's.
+pub async fn as_node(addr: &str) -> RawConn {
+    let mut c = RawConn::connect(sock(addr)).await;
+    match c.hello(Some(CLUSTER_SECRET)).await {
+        Some(Response::HelloOk { .. }) => c,
+        other => panic!("HELLO: {other:?}"),
+    }
+}
+
+/// PEEK of `key` under `daily`.
+pub async fn peek(addr: &str, key: &str) -> Decision {
+    let mut c = RawConn::ready(sock(addr)).await;
+    c.send(
+        2,
+        &Request::Peek(batch_of(vec![vec![rule(key, "daily", 1)]])),
+    )
+    .await;
+    match c.recv().await {
+        (2, Response::Checked(r)) => match &r[0] {
+            CheckResult::Decision(d) => *d,
+            other => panic!("PEEK: {other:?}"),
+        },
+        other => panic!("PEEK: {other:?}"),
+    }
+}
+
+/// CHECK (or REFUND) of `cost` units of `key` under `daily`.
+pub async fn charge(addr: &str, key: &str, cost: u32, refund: bool) -> Decision {
+    let mut c = RawConn::ready(sock(addr)).await;
+    let batch = batch_of(vec![vec![rule(key, "daily", cost)]]);
+    let req = if refund {
+        Request::Refund(batch)
+    } else {
+        Request::Check(batch)
+    };
+    c.send(2, &req).await;
+    match c.recv().await {
+        (2, Response::Checked(r)) => match &r[0] {
+            CheckResult::Decision(d) => *d,
+            other => panic!("CHECK: {other:?}"),
+        },
+        other => panic!("CHECK: {other:?}"),
+    }
+}
+
+/// `GET /v1/regions` of a node.
+pub async fn regions_status(node: &Node) -> Value {
+    let answer = http(sock(&node.admin), "GET", "/v1/regions", None).await;
+    assert_eq!(answer.status, 200, "{:?}", answer.body);
+    answer.json()
+}
+
+/// A number out of peer `peer`'s entry in a node's `/v1/regions`.
+pub async fn peer_field(node: &Node, peer: &str, field: &str) -> u64 {
+    let s = regions_status(node).await;
+    s["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["region"] == peer)
+        .unwrap_or_else(|| panic!("no peer {peer} in {s}"))[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {field} in {s}"))
+}
+
+/// Waits until `node` has had `n` more of its USAGE messages answered by
+/// `peer`: whatever it journaled before has reached the peer by then.
+pub async fn exchanged(node: &Node, peer: &str, n: u64) {
+    let from = peer_field(node, peer, "messages_acked").await;
+    eventually("USAGE answered by the peer", || async {
+        (peer_field(node, peer, "messages_acked").await >= from + n).then_some(())
+    })
+    .await;
+}
+
+/// Wall-clock ns, as a sender stamps `at`.
+pub fn wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+pub fn usage(region: &str, session: u64, seq: u64, entries: Vec<UsageEntry>) -> UsageReport {
+    UsageReport {
+        region: region.into(),
+        session,
+        seq,
+        sent_at: wall_ns(),
+        entries,
+    }
+}
+
+pub fn entry(key: &str, charged: u64, refunded: u64) -> UsageEntry {
+    UsageEntry {
+        key: bytes::Bytes::copy_from_slice(key.as_bytes()),
+        rule: "daily".try_into().unwrap(),
+        charged,
+        refunded,
+        at: wall_ns(),
+    }
+}
+
+/// Sends `report` on `conn` and returns its answer: the ack, or the error.
+pub async fn send_usage(
+    conn: &mut RawConn,
+    id: u32,
+    report: UsageReport,
+) -> Result<tollgate_protocol::UsageAck, (ErrorCode, String)> {
+    conn.send(id, &Request::Usage(report)).await;
+    match conn.recv().await {
+        (got, Response::UsageOk(ack)) if got == id => Ok(ack),
+        (got, Response::Error { code, message }) if got == id => Err((code, message)),
+        other => panic!("USAGE: {other:?}"),
+    }
+}
+
+/// A refund of 4e9 units on a key region `a` never charged reports nothing
+/// to `b`: b's usage of the key stays what b's own clients made it. (It
+/// used to report the 4e9 asked for, which emptied the key in b.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_of_an_untouched_global_key_leaves_the_other_region_alone() {
+    let dir = TempDir::new("refund-untouched");
+    let (a_addr, b_addr, nowhere) = (free_addr(), free_addr(), free_addr());
+    let a = region(&dir, "a", &a_addr, "b", &b_addr, &[]);
+    // b reports to nobody: a's copy of the key stays untouched.
+    let b = region(&dir, "b", &b_addr, "a", &nowhere, &[]);
+    let key = "rl:{tenant}:refunded-elsewhere";
+    assert!(charge(&b_addr, key, 100, false).await.allowed);
+    let before = peek(&b_addr, key).await.remaining;
+    assert!(before <= 900, "b charged 100 of 1000: {before}");
+
+    let refunded = charge(&a_addr, key, 4_000_000_000, true).await;
+    assert!(refunded.allowed);
+    // a's journal (had it anything) is at b after two more answered USAGE.
+    exchanged(&a, "b", 2).await;
+    let after = peek(&b_addr, key).await.remaining;
+    // One unit may refill meanwhile (one every 86 s).
+    assert!(
+        (before..=before + 1).contains(&after),
+        "b's usage of the key changed by a refund in a: {before} -> {after}"
+    );
+    // The same in a: an ordinary refund of what a charged is still reported.
+    assert!(charge(&a_addr, key, 50, false).await.allowed);
+    assert!(charge(&a_addr, key, 20, true).await.allowed);
+    exchanged(&a, "b", 2).await;
+    let net = peek(&b_addr, key).await.remaining;
+    assert!(
+        (after - 30..=after - 29).contains(&net),
+        "b holds a's 50 charged less 20 refunded: {after} -> {net}"
+    );
+    drop(b);
+}
+
+/// A USAGE whose numbers are as large as the wire allows is answered (the
+/// refund is one step, not 2^32 under a stripe lock), and the node keeps
+/// serving the key and every other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_with_huge_numbers_is_answered_and_the_node_serves_on() {
+    let dir = TempDir::new("huge-usage");
+    let (a_addr, nowhere) = (free_addr(), free_addr());
+    let _a = region(&dir, "a", &a_addr, "b", &nowhere, &[]);
+    let key = "rl:{tenant}:huge";
+    assert!(charge(&a_addr, key, 10, false).await.allowed);
+    let mut peer = as_node(&a_addr).await;
+    let report = usage(
+        "b",
+        1,
+        1,
+        vec![
+            entry(key, u64::MAX, u64::MAX),
+            entry("rl:{tenant}:huge-2", 1, u64::MAX),
+            entry("rl:{tenant}:huge-3", u64::MAX, 0),
+        ],
+    );
+    // Before the fix this answer never came within the test's patience.
+    let ack = send_usage(&mut peer, 3, report).await.expect("applied");
+    assert!(!ack.duplicate);
+    // Charged and refunded everything: the key is empty again, a's own 10
+    // included (a refund empties the bucket, whoever charged it).
+    assert_eq!(peek(&a_addr, key).await.remaining, 999);
+    // Charged u64::MAX: denied, and the node answers that.
+    assert!(
+        !charge(&a_addr, "rl:{tenant}:huge-3", 1, false)
+            .await
+            .allowed
+    );
+    assert!(charge(&a_addr, "rl:{other}:k", 1, false).await.allowed);
+}
