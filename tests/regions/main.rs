@@ -398,7 +398,8 @@ async fn usage_needs_a_node_connection_and_a_known_region() {
     }
     let mut node = RawConn::connect(us).await;
     assert!(matches!(
-        node.hello(Some(SECRET)).await,
+        node.node_hello(SECRET, tollgate_protocol::NodeScope::Cluster)
+            .await,
         Some(Response::HelloOk { .. })
     ));
     node.send(6, &Request::Usage(report("mars"))).await;
