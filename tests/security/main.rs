@@ -13,6 +13,7 @@ mod cli;
 mod client_tls;
 mod connections;
 mod hostile_io;
+mod node_auth;
 mod process;
 mod protected;
 mod spec;
