@@ -146,6 +146,7 @@ impl Connection {
         tracing::debug!(peer = %self.peer, client = %client_name, ?privilege, "handshake done");
         self.ready = true;
         self.privilege = privilege;
+        self.owner = self.shared.retries.owner(privilege, given);
         self.client_name = client_name;
         let greeting = self.shared.node.greeting();
         let hello = Response::HelloOk {

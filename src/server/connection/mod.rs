@@ -125,6 +125,9 @@ struct Connection {
     ready: bool,
     /// What the HELLO proved (a client until then).
     privilege: Privilege,
+    /// Whom this connection's remembered CHECK2 answers belong to (what
+    /// its HELLO authenticated with).
+    owner: crate::server::dedup::Owner,
     /// The nonce of this connection's NODE_CHALLENGE, which its HELLO must
     /// prove a node secret over.
     challenge: Option<[u8; tollgate_protocol::NONCE_LEN]>,
@@ -168,6 +171,7 @@ pub(super) async fn serve(
         ready: false,
         privilege: Privilege::Client,
         challenge: None,
+        owner: Default::default(),
         client_name: String::new(),
         partial_since: None,
         replicate: None,
@@ -474,6 +478,7 @@ impl Connection {
                 shared,
                 id,
                 &batch,
+                self.owner,
                 self.rbuf.buf.len(),
                 &gate,
                 &mut self.wbuf,
