@@ -455,14 +455,10 @@ async fn regions_with_their_own_cluster_secrets_exchange_under_the_region_secret
     for _ in 0..5 {
         assert!(world.check(0, key, "bucket").await);
     }
-    for r in 1..NAMES.len() {
+    for (r, name) in NAMES.iter().enumerate().skip(1) {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         while world.peek(r, key, "bucket").await.remaining > LIMIT - 5 {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{} never heard",
-                NAMES[r]
-            );
+            assert!(tokio::time::Instant::now() < deadline, "{name} never heard");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
