@@ -136,7 +136,8 @@ impl Connection {
         let privilege = match self.shared.auth.handshake(given, self.challenge.as_ref()) {
             Ok(privilege) => privilege,
             Err(refusal) => {
-                tracing::info!(peer = %self.peer, %refusal, "HELLO refused");
+                // Debug, not info: a stream of bad HELLOs must not flood the log.
+                tracing::debug!(peer = %self.peer, %refusal, "HELLO refused");
                 self.error(id, ErrorCode::AuthFailed, &refusal.to_string());
                 return Flow::Close;
             }
