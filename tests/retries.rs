@@ -463,3 +463,55 @@ async fn the_client_resends_a_lost_check2_under_its_key_and_is_charged_once() {
     );
     server.stop().await;
 }
+
+/// A connection that authenticated with `token`.
+async fn as_client(addr: std::net::SocketAddr, token: &str) -> RawConn {
+    let mut conn = RawConn::connect(addr).await;
+    match conn.hello(Some(token)).await {
+        Some(Response::HelloOk { .. }) => conn,
+        other => panic!("HELLO: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_key_reused_by_another_client_or_for_another_check_is_refused() {
+    // Two clients, each with its own token.
+    let server = TestServer::start_admin(|c| {
+        c.auth.auth_token = Some("dedup-tests-token-of-a".into());
+        c.auth.auth_token_next = Some("dedup-tests-token-of-b".into());
+    })
+    .await;
+    let admin = server.admin.unwrap();
+    let mut a = as_client(server.addr, "dedup-tests-token-of-a").await;
+    let mut b = as_client(server.addr, "dedup-tests-token-of-b").await;
+    let key = 0x5eed;
+    let first = check2(vec![(tag(key, Priority::Normal), bucket("rl:{d}:a"))]);
+    let answer = checked(&mut a, 2, &first).await;
+    assert_eq!(remaining(&answer[0]), 4);
+
+    let refused = vec![CheckResult::Error(ErrorCode::IdempotencyKeyReused)];
+    // B reuses A's key: for the very same check, then for its own.
+    assert_eq!(checked(&mut b, 2, &first).await, refused);
+    let other_key = check2(vec![(tag(key, Priority::Normal), bucket("rl:{d}:b"))]);
+    assert_eq!(checked(&mut b, 3, &other_key).await, refused);
+    // A reuses its own key for another check: another key, another cost.
+    assert_eq!(checked(&mut a, 3, &other_key).await, refused);
+    let other_cost = check2(vec![(
+        tag(key, Priority::Normal),
+        tb("rl:{d}:a", 1, 60_000, 5, 2),
+    )]);
+    assert_eq!(checked(&mut a, 4, &other_cost).await, refused);
+    // Nothing was charged for any of them.
+    assert_eq!(left(&mut a, "rl:{d}:a").await, 4);
+    assert_eq!(left(&mut a, "rl:{d}:b").await, 5);
+    // A's own retry, on a new connection, still gets its answer.
+    let mut again = as_client(server.addr, "dedup-tests-token-of-a").await;
+    assert_eq!(checked(&mut again, 2, &first).await, answer);
+    assert_eq!(left(&mut again, "rl:{d}:a").await, 4);
+    assert_eq!(metric(admin, "tollgate_dedup_refused_total").await, 4.0);
+    assert_eq!(metric(admin, "tollgate_dedup_replayed_total").await, 1.0);
+    // B goes on: its own keys are its own.
+    let own = check2(vec![(tag(key + 1, Priority::Normal), bucket("rl:{d}:b"))]);
+    assert_eq!(remaining(&checked(&mut b, 4, &own).await[0]), 4);
+    server.stop().await;
+}

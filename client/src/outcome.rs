@@ -203,7 +203,8 @@ impl Undecided {
             | ErrorCode::Malformed
             | ErrorCode::FrameTooLarge
             | ErrorCode::UnknownOpcode
-            | ErrorCode::UnknownRule => None,
+            | ErrorCode::UnknownRule
+            | ErrorCode::IdempotencyKeyReused => None,
             ErrorCode::UnsupportedVersion
             | ErrorCode::AuthFailed
             | ErrorCode::HandshakeRequired

@@ -4,6 +4,7 @@
 //! - [`message`]: requests, responses and their parts as Rust values
 //!   ([`replication`], [`cluster`] and [`regions`] hold those of §13, §14
 //!   and §16);
+//! - [`node_auth`]: the proof a node makes of its secret (§15);
 //! - [`slot`]: the slot of a key (CRC16 and hash tags, as Redis Cluster);
 //! - [`units`]: the `5/s` rate and `250ms` duration parsers everyone shares;
 //! - `limits`: [`Limit`] constructors and the reading of a rule's fields;
@@ -23,6 +24,7 @@ pub mod cluster;
 pub mod codec;
 mod limits;
 pub mod message;
+pub mod node_auth;
 pub mod regions;
 pub mod replication;
 pub mod slot;
@@ -32,5 +34,6 @@ pub use cluster::*;
 pub use codec::*;
 pub use limits::RuleFieldError;
 pub use message::*;
+pub use node_auth::*;
 pub use regions::*;
 pub use replication::*;

@@ -9,7 +9,8 @@
 //! id the sender draws each time it starts exchanging), so a message sent
 //! again after a lost answer is recognised and not applied twice.
 //!
-//! Only node connections (HELLO with the cluster secret) may send USAGE.
+//! Only node and region connections (HELLO proving the cluster or region
+//! secret, [`crate::node_auth`]) may send USAGE.
 
 use crate::message::RuleName;
 use bytes::Bytes;

@@ -153,6 +153,8 @@ pub enum ConfigError {
         len: usize,
         max: usize,
     },
+    #[error("--region-secret must differ from the cluster secrets and the client tokens: a region peer holding it may send USAGE only")]
+    RegionSecretReused,
     #[error("--{next} is the second secret accepted during a rotation: it needs --{current}")]
     NextWithoutCurrent {
         next: &'static str,
@@ -168,7 +170,7 @@ pub enum ConfigError {
     RegionPeer { value: String, reason: String },
     #[error("--region-peer needs --region: the peers must know which region this node is")]
     PeersWithoutRegion,
-    #[error("--region-peer needs --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same in every region: the usage exchange is a node-to-node exchange. Or pass --insecure to let any client send usage")]
+    #[error("--region-peer needs --region-secret (or TOLLGATE_REGION_SECRET) or --cluster-secret (or TOLLGATE_CLUSTER_SECRET), the same in every region: the usage exchange is a node-to-node exchange. Or pass --insecure to let any client send usage")]
     RegionsWithoutSecret,
     #[error("--region-ceiling must be a share in (0, 1], got {0}")]
     CeilingShare(String),

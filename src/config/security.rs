@@ -54,6 +54,15 @@ pub struct AuthSettings {
     #[serde(serialize_with = "redacted")]
     pub cluster_secret_next: Option<String>,
 
+    /// Secret of the usage exchange between regions: this node's region
+    /// senders prove it (instead of the cluster secret) to the other
+    /// regions, and a connection proving it here may send USAGE and
+    /// nothing else a node may (no replication, PROMOTE or HANDOFF).
+    /// The same in every region; must differ from the other secrets.
+    #[arg(long, env = "TOLLGATE_REGION_SECRET", hide_env_values = true)]
+    #[serde(serialize_with = "redacted")]
+    pub region_secret: Option<String>,
+
     /// Bearer token the admin API requires (`Authorization: Bearer ...`)
     /// on every endpoint but /healthz and /readyz (none: no auth).
     #[arg(long, env = "TOLLGATE_ADMIN_TOKEN", hide_env_values = true)]
@@ -183,6 +192,7 @@ impl ServerConfig {
             ("cluster-secret-next", &auth.cluster_secret_next),
             ("admin-token", &auth.admin_token),
             ("admin-token-next", &auth.admin_token_next),
+            ("region-secret", &auth.region_secret),
         ];
         for (name, secret) in secrets {
             if let Some(s) = secret {
@@ -222,10 +232,20 @@ impl ServerConfig {
         {
             return Err(ConfigError::ClusterSecretIsAClientToken);
         }
+        if let Some(region) = auth.region_secret.as_deref() {
+            if cluster
+                .iter()
+                .chain(&clients)
+                .any(|s| s.as_deref() == Some(region))
+            {
+                return Err(ConfigError::RegionSecretReused);
+            }
+        }
         if self.replication.pair_mode() && auth.cluster_secret.is_none() && !auth.insecure {
             return Err(ConfigError::PairWithoutSecret);
         }
-        if !self.regions.region_peer.is_empty() && auth.cluster_secret.is_none() && !auth.insecure {
+        let exchange_secret = auth.cluster_secret.is_some() || auth.region_secret.is_some();
+        if !self.regions.region_peer.is_empty() && !exchange_secret && !auth.insecure {
             return Err(ConfigError::RegionsWithoutSecret);
         }
         if self.cluster.enabled() && auth.cluster_secret.is_none() && !auth.insecure {

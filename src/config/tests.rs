@@ -239,6 +239,32 @@ fn pair_mode_needs_a_cluster_secret_distinct_from_client_tokens() {
 }
 
 #[test]
+fn the_region_secret_differs_from_the_other_secrets() {
+    let mut c = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    c.auth.cluster_secret = Some("cluster".into());
+    c.auth.cluster_secret_next = Some("next".into());
+    c.auth.auth_token = Some("client".into());
+    for reused in ["cluster", "next", "client"] {
+        c.auth.region_secret = Some(reused.into());
+        assert_eq!(
+            c.validate(),
+            Err(ConfigError::RegionSecretReused),
+            "{reused}"
+        );
+    }
+    c.auth.region_secret = Some("region".into());
+    c.validate().unwrap();
+    c.auth.region_secret = Some("x".repeat(256));
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::SecretLength {
+            name: "region-secret",
+            ..
+        })
+    ));
+}
+
+#[test]
 fn tls_settings_come_whole() {
     let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
     let mut c = base.clone();

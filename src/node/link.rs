@@ -1,8 +1,10 @@
-//! A node's own connection to another node (its primary, its peer): TCP,
-//! or TLS verified against `--tls-ca` when the node runs TLS; HELLO
-//! presenting the cluster secret; then either one request at a time (the
-//! pair's probes, STATUS and PROMOTE) or the replication stream (the
-//! follower, which drives [`Link::send`] and [`Link::next`] itself).
+//! A node's own connection to another node (its primary, its peer, another
+//! region): TCP, or TLS verified against `--tls-ca` when the node runs TLS;
+//! NODE_CHALLENGE, then HELLO proving the cluster secret (or, to another
+//! region, the region secret) over the other node's nonce, so the secret
+//! never crosses the wire (PROTOCOL.md §15); then either one request at a
+//! time (the pair's probes, STATUS and PROMOTE) or the replication stream
+//! (the follower, which drives [`Link::send`] and [`Link::next`] itself).
 //!
 //! Invariants: every read and write is bounded by the link's timeout, and
 //! a read times out only when the kernel holds nothing unread for it;
@@ -14,8 +16,8 @@ use bytes::BytesMut;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_protocol::{
-    decode_response, encode_request, ErrorCode, Request, RequestId, Response, Role,
-    PROTOCOL_VERSION,
+    decode_response, encode_request, node_proof, ErrorCode, NodeScope, Request, RequestId,
+    Response, Role, PROTOCOL_VERSION,
 };
 
 /// Largest frame a node accepts from another (the server's frame
@@ -44,6 +46,35 @@ pub(crate) enum LinkError {
     Protocol(String),
 }
 
+/// What this node presents to other nodes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Credentials {
+    /// `--cluster-secret`: proved over the other node's challenge.
+    pub cluster: Option<String>,
+    /// `--region-secret`: what the region senders prove instead, when set.
+    pub region: Option<String>,
+    /// Without a cluster secret (only with `--insecure`): the client token,
+    /// if any, sent in HELLO as any client's.
+    pub token: Option<String>,
+}
+
+impl Credentials {
+    /// The secret to prove for `scope`, and the scope it is proved in (the
+    /// region exchange falls back to the cluster secret without a region
+    /// secret); None: no secret, HELLO with the client token.
+    fn secret_for(&self, scope: NodeScope) -> Option<(&str, NodeScope)> {
+        let region = match scope {
+            NodeScope::Region => self.region.as_deref(),
+            NodeScope::Cluster => None,
+        };
+        match (region, self.cluster.as_deref()) {
+            (Some(region), _) => Some((region, NodeScope::Region)),
+            (None, Some(cluster)) => Some((cluster, NodeScope::Cluster)),
+            (None, None) => None,
+        }
+    }
+}
+
 /// What the other node said of itself in HELLO_OK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Hello {
@@ -64,13 +95,25 @@ pub(crate) struct Link {
 
 impl Link {
     /// Connects to `addr` and says HELLO as `role_name` (for the other
-    /// node's logs), presenting the cluster secret; every step within
+    /// node's logs), proving the cluster secret; every step within
     /// `timeout`.
     pub async fn open(
         core: &Core,
         addr: &str,
         role_name: &str,
         timeout: Duration,
+    ) -> Result<(Self, Hello), LinkError> {
+        Self::open_as(core, addr, role_name, timeout, NodeScope::Cluster).await
+    }
+
+    /// [`Link::open`] proving the secret of `scope` (the region exchange:
+    /// the region secret when this node has one).
+    pub async fn open_as(
+        core: &Core,
+        addr: &str,
+        role_name: &str,
+        timeout: Duration,
+        scope: NodeScope,
     ) -> Result<(Self, Hello), LinkError> {
         let connector = core.tls.as_ref().and_then(|t| t.connector());
         let socket = tls::connect(addr, connector.as_ref(), timeout)
@@ -83,10 +126,14 @@ impl Link {
             timeout,
             next_id: HELLO_ID + 1,
         };
+        let token = match core.credentials.secret_for(scope) {
+            Some((secret, scope)) => Some(link.prove(secret, scope).await?),
+            None => core.credentials.token.clone().map(|t| t.into_bytes()),
+        };
         let hello = Request::Hello {
             version: PROTOCOL_VERSION,
             client_name: format!("{role_name} {}", core.role.advertise()),
-            auth_token: core.secret.clone().map(Into::into),
+            auth_token: token.map(Into::into),
         };
         link.send(HELLO_ID, &hello).await?;
         match link.answer(HELLO_ID).await? {
@@ -104,6 +151,18 @@ impl Link {
                 },
             )),
             other => Err(unexpected("HELLO", &other)),
+        }
+    }
+
+    /// NODE_CHALLENGE, and the proof of `secret` over the nonce that
+    /// answers it: HELLO's token.
+    async fn prove(&mut self, secret: &str, scope: NodeScope) -> Result<Vec<u8>, LinkError> {
+        self.send(HELLO_ID, &Request::NodeChallenge).await?;
+        match self.answer(HELLO_ID).await? {
+            Response::Challenge { nonce } => {
+                Ok(node_proof(secret.as_bytes(), &nonce, scope).to_vec())
+            }
+            other => Err(unexpected("NODE_CHALLENGE", &other)),
         }
     }
 

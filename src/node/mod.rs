@@ -50,6 +50,7 @@ mod supervisor;
 #[cfg(feature = "cluster")]
 pub(crate) use cluster::Membership;
 pub(crate) use gate::Gate;
+pub(crate) use link::Credentials;
 pub(crate) use shared::Handover;
 pub(crate) use source::{Access, Refusal};
 pub(crate) use supervisor::Supervisor;
@@ -93,8 +94,8 @@ pub(crate) struct Node {
 /// What a node is built from.
 pub(crate) struct NodeParts {
     pub settings: ReplicationSettings,
-    /// What the node presents to other nodes in HELLO (the cluster secret).
-    pub secret: Option<String>,
+    /// What the node proves (or presents) to other nodes in HELLO.
+    pub credentials: link::Credentials,
     /// TLS for its own connections to other nodes.
     pub tls: Option<Arc<Tls>>,
     pub limits: ServerLimits,
@@ -134,7 +135,7 @@ impl Node {
             store: parts.store,
             clock: parts.clock,
             settings,
-            secret: parts.secret,
+            credentials: parts.credentials,
             tls: parts.tls,
             limits: parts.limits,
         });

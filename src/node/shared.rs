@@ -20,9 +20,8 @@ pub(crate) struct Core {
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
     pub settings: ReplicationSettings,
-    /// What this node presents in HELLO to its peer and its primary: the
-    /// cluster secret.
-    pub secret: Option<String>,
+    /// What this node proves (or presents) in HELLO to other nodes.
+    pub credentials: super::link::Credentials,
     /// TLS for this node's own connections (None: plain TCP).
     pub tls: Option<Arc<Tls>>,
     /// Frame limits for what a standby sends on its stream.

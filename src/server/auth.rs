@@ -1,6 +1,7 @@
-//! What a connection's credentials prove: a HELLO token makes it a client
-//! or a node ([`Authenticator`]); an `Authorization: Bearer` header opens
-//! the admin API ([`AdminAuth`]).
+//! What a connection's credentials prove: a HELLO token makes it a client,
+//! and a HELLO proving a node secret over the connection's challenge makes
+//! it a node or a region peer ([`Authenticator`]); an `Authorization:
+//! Bearer` header opens the admin API ([`AdminAuth`]).
 //!
 //! Invariants:
 //! - every comparison of a secret is constant-time (`subtle`) and every
@@ -8,13 +9,19 @@
 //!   tell which secret, or how much of one, a guess got right (a secret's
 //!   length may show: it is not the secret);
 //! - node privilege (replicate, promote, announce a role) comes only from
-//!   the cluster secret, or, on a node run `--insecure` without one, from
-//!   any HELLO; never from a client token;
+//!   a proof of the cluster secret over a nonce this server drew for the
+//!   connection, or, on a node run `--insecure` without one, from any
+//!   HELLO; never from a client token, and never from a node secret sent
+//!   as it is (it is refused: a recorded HELLO must not open a node
+//!   connection);
+//! - the region secret opens a region connection, which may send USAGE
+//!   and nothing else a node may;
 //! - two secrets of each kind are accepted at once (`--*-next`), so a
 //!   secret can be rotated without refusing anyone in between.
 
 use crate::config::AuthSettings;
 use subtle::{Choice, ConstantTimeEq};
+use tollgate_protocol::{node_proof, NodeScope, NONCE_LEN};
 
 /// The secrets of one kind in force: the current one and, during a
 /// rotation, the next.
@@ -45,6 +52,15 @@ impl Secrets {
             .fold(Choice::from(0), |hit, secret| hit | secret.ct_eq(given));
         bool::from(hit)
     }
+
+    /// Whether `proof` is the proof of one of the secrets over `nonce`
+    /// in `scope`, in time that does not depend on which matched.
+    pub fn proves(&self, proof: &[u8], nonce: &[u8; NONCE_LEN], scope: NodeScope) -> bool {
+        let hit = self.0.iter().fold(Choice::from(0), |hit, secret| {
+            hit | node_proof(secret, nonce, scope).ct_eq(proof)
+        });
+        bool::from(hit)
+    }
 }
 
 /// What a connection may do, by what its HELLO proved.
@@ -52,15 +68,36 @@ impl Secrets {
 pub(crate) enum Privilege {
     /// Checks and the rest of the client protocol; read-only STATUS.
     Client,
-    /// Also replication, PROMOTE and STATUS announces: another node.
+    /// A region peer that proved the region secret: USAGE and PING only,
+    /// so a region cannot replicate from, promote or hand states to
+    /// another region's nodes.
+    Region,
+    /// Also replication, PROMOTE, HANDOFF, STATUS announces and USAGE:
+    /// another node of this cluster.
     Node,
 }
 
-/// Judges HELLO tokens.
+/// Why a HELLO was refused (AuthFailed); the message the client reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum AuthRefusal {
+    #[error("missing or wrong auth token")]
+    WrongToken,
+    /// A node secret itself in HELLO: nodes answer a challenge instead,
+    /// so a recorded HELLO cannot be replayed.
+    #[error("a node secret is never sent in HELLO: a node asks for a NODE_CHALLENGE and proves the secret over its nonce (PROTOCOL.md §15)")]
+    SecretInHello,
+    #[error("the proof of a node secret does not match this connection's challenge")]
+    WrongProof,
+}
+
+/// Judges HELLO tokens, and the proofs nodes make of their secrets over
+/// a connection's challenge.
 #[derive(Debug, Clone)]
 pub(crate) struct Authenticator {
     clients: Secrets,
     cluster: Secrets,
+    /// `--region-secret`: proves a region peer, for USAGE only.
+    region: Secrets,
     /// No cluster secret and `--insecure`: any client may act as a node.
     open_control: bool,
 }
@@ -74,22 +111,49 @@ impl Authenticator {
         Self {
             clients: Secrets::new(auth.auth_token.as_deref(), auth.auth_token_next.as_deref()),
             open_control: cluster.is_empty() && auth.insecure,
+            region: Secrets::new(auth.region_secret.as_deref(), None),
             cluster,
         }
     }
 
-    /// What a HELLO carrying `token` (empty: none) may do; `None`: refused
-    /// (AuthFailed).
-    pub fn hello(&self, token: &[u8]) -> Option<Privilege> {
-        // Both compared whatever the outcome of the first.
-        let node = !self.cluster.is_empty() && self.cluster.matches(token);
-        let client = self.clients.is_empty() || self.clients.matches(token);
-        match (node, client) {
-            (true, _) => Some(Privilege::Node),
-            (false, true) if self.open_control => Some(Privilege::Node),
-            (false, true) => Some(Privilege::Client),
-            (false, false) => None,
+    /// What a HELLO carrying `token` (empty: none) may do, on a connection
+    /// that was sent `challenge` (a NODE_CHALLENGE's nonce) or none.
+    ///
+    /// After a challenge the token must be the proof of a node secret
+    /// (`node_proof`), unless this server holds no node secret at all (it
+    /// then judges the token as a client's). Without one, a node secret
+    /// itself is refused, whatever the client tokens.
+    pub fn handshake(
+        &self,
+        token: &[u8],
+        challenge: Option<&[u8; NONCE_LEN]>,
+    ) -> Result<Privilege, AuthRefusal> {
+        let has_node_secrets = !(self.cluster.is_empty() && self.region.is_empty());
+        if let (Some(nonce), true) = (challenge, has_node_secrets) {
+            // Both scopes computed and compared whatever the outcome.
+            let node = self.cluster.proves(token, nonce, NodeScope::Cluster);
+            let region = self.region.proves(token, nonce, NodeScope::Region);
+            return match (node, region) {
+                (true, _) => Ok(Privilege::Node),
+                (false, true) => Ok(Privilege::Region),
+                (false, false) => Err(AuthRefusal::WrongProof),
+            };
         }
+        // All compared whatever the outcome of the first.
+        let secret = self.cluster.matches(token) | self.region.matches(token);
+        let client = self.clients.is_empty() || self.clients.matches(token);
+        match (secret, client) {
+            (true, _) => Err(AuthRefusal::SecretInHello),
+            (false, true) if self.open_control => Ok(Privilege::Node),
+            (false, true) => Ok(Privilege::Client),
+            (false, false) => Err(AuthRefusal::WrongToken),
+        }
+    }
+
+    /// What a token alone may do (no challenge: the RESP and Envoy front
+    /// ends, which take client tokens); `None`: refused.
+    pub fn hello(&self, token: &[u8]) -> Option<Privilege> {
+        self.handshake(token, None).ok()
     }
 }
 
@@ -147,35 +211,85 @@ mod tests {
         a
     }
 
+    const NONCE: [u8; NONCE_LEN] = [9; NONCE_LEN];
+
+    fn proof(secret: &str, scope: NodeScope) -> [u8; 32] {
+        node_proof(secret.as_bytes(), &NONCE, scope)
+    }
+
     #[test]
-    fn the_cluster_secret_alone_makes_a_node() {
+    fn only_a_proof_of_the_cluster_secret_makes_a_node() {
         let auth = Authenticator::new(&settings(|a| {
             a.auth_token = Some("client-1".into());
             a.auth_token_next = Some("client-2".into());
             a.cluster_secret = Some("cluster".into());
+            a.region_secret = Some("region".into());
         }));
-        assert_eq!(auth.hello(b"client-1"), Some(Privilege::Client));
-        assert_eq!(auth.hello(b"client-2"), Some(Privilege::Client));
-        assert_eq!(auth.hello(b"cluster"), Some(Privilege::Node));
-        assert_eq!(auth.hello(b"client-3"), None);
-        assert_eq!(auth.hello(b""), None);
-        assert_eq!(auth.hello(b"clust"), None);
+        assert_eq!(auth.handshake(b"client-1", None), Ok(Privilege::Client));
+        assert_eq!(auth.handshake(b"client-2", None), Ok(Privilege::Client));
+        assert_eq!(
+            auth.handshake(b"client-3", None),
+            Err(AuthRefusal::WrongToken)
+        );
+        assert_eq!(auth.handshake(b"", None), Err(AuthRefusal::WrongToken));
+        assert_eq!(auth.handshake(b"clust", None), Err(AuthRefusal::WrongToken));
+        // A secret sent as it is opens nothing, with or without a challenge.
+        for secret in [&b"cluster"[..], b"region"] {
+            assert_eq!(
+                auth.handshake(secret, None),
+                Err(AuthRefusal::SecretInHello)
+            );
+            assert_eq!(
+                auth.handshake(secret, Some(&NONCE)),
+                Err(AuthRefusal::WrongProof)
+            );
+        }
+        let node = proof("cluster", NodeScope::Cluster);
+        let region = proof("region", NodeScope::Region);
+        assert_eq!(auth.handshake(&node, Some(&NONCE)), Ok(Privilege::Node));
+        assert_eq!(auth.handshake(&region, Some(&NONCE)), Ok(Privilege::Region));
+        // A proof over another nonce, or in the other scope, is refused.
+        assert_eq!(
+            auth.handshake(&node, Some(&[1; 32])),
+            Err(AuthRefusal::WrongProof)
+        );
+        let swapped = proof("region", NodeScope::Cluster);
+        assert_eq!(
+            auth.handshake(&swapped, Some(&NONCE)),
+            Err(AuthRefusal::WrongProof)
+        );
+        // After a challenge a client token is no proof.
+        assert_eq!(
+            auth.handshake(b"client-1", Some(&NONCE)),
+            Err(AuthRefusal::WrongProof)
+        );
+        // A proof without a challenge is just a wrong token.
+        assert_eq!(auth.handshake(&node, None), Err(AuthRefusal::WrongToken));
     }
 
     #[test]
     fn without_a_cluster_secret_no_one_is_a_node_unless_insecure() {
         let open = Authenticator::new(&settings(|_| {}));
-        assert_eq!(open.hello(b""), Some(Privilege::Client));
-        assert_eq!(open.hello(b"anything"), Some(Privilege::Client));
+        assert_eq!(open.handshake(b"", None), Ok(Privilege::Client));
+        assert_eq!(open.handshake(b"anything", None), Ok(Privilege::Client));
+        // No node secret here: a challenge changes nothing.
+        assert_eq!(
+            open.handshake(b"anything", Some(&NONCE)),
+            Ok(Privilege::Client)
+        );
         let insecure = Authenticator::new(&settings(|a| a.insecure = true));
-        assert_eq!(insecure.hello(b""), Some(Privilege::Node));
+        assert_eq!(insecure.handshake(b"", None), Ok(Privilege::Node));
         // --insecure does not open control when a secret is set.
         let with_secret = Authenticator::new(&settings(|a| {
             a.insecure = true;
             a.cluster_secret = Some("cluster".into());
         }));
-        assert_eq!(with_secret.hello(b""), Some(Privilege::Client));
-        assert_eq!(with_secret.hello(b"cluster"), Some(Privilege::Node));
+        assert_eq!(with_secret.handshake(b"", None), Ok(Privilege::Client));
+        let node = proof("cluster", NodeScope::Cluster);
+        assert_eq!(
+            with_secret.handshake(&node, Some(&NONCE)),
+            Ok(Privilege::Node)
+        );
     }
 
     #[test]

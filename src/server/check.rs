@@ -13,6 +13,7 @@
 //!
 //!  CHECK2: per check, by idempotency key (none: straight on):
 //!     remembered within the window -> the remembered answer, nothing charged
+//!       (for another owner or another check: IdempotencyKeyReused)
 //!     else shed by priority and connection backlog -> Shed, nothing charged
 //!     else evaluated as a CHECK's check (and remembered if a decision)
 //!
@@ -30,7 +31,7 @@
 //! `Store::spot`) and prefetched before its first check, and the checks
 //! reuse those spots. Refunds are not checks: they count only their errors.
 
-use super::dedup::Answered;
+use super::dedup::{Answered, Owner};
 mod global;
 mod metrics;
 
@@ -95,6 +96,7 @@ pub(super) fn answer_tagged(
     shared: &Shared,
     id: RequestId,
     batch: &TaggedBatch,
+    owner: Owner,
     backlog: usize,
     gate: &Gate<'_>,
     dst: &mut BytesMut,
@@ -131,12 +133,15 @@ pub(super) fn answer_tagged(
             if tag.idempotency.is_none() {
                 return fresh();
             }
-            match shared
-                .retries
-                .once(tag.idempotency, || shared.clock.now(), fresh)
-            {
-                Answered::Fresh(result) | Answered::Replayed(result) => result,
+            let scope = shared.retries.scope(owner, pairs);
+            let answered =
+                shared
+                    .retries
+                    .once(tag.idempotency, scope, || shared.clock.now(), fresh);
+            if answered == Answered::Refused {
+                shared.metrics.errors.count(ErrorCode::IdempotencyKeyReused);
             }
+            answered.result()
         });
         encode_checked(id, results, dst)
     })

@@ -9,6 +9,12 @@
 //!   then the store's stripes (the store never calls back here);
 //! - only decisions are remembered: an error (status 2) charged nothing,
 //!   so a retry is evaluated afresh;
+//! - an answer is given back only to the check it answered, from the
+//!   client it answered: each entry holds a fingerprint of the owner (what
+//!   its connection authenticated with) and of the check (every pair's
+//!   key, limit and cost); the same key with another fingerprint is
+//!   refused IdempotencyKeyReused, neither answered nor evaluated, and the
+//!   entry stays for its owner's retries;
 //! - an entry answers retries for `window` after it was remembered, then
 //!   it is forgotten when its shard is next touched;
 //! - memory is bounded: each shard holds at most its share of `capacity`
@@ -17,13 +23,15 @@
 //!   lock hold), so the oldest is always at the front of `order`.
 
 use crate::clock::Nanos;
+use crate::server::auth::Privilege;
 use ahash::RandomState;
 use hashbrown::HashMap;
 use parking_lot::Mutex;
 use prometheus::{IntCounter, Registry};
 use std::collections::VecDeque;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::Duration;
-use tollgate_protocol::{CheckResult, IdempotencyKey};
+use tollgate_protocol::{CheckResult, ErrorCode, IdempotencyKey, Pair};
 
 /// Shards of the memory: enough that connections on different cores rarely
 /// wait for one another (a lock is held for one check's evaluation).
@@ -37,6 +45,9 @@ pub(crate) struct DedupMetrics {
     /// `tollgate_dedup_evicted_total`: keys forgotten inside their window
     /// because the memory was full.
     evicted: IntCounter,
+    /// `tollgate_dedup_refused_total`: keys reused by another client or
+    /// for another check, refused.
+    refused: IntCounter,
 }
 
 impl DedupMetrics {
@@ -51,17 +62,34 @@ impl DedupMetrics {
             "Idempotency keys forgotten before their window ended because \
              the memory was full (--dedup-capacity).",
         )?;
+        let refused = IntCounter::new(
+            "tollgate_dedup_refused_total",
+            "CHECK2 checks refused IdempotencyKeyReused: their key was \
+             remembered for another client or another check.",
+        )?;
         registry.register(Box::new(replayed.clone()))?;
         registry.register(Box::new(evicted.clone()))?;
-        Ok(Self { replayed, evicted })
+        registry.register(Box::new(refused.clone()))?;
+        Ok(Self {
+            replayed,
+            evicted,
+            refused,
+        })
     }
 }
 
 /// One remembered answer.
 struct Entry {
     result: CheckResult,
+    /// Who asked, and what: [`RetryMemory::scope`].
+    scope: u64,
     at: Nanos,
 }
+
+/// Whom a connection's remembered answers belong to: a fingerprint of
+/// what it authenticated with (its HELLO token), set at the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Owner(u64);
 
 #[derive(Default)]
 struct Shard {
@@ -100,6 +128,19 @@ pub(crate) enum Answered {
     Fresh(CheckResult),
     /// A retry: the answer remembered under its key.
     Replayed(CheckResult),
+    /// The key is remembered for another owner or another check: refused
+    /// (IdempotencyKeyReused), nothing evaluated.
+    Refused,
+}
+
+impl Answered {
+    /// What the check is answered.
+    pub fn result(self) -> CheckResult {
+        match self {
+            Self::Fresh(result) | Self::Replayed(result) => result,
+            Self::Refused => CheckResult::Error(ErrorCode::IdempotencyKeyReused),
+        }
+    }
 }
 
 impl RetryMemory {
@@ -114,12 +155,40 @@ impl RetryMemory {
         }
     }
 
-    /// The answer remembered under `key` within the window, or else what
-    /// `evaluate` says now (remembered when it is a decision). `clock` is
-    /// read under the shard's lock, so each shard remembers in time order.
+    /// The owner of a connection that authenticated as `privilege` with
+    /// `token`. A client is its token (every client of a server that
+    /// requires none, with none, is one owner); nodes are one owner (their
+    /// proofs differ per connection).
+    pub fn owner(&self, privilege: Privilege, token: &[u8]) -> Owner {
+        Owner(match privilege {
+            Privilege::Client => self.hasher.hash_one((0u8, token)),
+            Privilege::Node | Privilege::Region => self.hasher.hash_one(1u8),
+        })
+    }
+
+    /// The fingerprint of `owner` asking for the check `pairs`: every
+    /// pair's key, limit and cost, in order.
+    pub fn scope(&self, owner: Owner, pairs: &[Pair]) -> u64 {
+        let mut h = self.hasher.build_hasher();
+        owner.0.hash(&mut h);
+        pairs.len().hash(&mut h);
+        for pair in pairs {
+            pair.key.hash(&mut h);
+            pair.limit.hash(&mut h);
+            pair.cost.hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// The answer remembered under `key` within the window for the same
+    /// `scope` ([`RetryMemory::scope`]), a refusal when it is remembered
+    /// for another, or else what `evaluate` says now (remembered when it
+    /// is a decision). `clock` is read under the shard's lock, so each
+    /// shard remembers in time order.
     pub fn once(
         &self,
         key: IdempotencyKey,
+        scope: u64,
         clock: impl FnOnce() -> Nanos,
         evaluate: impl FnOnce() -> CheckResult,
     ) -> Answered {
@@ -135,6 +204,10 @@ impl RetryMemory {
             shard.forget_oldest();
         }
         if let Some(entry) = shard.entries.get(&key) {
+            if entry.scope != scope {
+                self.metrics.refused.inc();
+                return Answered::Refused;
+            }
             self.metrics.replayed.inc();
             return Answered::Replayed(entry.result);
         }
@@ -143,7 +216,14 @@ impl RetryMemory {
             while shard.entries.len() >= self.per_shard && shard.forget_oldest() {
                 self.metrics.evicted.inc();
             }
-            shard.entries.insert(key, Entry { result, at: now });
+            shard.entries.insert(
+                key,
+                Entry {
+                    result,
+                    scope,
+                    at: now,
+                },
+            );
             shard.order.push_back((key, now));
         }
         Answered::Fresh(result)
@@ -173,6 +253,9 @@ mod tests {
         })
     }
 
+    /// The scope every check of these tests has, but where a test says.
+    const S: u64 = 7;
+
     fn key(n: u128) -> IdempotencyKey {
         IdempotencyKey::from_u128(n)
     }
@@ -181,19 +264,19 @@ mod tests {
     fn a_retry_within_the_window_is_replayed_not_evaluated() {
         let m = memory(100, 1024);
         assert_eq!(
-            m.once(key(1), || 0, || allowed(9)),
+            m.once(key(1), S, || 0, || allowed(9)),
             Answered::Fresh(allowed(9))
         );
-        let replay = m.once(key(1), || 99, || panic!("evaluated twice"));
+        let replay = m.once(key(1), S, || 99, || panic!("evaluated twice"));
         assert_eq!(replay, Answered::Replayed(allowed(9)));
         // Another key is its own check.
         assert_eq!(
-            m.once(key(2), || 99, || allowed(8)),
+            m.once(key(2), S, || 99, || allowed(8)),
             Answered::Fresh(allowed(8))
         );
         // The window is over: evaluated again.
         assert_eq!(
-            m.once(key(1), || 100, || allowed(7)),
+            m.once(key(1), S, || 100, || allowed(7)),
             Answered::Fresh(allowed(7))
         );
         assert_eq!(m.metrics.replayed.get(), 1);
@@ -203,13 +286,13 @@ mod tests {
     fn errors_are_not_remembered() {
         let m = memory(100, 1024);
         let shed = CheckResult::Error(ErrorCode::Shed);
-        assert_eq!(m.once(key(1), || 0, || shed), Answered::Fresh(shed));
+        assert_eq!(m.once(key(1), S, || 0, || shed), Answered::Fresh(shed));
         assert_eq!(
-            m.once(key(1), || 1, || allowed(5)),
+            m.once(key(1), S, || 1, || allowed(5)),
             Answered::Fresh(allowed(5))
         );
         assert_eq!(
-            m.once(key(1), || 2, || allowed(4)),
+            m.once(key(1), S, || 2, || allowed(4)),
             Answered::Replayed(allowed(5))
         );
     }
@@ -220,7 +303,7 @@ mod tests {
         let m = memory(1_000, 1);
         let mut evaluated = 0;
         for n in 0..(SHARDS as u128 * 4) {
-            if let Answered::Fresh(_) = m.once(key(n), || n as u64, || allowed(1)) {
+            if let Answered::Fresh(_) = m.once(key(n), S, || n as u64, || allowed(1)) {
                 evaluated += 1;
             }
         }
@@ -231,7 +314,7 @@ mod tests {
         // The newest key is still remembered.
         let last = key(SHARDS as u128 * 4 - 1);
         assert!(matches!(
-            m.once(last, || 999, || allowed(0)),
+            m.once(last, S, || 999, || allowed(0)),
             Answered::Replayed(_)
         ));
     }
@@ -239,14 +322,61 @@ mod tests {
     #[test]
     fn an_expired_key_is_evaluated_afresh_and_remembered_again() {
         let m = memory(10, 1024);
-        m.once(key(1), || 0, || allowed(3));
+        m.once(key(1), S, || 0, || allowed(3));
         assert_eq!(
-            m.once(key(1), || 10, || allowed(2)),
+            m.once(key(1), S, || 10, || allowed(2)),
             Answered::Fresh(allowed(2))
         );
         assert_eq!(
-            m.once(key(1), || 15, || allowed(0)),
+            m.once(key(1), S, || 15, || allowed(0)),
             Answered::Replayed(allowed(2))
         );
+    }
+
+    #[test]
+    fn a_key_remembered_for_another_scope_is_refused_and_kept() {
+        let m = memory(100, 1024);
+        m.once(key(1), S, || 0, || allowed(3));
+        let other = m.once(key(1), S + 1, || 1, || panic!("evaluated"));
+        assert_eq!(other, Answered::Refused);
+        assert_eq!(
+            other.result(),
+            CheckResult::Error(ErrorCode::IdempotencyKeyReused)
+        );
+        // The owner's own retry is still answered from memory.
+        assert_eq!(
+            m.once(key(1), S, || 2, || panic!("evaluated")),
+            Answered::Replayed(allowed(3))
+        );
+        assert_eq!(m.metrics.refused.get(), 1);
+    }
+
+    #[test]
+    fn the_scope_tells_owners_and_checks_apart() {
+        use bytes::Bytes;
+        use tollgate_protocol::{Algorithm, Limit, LimitRef};
+        let m = memory(100, 1024);
+        let pair = |key: &'static str, count: u64, cost: u32| Pair {
+            key: Bytes::from_static(key.as_bytes()),
+            limit: LimitRef::Inline(Limit {
+                algorithm: Algorithm::TokenBucket,
+                count,
+                period_ms: 1000,
+                burst: count,
+            }),
+            cost,
+        };
+        let a = m.owner(Privilege::Client, b"token-a");
+        let b = m.owner(Privilege::Client, b"token-b");
+        assert_eq!(a, m.owner(Privilege::Client, b"token-a"));
+        assert_ne!(a, b);
+        let check = [pair("k", 10, 1)];
+        let base = m.scope(a, &check);
+        assert_eq!(base, m.scope(a, &[pair("k", 10, 1)]));
+        assert_ne!(base, m.scope(b, &check));
+        assert_ne!(base, m.scope(a, &[pair("j", 10, 1)]));
+        assert_ne!(base, m.scope(a, &[pair("k", 11, 1)]));
+        assert_ne!(base, m.scope(a, &[pair("k", 10, 2)]));
+        assert_ne!(base, m.scope(a, &[pair("k", 10, 1), pair("k", 10, 1)]));
     }
 }

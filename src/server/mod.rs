@@ -289,11 +289,11 @@ impl Server {
                 settings: config.replication.clone(),
                 // Without a cluster secret (only with --insecure) the
                 // client token, if any, gets this node through HELLO.
-                secret: config
-                    .auth
-                    .cluster_secret
-                    .clone()
-                    .or_else(|| config.auth.auth_token.clone()),
+                credentials: crate::node::Credentials {
+                    cluster: config.auth.cluster_secret.clone(),
+                    region: config.auth.region_secret.clone(),
+                    token: config.auth.auth_token.clone(),
+                },
                 tls: tls.clone(),
                 limits: config.limits.server_limits(),
                 advertise,

@@ -292,6 +292,36 @@ impl RawConn {
         Some(answer)
     }
 
+    /// A node's handshake (PROTOCOL.md §15): NODE_CHALLENGE (id 1), then
+    /// HELLO (id 2) whose token proves `secret` in `scope` over the nonce.
+    /// The HELLO's answer, or None when the server closed the connection.
+    pub async fn node_hello(
+        &mut self,
+        secret: &str,
+        scope: tollgate_protocol::NodeScope,
+    ) -> Option<Response> {
+        let nonce = self.challenge().await;
+        let proof = tollgate_protocol::node_proof(secret.as_bytes(), &nonce, scope);
+        let hello = Request::Hello {
+            version: PROTOCOL_VERSION,
+            client_name: "test node".into(),
+            auth_token: Some(Bytes::copy_from_slice(&proof)),
+        };
+        self.send(2, &hello).await;
+        let (id, answer) = self.try_recv().await?;
+        assert_eq!(id, 2, "{answer:?}");
+        Some(answer)
+    }
+
+    /// NODE_CHALLENGE (id 1): the server's nonce.
+    pub async fn challenge(&mut self) -> [u8; tollgate_protocol::NONCE_LEN] {
+        self.send(1, &Request::NodeChallenge).await;
+        match self.recv().await {
+            (1, Response::Challenge { nonce }) => nonce,
+            other => panic!("NODE_CHALLENGE: {other:?}"),
+        }
+    }
+
     pub async fn send(&mut self, id: RequestId, req: &Request) {
         let mut buf = BytesMut::new();
         encode_request(id, req, &mut buf).unwrap();

@@ -74,6 +74,15 @@ struct World {
 impl World {
     /// Three regions exchanging usage every `interval`.
     async fn start(name: &str, interval: Duration) -> World {
+        Self::start_with(name, interval, |_, _| {}).await
+    }
+
+    /// [`World::start`], with region `i`'s config changed by `tune(i, _)`.
+    async fn start_with(
+        name: &str,
+        interval: Duration,
+        tune: impl Fn(usize, &mut ServerConfig),
+    ) -> World {
         let dir = TempDir::new(name);
         let rules = dir.path("rules.yaml");
         std::fs::write(&rules, RULES).unwrap();
@@ -103,6 +112,7 @@ impl World {
                 .filter(|&j| j != i)
                 .map(|j| format!("{}={}", NAMES[j], relays[&(i, j)].addr))
                 .collect();
+            tune(i, &mut config);
             config.validate().expect("valid region config");
             let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let admin_addr = admin.local_addr().unwrap();
@@ -407,7 +417,8 @@ async fn usage_needs_a_node_connection_and_a_known_region() {
     }
     let mut node = RawConn::connect(us).await;
     assert!(matches!(
-        node.hello(Some(SECRET)).await,
+        node.node_hello(SECRET, tollgate_protocol::NodeScope::Cluster)
+            .await,
         Some(Response::HelloOk { .. })
     ));
     node.send(6, &Request::Usage(report("mars"))).await;
@@ -436,4 +447,28 @@ async fn usage_needs_a_node_connection_and_a_known_region() {
         d.remaining >= LIMIT - 501 - REFILL,
         "charged once, not twice: {d:?}"
     );
+}
+
+/// Each region with its own cluster secret, all sharing the region
+/// secret: the exchange runs on the region secret alone (a peer proving
+/// it may send USAGE, nothing else: tests/security/node_auth.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn regions_with_their_own_cluster_secrets_exchange_under_the_region_secret() {
+    let mut world = World::start_with("region-secret", DEFAULT_INTERVAL, |i, c| {
+        c.auth.cluster_secret = Some(format!("{SECRET}-of-{}", NAMES[i]));
+        c.auth.region_secret = Some("regions-test-region-secret".into());
+    })
+    .await;
+    in_step(&world).await;
+    let key = "rl:{region-secret}:k";
+    for _ in 0..5 {
+        assert!(world.check(0, key, "bucket").await);
+    }
+    for (r, name) in NAMES.iter().enumerate().skip(1) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while world.peek(r, key, "bucket").await.remaining > LIMIT - 5 {
+            assert!(tokio::time::Instant::now() < deadline, "{name} never heard");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

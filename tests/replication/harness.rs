@@ -246,17 +246,51 @@ pub fn client(addr: &str) -> Client {
     Client::new(addr.to_owned(), config(Duration::from_secs(2))).expect("valid config")
 }
 
-/// A client that presents the cluster secret: what another node (or a
-/// tool acting as one) uses for node-to-node requests.
-pub fn node_client(addr: &str) -> Client {
-    Client::new(
-        addr.to_owned(),
-        ClientConfig {
-            auth_token: Some(CLUSTER_SECRET.as_bytes().to_vec()),
-            ..config(Duration::from_secs(2))
-        },
-    )
-    .expect("valid config")
+/// A STATUS announce sent as another node would: NODE_CHALLENGE, HELLO
+/// proving the cluster secret over the nonce (PROTOCOL.md §15), then the
+/// announce; the node's STATUS_OK (or the ERROR it answered).
+pub async fn announce_as_node(
+    addr: &str,
+    announce: tollgate_protocol::Announce,
+) -> tollgate_protocol::Response {
+    use bytes::BytesMut;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tollgate_protocol::{
+        decode_response, encode_request, node_proof, NodeScope, ReplRequest, Request, Response,
+        PROTOCOL_VERSION,
+    };
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut rbuf = BytesMut::new();
+    let mut call = async |id: u32, request: Request| -> Response {
+        let mut w = BytesMut::new();
+        encode_request(id, &request, &mut w).unwrap();
+        stream.write_all(&w).await.unwrap();
+        loop {
+            if let Some((got, r)) = decode_response(&mut rbuf, 1 << 24).unwrap() {
+                assert_eq!(got, id, "{r:?}");
+                return r;
+            }
+            assert!(stream.read_buf(&mut rbuf).await.unwrap() > 0, "closed");
+        }
+    };
+    let nonce = match call(1, Request::NodeChallenge).await {
+        Response::Challenge { nonce } => nonce,
+        other => panic!("NODE_CHALLENGE: {other:?}"),
+    };
+    let proof = node_proof(CLUSTER_SECRET.as_bytes(), &nonce, NodeScope::Cluster);
+    let hello = Request::Hello {
+        version: PROTOCOL_VERSION,
+        client_name: "test node".into(),
+        auth_token: Some(bytes::Bytes::copy_from_slice(&proof)),
+    };
+    match call(2, hello).await {
+        Response::HelloOk { .. } => {}
+        other => panic!("HELLO: {other:?}"),
+    }
+    let status = ReplRequest::Status {
+        announce: Some(announce),
+    };
+    call(3, Request::Repl(status)).await
 }
 
 /// The node's STATUS, or None while it cannot be reached.

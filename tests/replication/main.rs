@@ -535,10 +535,10 @@ async fn promote_by_command_keeps_leases_and_windows() {
         other => panic!("a plain client's announce must be refused: {other:?}"),
     }
     assert_eq!(status(&a.addr).await.unwrap().role, Role::Primary);
-    let told = node_client(&a.addr)
-        .status_announcing(b_primary)
-        .await
-        .unwrap();
+    let told = match announce_as_node(&a.addr, b_primary).await {
+        tollgate_protocol::Response::Repl(tollgate_protocol::ReplResponse::Status(s)) => s,
+        other => panic!("a node's announce: {other:?}"),
+    };
     assert_eq!((told.role, told.epoch), (Role::Standby, 2));
     caught_up(&b.addr, &a.addr).await;
     assert_eq!(a.logged("handed our states to the primary").len(), 1);

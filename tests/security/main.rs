@@ -16,6 +16,7 @@ mod connections;
 mod events;
 mod handoff_cap;
 mod hostile_io;
+mod node_auth;
 mod process;
 mod protected;
 mod resp_hostile;

@@ -62,7 +62,8 @@ async fn the_section_14_examples_are_what_the_server_sends() {
 
     let mut node = RawConn::connect(server.addr).await;
     assert!(matches!(
-        node.hello(Some(SECRET)).await,
+        node.node_hello(SECRET, tollgate_protocol::NodeScope::Cluster)
+            .await,
         Some(Response::HelloOk { epoch: 1, .. })
     ));
     assert_eq!(exchange(&mut node, &dumps[2], &dumps[3]).await, dumps[3]);

@@ -5,7 +5,9 @@
 
 use crate::common::*;
 use tollgate::config::ServerConfig;
-use tollgate_protocol::{Announce, ErrorCode, ReplRequest, ReplResponse, Request, Response, Role};
+use tollgate_protocol::{
+    Announce, ErrorCode, NodeScope, ReplRequest, ReplResponse, Request, Response, Role,
+};
 
 const SECRET: &str = "cluster-secret-for-tests";
 
@@ -14,9 +16,13 @@ fn node(c: &mut ServerConfig) {
     c.auth.cluster_secret = Some(SECRET.into());
 }
 
-/// A connection that proved the cluster secret.
+/// A connection that proved the cluster secret (over its challenge).
 async fn as_node(addr: std::net::SocketAddr) -> RawConn {
-    hello(addr, Some(SECRET)).await
+    let mut c = RawConn::connect(addr).await;
+    match c.node_hello(SECRET, NodeScope::Cluster).await {
+        Some(Response::HelloOk { .. }) => c,
+        other => panic!("node HELLO: {other:?}"),
+    }
 }
 
 async fn hello(addr: std::net::SocketAddr, token: Option<&str>) -> RawConn {

@@ -107,6 +107,7 @@ pub(crate) fn request_name(request: &Request) -> &'static str {
         Request::Repl(_) => "REPL",
         Request::Topology => "TOPOLOGY",
         Request::Usage(_) => "USAGE",
+        Request::NodeChallenge => "NODE_CHALLENGE",
     }
 }
 

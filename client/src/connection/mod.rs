@@ -396,6 +396,7 @@ pub(crate) fn response_name(response: &Response) -> &'static str {
         Response::Topology(_) => "TOPOLOGY_OK",
         Response::Moved(_) => "MOVED",
         Response::UsageOk(_) => "USAGE_OK",
+        Response::Challenge { .. } => "CHALLENGE",
         Response::Repl(repl) => match repl {
             tollgate_protocol::ReplResponse::Stream { .. } => "REPL_STREAM",
             tollgate_protocol::ReplResponse::Snapshot(_) => "REPL_SNAPSHOT",

@@ -326,6 +326,7 @@ async fn server_limits_errors_and_admin_calls() {
                 Request::Repl(_) => "repl",
                 Request::Topology => "topology",
                 Request::Usage(_) => "usage",
+                Request::NodeChallenge => "node_challenge",
             })
             .collect();
         assert_eq!(

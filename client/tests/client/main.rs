@@ -150,10 +150,12 @@ fn answer(request: &Request) -> Response {
             Response::Released(leases.iter().filter(|l| l.lease % 2 == 1).count() as u32)
         }
         Request::Hello { .. } => panic!("second HELLO"),
-        Request::Repl(_) | Request::Topology | Request::Usage(_) => Response::Error {
-            code: ErrorCode::UnknownOpcode,
-            message: "not scripted".into(),
-        },
+        Request::Repl(_) | Request::Topology | Request::Usage(_) | Request::NodeChallenge => {
+            Response::Error {
+                code: ErrorCode::UnknownOpcode,
+                message: "not scripted".into(),
+            }
+        }
     }
 }
 

@@ -265,6 +265,6 @@ fn check_request_limits(request: &Request, limits: &ServerLimits) {
             }
             assert!((1..=MAX_REGION_NAME_LEN).contains(&report.region.len()));
         }
-        Request::Repl(_) | Request::Topology => {}
+        Request::Repl(_) | Request::Topology | Request::NodeChallenge => {}
     }
 }

@@ -80,6 +80,9 @@ pub mod opcode {
     pub const STATUS: u8 = 0x0B;
     /// States handed to a primary, merged conservatively.
     pub const HANDOFF: u8 = 0x0C;
+    /// Node authentication (PROTOCOL.md §15): a node asks for a nonce
+    /// before its HELLO.
+    pub const NODE_CHALLENGE: u8 = 0x0D;
     /// Cluster (PROTOCOL.md §14): the slot map.
     pub const TOPOLOGY: u8 = 0x10;
     /// A CHECK whose checks carry an idempotency key and a priority
@@ -105,6 +108,8 @@ pub mod opcode {
     pub const PROMOTED: u8 = 0x8D;
     /// Answers HANDOFF.
     pub const HANDED_OFF: u8 = 0x8E;
+    /// Answers NODE_CHALLENGE: the nonce to prove a node secret over.
+    pub const CHALLENGE: u8 = 0x8F;
     /// Answers TOPOLOGY.
     pub const TOPOLOGY_OK: u8 = 0x90;
     /// Answers any request whose slot another node serves.

@@ -63,6 +63,7 @@ pub fn decode_request(
         opcode::TOPOLOGY => Request::Topology,
         opcode::CHECK2 => Request::Check2(decode_tagged_batch(&mut r, limits)?),
         opcode::USAGE => Request::Usage(super::regions::decode_usage(&mut r, limits)?),
+        opcode::NODE_CHALLENGE => Request::NodeChallenge,
         other => match super::replication::decode_repl_request(&mut r) {
             Some(decoded) => Request::Repl(decoded?),
             None => {
@@ -347,6 +348,9 @@ pub fn encode_request(
         }
         Request::Repl(repl) => super::replication::encode_repl_request(request_id, repl, dst),
         Request::Topology => encode_frame(dst, opcode::TOPOLOGY, request_id, 0, |_| Ok(())),
+        Request::NodeChallenge => {
+            encode_frame(dst, opcode::NODE_CHALLENGE, request_id, 0, |_| Ok(()))
+        }
         Request::Check2(batch) => encode_tagged_batch(request_id, batch, dst),
         Request::Usage(report) => super::regions::encode_usage(request_id, report, dst),
         Request::Reset(keys) => {

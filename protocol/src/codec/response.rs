@@ -66,6 +66,7 @@ pub fn decode_response(
         opcode::TOPOLOGY_OK => Response::Topology(super::cluster::decode_topology(&mut r)?),
         opcode::MOVED => Response::Moved(super::cluster::decode_moved(&mut r)?),
         opcode::USAGE_OK => Response::UsageOk(super::regions::decode_usage_ok(&mut r)?),
+        opcode::CHALLENGE => Response::Challenge { nonce: r.array()? },
         other => match super::replication::decode_repl_response(&mut r) {
             Some(decoded) => Response::Repl(decoded?),
             None => {
@@ -192,6 +193,12 @@ pub fn encode_response(
         Response::Topology(topology) => super::cluster::encode_topology(request_id, topology, dst),
         Response::Moved(moved) => super::cluster::encode_moved(request_id, moved, dst),
         Response::UsageOk(ack) => super::regions::encode_usage_ok(request_id, ack, dst),
+        Response::Challenge { nonce } => {
+            encode_frame(dst, opcode::CHALLENGE, request_id, nonce.len(), |dst| {
+                dst.put_slice(nonce);
+                Ok(())
+            })
+        }
         Response::Checked(results) => encode_checked(request_id, results.iter().copied(), dst),
         Response::ResetDone(removed) => {
             encode_frame(dst, opcode::RESET_DONE, request_id, 4, |dst| {

@@ -52,12 +52,17 @@ pub enum ErrorCode {
     /// Per check of a CHECK2: the server is overloaded and shed this check
     /// by its priority (low first). Nothing was charged; retry later.
     Shed,
+    /// Per check of a CHECK2: its idempotency key is remembered for a
+    /// check of another client, or for another check (other keys, limits
+    /// or costs). Nothing was charged and the remembered answer was not
+    /// given; the key is the client's bug (or someone else's guess).
+    IdempotencyKeyReused,
     Unknown(u16),
 }
 
 impl ErrorCode {
-    /// Every code this crate knows, in wire order (1..=20).
-    pub const KNOWN: [ErrorCode; 20] = [
+    /// Every code this crate knows, in wire order (1..=21).
+    pub const KNOWN: [ErrorCode; 21] = [
         Self::Malformed,
         Self::UnknownOpcode,
         Self::FrameTooLarge,
@@ -78,6 +83,7 @@ impl ErrorCode {
         Self::TooManyConnections,
         Self::Overloaded,
         Self::Shed,
+        Self::IdempotencyKeyReused,
     ];
 
     /// The code's name as in the spec's error table (`"CrossSlot"`);
@@ -104,6 +110,7 @@ impl ErrorCode {
             Self::TooManyConnections => "TooManyConnections",
             Self::Overloaded => "Overloaded",
             Self::Shed => "Shed",
+            Self::IdempotencyKeyReused => "IdempotencyKeyReused",
             Self::Unknown(_) => "Unknown",
         }
     }
@@ -130,6 +137,7 @@ impl ErrorCode {
             Self::TooManyConnections => 18,
             Self::Overloaded => 19,
             Self::Shed => 20,
+            Self::IdempotencyKeyReused => 21,
             Self::Unknown(v) => v,
         }
     }
@@ -156,6 +164,7 @@ impl ErrorCode {
             18 => Self::TooManyConnections,
             19 => Self::Overloaded,
             20 => Self::Shed,
+            21 => Self::IdempotencyKeyReused,
             other => Self::Unknown(other),
         }
     }
@@ -184,6 +193,9 @@ impl std::fmt::Display for ErrorCode {
             Self::TooManyConnections => "too many connections",
             Self::Overloaded => "overloaded: no memory left for connection buffers",
             Self::Shed => "shed: the server is overloaded and sheds lower priorities first",
+            Self::IdempotencyKeyReused => {
+                "idempotency key reused by another client or for another check"
+            }
             Self::Unknown(v) => return write!(f, "unknown error code {v}"),
         };
         f.write_str(s)

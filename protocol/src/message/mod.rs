@@ -71,6 +71,9 @@ pub enum Request {
     /// One region's usage of global keys (answered by USAGE_OK); node
     /// connections only.
     Usage(crate::regions::UsageReport),
+    /// NODE_CHALLENGE: before HELLO, a node asks for a nonce to prove its
+    /// secret over (answered by CHALLENGE; [`crate::node_auth`]).
+    NodeChallenge,
 }
 
 /// Default largest frame body a server accepts: 1 MiB.
@@ -186,4 +189,8 @@ pub enum Response {
     Moved(crate::cluster::Moved),
     /// USAGE_OK: a USAGE was taken in.
     UsageOk(crate::regions::UsageAck),
+    /// CHALLENGE: the nonce the node's HELLO must prove its secret over.
+    Challenge {
+        nonce: [u8; crate::node_auth::NONCE_LEN],
+    },
 }

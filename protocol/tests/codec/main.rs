@@ -10,6 +10,7 @@ mod corpus;
 mod framed;
 mod invalid;
 mod invalid_frames;
+mod node_auth;
 mod props;
 mod regions;
 mod replication;

@@ -4,7 +4,8 @@
 //! Each sender, every interval while this node is primary: moves its
 //! journal into its pending usage, seals one USAGE of at most
 //! `exchange-max-bytes` (or takes the unanswered one again), sends it over
-//! a node link (HELLO with the cluster secret) and waits for USAGE_OK. A
+//! a node link (HELLO proving the region secret, or the cluster secret
+//! without one) and waits for USAGE_OK. A
 //! message is numbered once (session, seq) and resent unchanged until
 //! answered, so the receiver applies it at most once; the session is the
 //! time this node became the region's primary, so a receiver can refuse an
@@ -21,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use tollgate_protocol::{ErrorCode, Request, Response, Role, UsageReport};
+use tollgate_protocol::{ErrorCode, NodeScope, Request, Response, Role, UsageReport};
 
 /// Runs the monitor and one sender per peer until `shutdown`.
 pub(crate) async fn run(core: Arc<Core>, regions: Arc<Regions>, shutdown: CancellationToken) {
@@ -187,7 +188,8 @@ async fn send(
     timeout: Duration,
 ) -> Result<tollgate_protocol::UsageAck, LinkError> {
     if link.is_none() {
-        let (opened, _) = Link::open(core, addr, "region exchange", timeout).await?;
+        let (opened, _) =
+            Link::open_as(core, addr, "region exchange", timeout, NodeScope::Region).await?;
         *link = Some(opened);
     }
     let Some(l) = link.as_mut() else {

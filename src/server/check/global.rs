@@ -182,7 +182,8 @@ pub(in crate::server) fn receive_usage(
     if privilege == crate::server::auth::Privilege::Client {
         return Err(UsageError::Error(
             ErrorCode::AuthFailed,
-            "USAGE needs a node connection (HELLO with the cluster secret)".into(),
+            "USAGE needs a node or region connection (HELLO proving the cluster or region secret)"
+                .into(),
         ));
     }
     shared

@@ -1,16 +1,19 @@
 //! HELLO and node-to-node control on a client port: who may do what.
 //!
 //! HELLO's token sets the connection's privilege (`auth.rs`): a client
-//! token makes a client, the cluster secret a node. REPLICATE, PROMOTE,
-//! HANDOFF and a STATUS that announces a role change a node's role or its
-//! counters, so a client connection gets AuthFailed for them and nothing
-//! changes; operators promote through the admin API instead. A plain
-//! STATUS and REPL_ACK's misuse are answered like any other request.
+//! token makes a client; after a NODE_CHALLENGE, a proof of the cluster
+//! secret over its nonce makes a node, a proof of the region secret a
+//! region peer. REPLICATE, PROMOTE, HANDOFF and a STATUS that announces a
+//! role change a node's role or its counters, so a client or region
+//! connection gets AuthFailed for them and nothing changes; operators
+//! promote through the admin API instead. A region connection may send
+//! only USAGE and PING. A plain STATUS and REPL_ACK's misuse are answered
+//! like any other request.
 
 use super::{Connection, Flow, Replicate};
 use crate::server::auth::Privilege;
 use tollgate_protocol::{
-    ErrorCode, ReplRequest, ReplResponse, Request, RequestId, Response, PROTOCOL_VERSION,
+    ErrorCode, ReplRequest, ReplResponse, Request, RequestId, Response, NONCE_LEN, PROTOCOL_VERSION,
 };
 
 impl Connection {
@@ -25,10 +28,10 @@ impl Connection {
             ReplRequest::Status { announce: Some(_) } => Some("a STATUS announce"),
             ReplRequest::Status { announce: None } | ReplRequest::Ack { .. } => None,
         };
-        if let (Some(what), Privilege::Client) = (control, self.privilege) {
+        if let (Some(what), false) = (control, self.privilege == Privilege::Node) {
             tracing::warn!(
-                peer = %self.peer, client = %self.client_name, request = what,
-                "node-to-node request from a client connection refused"
+                peer = %self.peer, client = %self.client_name, request = what, privilege = ?self.privilege,
+                "node-to-node request from a client or region connection refused"
             );
             // Operators promote through the admin API (POST /v1/promote).
             let msg = format!("{what} needs a node connection (HELLO with the cluster secret)");
@@ -98,18 +101,29 @@ impl Connection {
     }
 
     pub(super) fn handshake(&mut self, id: RequestId, request: Request) -> Flow {
-        let Request::Hello {
-            version,
-            client_name,
-            auth_token,
-        } = request
-        else {
-            self.error(
-                id,
-                ErrorCode::HandshakeRequired,
-                "the first request must be HELLO",
-            );
-            return Flow::Close;
+        let (version, client_name, auth_token) = match request {
+            Request::Hello {
+                version,
+                client_name,
+                auth_token,
+            } => (version, client_name, auth_token),
+            Request::NodeChallenge if self.challenge.is_none() => return self.challenge(id),
+            Request::NodeChallenge => {
+                self.error(
+                    id,
+                    ErrorCode::HandshakeRequired,
+                    "one NODE_CHALLENGE per connection, then HELLO",
+                );
+                return Flow::Close;
+            }
+            _ => {
+                self.error(
+                    id,
+                    ErrorCode::HandshakeRequired,
+                    "the first request must be HELLO (or NODE_CHALLENGE, then HELLO)",
+                );
+                return Flow::Close;
+            }
         };
         if version != PROTOCOL_VERSION {
             let msg = format!(
@@ -119,17 +133,23 @@ impl Connection {
             return Flow::Close;
         }
         let given = auth_token.as_deref().unwrap_or_default();
-        let Some(privilege) = self.shared.auth.hello(given) else {
-            let failures = &self.shared.metrics.frontends.auth_failures;
-            failures.with_label_values(&["protocol"]).inc();
-            self.error(id, ErrorCode::AuthFailed, "missing or wrong auth token");
-            return Flow::Close;
+        let privilege = match self.shared.auth.handshake(given, self.challenge.as_ref()) {
+            Ok(privilege) => privilege,
+            Err(refusal) => {
+                let failures = &self.shared.metrics.frontends.auth_failures;
+                failures.with_label_values(&["protocol"]).inc();
+                // Debug, not info: a stream of bad HELLOs must not flood the log.
+                tracing::debug!(peer = %self.peer, %refusal, "HELLO refused");
+                self.error(id, ErrorCode::AuthFailed, &refusal.to_string());
+                return Flow::Close;
+            }
         };
         // The name goes into log lines: a newline in it must not start one.
         let client_name = crate::log_text::escape(&client_name).into_owned();
         tracing::debug!(peer = %self.peer, client = %client_name, ?privilege, "handshake done");
         self.ready = true;
         self.privilege = privilege;
+        self.owner = self.shared.retries.owner(privilege, given);
         self.client_name = client_name;
         let greeting = self.shared.node.greeting();
         let hello = Response::HelloOk {
@@ -141,5 +161,29 @@ impl Connection {
         };
         self.respond(id, &hello);
         Flow::Continue
+    }
+
+    /// NODE_CHALLENGE: a fresh nonce from the OS, which this connection's
+    /// HELLO must prove a node secret over (PROTOCOL.md §15). The
+    /// handshake timeout still runs from the connection's start.
+    fn challenge(&mut self, id: RequestId) -> Flow {
+        let mut nonce = [0u8; NONCE_LEN];
+        if let Err(e) = getrandom::fill(&mut nonce) {
+            tracing::error!(peer = %self.peer, error = %e, "no randomness for a challenge");
+            self.error(id, ErrorCode::Internal, "no randomness for a challenge");
+            return Flow::Close;
+        }
+        self.challenge = Some(nonce);
+        self.respond(id, &Response::Challenge { nonce });
+        Flow::Continue
+    }
+
+    /// Whether a region connection may send `request`: USAGE and PING
+    /// only (a second HELLO is answered as on any connection).
+    pub(super) fn region_may(request: &Request) -> bool {
+        matches!(
+            request,
+            Request::Usage(_) | Request::Ping | Request::Hello { .. }
+        )
     }
 }

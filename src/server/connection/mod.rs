@@ -20,10 +20,12 @@
 //! ends this task and hands the socket, with whatever was read past the
 //! REPLICATE, to the node.
 //!
-//! Privilege: HELLO's token makes the connection a client or a node
-//! (`auth.rs`). Node-to-node control (REPLICATE, PROMOTE, a STATUS that
-//! announces a role) from a client connection is answered AuthFailed and
-//! changes nothing; the connection stays open for what a client may do
+//! Privilege: HELLO's token makes the connection a client, or, proving a
+//! node secret over the connection's NODE_CHALLENGE, a node or a region
+//! peer (`auth.rs`). Node-to-node control (REPLICATE, PROMOTE, HANDOFF, a
+//! STATUS that announces a role) from a client or region connection is
+//! answered AuthFailed and changes nothing; the connection stays open for
+//! what it may do; a region connection may send only USAGE and PING
 //! (`control.rs`).
 //! TLS, when the port speaks it, is negotiated before the first byte of
 //! the protocol, within the handshake timeout.
@@ -125,6 +127,12 @@ struct Connection {
     privilege: Privilege,
     /// The region this connection's USAGE speaks for, once one applied.
     usage_region: Option<String>,
+    /// Whom this connection's remembered CHECK2 answers belong to (what
+    /// its HELLO authenticated with).
+    owner: crate::server::dedup::Owner,
+    /// The nonce of this connection's NODE_CHALLENGE, which its HELLO must
+    /// prove a node secret over.
+    challenge: Option<[u8; tollgate_protocol::NONCE_LEN]>,
     client_name: String,
     /// When the partial frame now in `rbuf` started arriving.
     partial_since: Option<Instant>,
@@ -165,6 +173,8 @@ pub(super) async fn serve(
         ready: false,
         privilege: Privilege::Client,
         usage_region: None,
+        challenge: None,
+        owner: Default::default(),
         client_name: String::new(),
         partial_since: None,
         replicate: None,
@@ -404,6 +414,11 @@ impl Connection {
         if !self.ready {
             return self.handshake(id, request);
         }
+        if self.privilege == Privilege::Region && !Self::region_may(&request) {
+            let msg = "a region connection (region secret) may send only USAGE and PING";
+            self.error(id, ErrorCode::AuthFailed, msg);
+            return Flow::Continue;
+        }
         let shared = &*self.shared;
         let access = match &request {
             Request::Check(_)
@@ -429,7 +444,7 @@ impl Connection {
             return Flow::Continue;
         }
         let encoded = match request {
-            Request::Hello { .. } => {
+            Request::Hello { .. } | Request::NodeChallenge => {
                 self.error(
                     id,
                     ErrorCode::Malformed,
@@ -466,6 +481,7 @@ impl Connection {
                 shared,
                 id,
                 &batch,
+                self.owner,
                 self.rbuf.buf.len(),
                 &gate,
                 &mut self.wbuf,
