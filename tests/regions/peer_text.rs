@@ -39,6 +39,10 @@ async fn hostile_peer(listener: TcpListener) {
                 Err(e) => panic!("{e}"),
             };
             let answer = match request {
+                // Any nonce will do: this peer checks no proof.
+                Request::NodeChallenge => Response::Challenge {
+                    nonce: [7; tollgate_protocol::NONCE_LEN],
+                },
                 Request::Hello { .. } => Response::HelloOk {
                     version: PROTOCOL_VERSION,
                     role: Role::Primary,

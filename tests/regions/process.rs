@@ -62,7 +62,10 @@ pub fn sock(addr: &str) -> SocketAddr {
 /// A connection that proved the cluster secret, as a peer region's.
 pub async fn as_node(addr: &str) -> RawConn {
     let mut c = RawConn::connect(sock(addr)).await;
-    match c.hello(Some(CLUSTER_SECRET)).await {
+    match c
+        .node_hello(CLUSTER_SECRET, tollgate_protocol::NodeScope::Cluster)
+        .await
+    {
         Some(Response::HelloOk { .. }) => c,
         other => panic!("HELLO: {other:?}"),
     }

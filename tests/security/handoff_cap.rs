@@ -55,9 +55,12 @@ fn records(f: usize) -> Vec<Record> {
 /// Sends every frame as a node; the answers, in order.
 async fn hand_over(node: &Node) -> Vec<Response> {
     let mut c = RawConn::connect(node.addr.parse().unwrap()).await;
-    match c.hello(Some(CLUSTER_SECRET)).await {
+    match c
+        .node_hello(CLUSTER_SECRET, tollgate_protocol::NodeScope::Cluster)
+        .await
+    {
         Some(Response::HelloOk { .. }) => {}
-        other => panic!("HELLO with the cluster secret: {other:?}"),
+        other => panic!("HELLO proving the cluster secret: {other:?}"),
     }
     let mut answers = Vec::new();
     for f in 0..FRAMES {
