@@ -23,9 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Accepts connections on `listener` until `shutdown`; hands each one
 /// admitted (with its place) to `serve`, and refuses the others with
-/// `answer`. Only protocol connections may be shed to make room: a shed
-/// connection must be told why, which only the protocol port can say
-/// mid-connection (ERROR TooManyConnections).
+/// `answer`. Protocol connections (told ERROR TooManyConnections) and
+/// Envoy ones (closed: Envoy reconnects when it next needs the service)
+/// may be shed to make room; RESP ones are not.
 pub(super) async fn accept_loop<F, Fut>(
     listener: TcpListener,
     admission: Arc<Admission>,
@@ -55,8 +55,8 @@ pub(super) async fn accept_loop<F, Fut>(
         };
         backoff = Duration::from_millis(5);
         let admitted = match answer {
-            Answer::Protocol => admission.admit(peer.ip()),
-            Answer::Resp | Answer::Close => admission.admit_unshed(peer.ip()),
+            Answer::Protocol | Answer::Close => admission.admit(peer.ip()),
+            Answer::Resp => admission.admit_unshed(peer.ip()),
         };
         match admitted {
             Ok(ticket) => serve(stream, peer, ticket).await,
@@ -104,6 +104,9 @@ pub(crate) struct FrontendMetrics {
     pub resp_commands: Vec<IntCounter>,
     /// The same for any other command (refused).
     pub resp_other: IntCounter,
+    /// `tollgate_auth_failures_total{port}`: requests refused for a
+    /// missing or wrong client token, by port (protocol, resp, envoy).
+    pub auth_failures: IntCounterVec,
 }
 
 impl FrontendMetrics {
@@ -134,6 +137,14 @@ impl FrontendMetrics {
         registry.register(Box::new(checks.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(resp_commands.clone()))?;
+        let auth_failures = IntCounterVec::new(
+            Opts::new(
+                "tollgate_auth_failures_total",
+                "Requests refused for a missing or wrong token, by port.",
+            ),
+            &["port"],
+        )?;
+        registry.register(Box::new(auth_failures.clone()))?;
         let counters = |f: Frontend| FrontendCounters {
             allowed: checks.with_label_values(&[f.name(), "allowed"]),
             denied: checks.with_label_values(&[f.name(), "denied"]),
@@ -148,6 +159,7 @@ impl FrontendMetrics {
                 .iter()
                 .map(|c| resp_commands.with_label_values(&[c]))
                 .collect(),
+            auth_failures,
         })
     }
 }

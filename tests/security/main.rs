@@ -12,6 +12,8 @@ mod certs;
 mod cli;
 mod client_tls;
 mod connections;
+#[cfg(feature = "envoy")]
+mod envoy;
 mod hostile_io;
 mod process;
 mod protected;

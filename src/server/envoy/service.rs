@@ -40,9 +40,11 @@ use std::sync::Arc;
 use tollgate_protocol::{Algorithm, CheckResult, Decision, Limit, LimitRef, Pair, RuleName};
 use tonic::{Request, Response, Status};
 
-/// The service, on the server's shared state.
-pub(super) fn server(shared: Arc<Shared>) -> RateLimitServiceServer<Rls> {
-    RateLimitServiceServer::new(Rls { shared })
+/// The service, on the server's shared state; it reads messages of at
+/// most `max_message` bytes (a longer one is refused from its length
+/// prefix, before its body is read).
+pub(super) fn server(shared: Arc<Shared>, max_message: usize) -> RateLimitServiceServer<Rls> {
+    RateLimitServiceServer::new(Rls { shared }).max_decoding_message_size(max_message)
 }
 
 pub(super) struct Rls {
@@ -64,8 +66,8 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        // The token was checked on the headers (gate.rs).
         let shared = &self.shared;
-        authorize(shared, request.metadata())?;
         if let Err(refusal) = shared.node.admit(Access::Write) {
             return Err(Status::unavailable(refusal.to_string()));
         }
@@ -114,23 +116,6 @@ impl RateLimitService for Rls {
             response_headers_to_add: tightest.map(headers).unwrap_or_default(),
             ..Default::default()
         }))
-    }
-}
-
-/// Client tokens as `authorization: Bearer TOKEN` metadata (any call
-/// passes when the server has none).
-fn authorize(shared: &Shared, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
-    if shared.auth.hello(b"").is_some() {
-        return Ok(());
-    }
-    let token = metadata
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| Status::unauthenticated("authorization: Bearer TOKEN is required"))?;
-    match shared.auth.hello(token.trim().as_bytes()) {
-        Some(_) => Ok(()),
-        None => Err(Status::unauthenticated("the token is not a client token")),
     }
 }
 
