@@ -151,6 +151,12 @@ pub enum ConfigError {
         len: usize,
         max: usize,
     },
+    #[error("--{name} is {len} bytes: a client token or cluster secret must be at least {min} bytes, so it cannot be guessed. Generate one, e.g. `openssl rand -hex 32`")]
+    SecretTooShort {
+        name: &'static str,
+        len: usize,
+        min: usize,
+    },
     #[error("--{next} is the second secret accepted during a rotation: it needs --{current}")]
     NextWithoutCurrent {
         next: &'static str,

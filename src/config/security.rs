@@ -25,6 +25,10 @@ use std::time::Duration;
 pub const DEFAULT_TLS_POLL: &str = "5s";
 /// HELLO's `token_len` is one byte.
 pub const MAX_SECRET_LEN: usize = 255;
+/// Shortest client token or cluster secret accepted: 16 bytes (128 bits
+/// when random) cannot be guessed by trying, the more so as a wrong token
+/// closes the connection.
+pub const MIN_SECRET_LEN: usize = 16;
 
 /// Secrets: what clients, other nodes and operators must present.
 #[derive(Debug, Clone, Default, Args, Serialize)]
@@ -184,17 +188,7 @@ impl ServerConfig {
             ("admin-token", &auth.admin_token),
             ("admin-token-next", &auth.admin_token_next),
         ];
-        for (name, secret) in secrets {
-            if let Some(s) = secret {
-                if s.is_empty() || s.len() > MAX_SECRET_LEN {
-                    return Err(ConfigError::SecretLength {
-                        name,
-                        len: s.len(),
-                        max: MAX_SECRET_LEN,
-                    });
-                }
-            }
-        }
+        secret_lengths(&secrets)?;
         for (next, current, has_current) in [
             ("auth-token-next", "auth-token", auth.auth_token.is_some()),
             (
@@ -262,4 +256,29 @@ impl ServerConfig {
         }
         Ok(())
     }
+}
+
+/// Every secret fits HELLO (1 to 255 bytes); client tokens and cluster
+/// secrets (the first four) are at least [`MIN_SECRET_LEN`]. The admin
+/// token is not held to the minimum: it guards a loopback port by
+/// default, and operators type it.
+fn secret_lengths(secrets: &[(&'static str, &Option<String>); 6]) -> Result<(), ConfigError> {
+    for (i, (name, secret)) in secrets.iter().enumerate() {
+        let Some(s) = secret else { continue };
+        if s.is_empty() || s.len() > MAX_SECRET_LEN {
+            return Err(ConfigError::SecretLength {
+                name,
+                len: s.len(),
+                max: MAX_SECRET_LEN,
+            });
+        }
+        if i < 4 && s.len() < MIN_SECRET_LEN {
+            return Err(ConfigError::SecretTooShort {
+                name,
+                len: s.len(),
+                min: MIN_SECRET_LEN,
+            });
+        }
+    }
+    Ok(())
 }
