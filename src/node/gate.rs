@@ -56,6 +56,20 @@ impl Gate<'_> {
         }
     }
 
+    /// Rules 1 to 3 for a request of `keys` that is served whole or not
+    /// at all (a front end's call: a key whose slot is moving makes the
+    /// whole call TryAgain, as RESET does).
+    pub fn screen_keys<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Result<(), Refusal> {
+        match self {
+            #[cfg(feature = "cluster")]
+            Self::Slots(gate) => gate.screen(keys, true),
+            _ => {
+                let _ = keys;
+                Ok(())
+            }
+        }
+    }
+
     /// Rule 3: whether a check whose first key is `key` is answered
     /// TryAgain on its own (its slot is moving).
     pub fn moving(&self, key: &[u8]) -> bool {

@@ -15,6 +15,8 @@ mod chaos;
 mod checker;
 mod client;
 mod control;
+#[cfg(feature = "envoy")]
+mod envoy;
 mod etcd;
 mod faults;
 mod moves;
@@ -25,6 +27,10 @@ mod procs;
 #[allow(dead_code)] // `sever` is for the replication tests
 #[path = "../replication/proxy.rs"]
 mod proxy;
+#[cfg(feature = "envoy")]
+#[allow(dead_code)] // some helpers are for the security tests
+#[path = "../common/rls.rs"]
+mod rls;
 mod router;
 mod routing;
 mod support;

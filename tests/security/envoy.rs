@@ -6,7 +6,8 @@
 use crate::at_scale::{raise_fd_limit, Server, KIB, MIB};
 use crate::common::{allowed, tb, RawConn, PATIENCE};
 use crate::harness::{eventually, free_addr};
-use bytes::{Bytes, BytesMut};
+use crate::rls::{call, h2_client, message, request, OK, OUT_OF_RANGE, UNAUTHENTICATED};
+use bytes::Bytes;
 use h2::client::SendRequest;
 use std::net::SocketAddr;
 use tokio::io::AsyncReadExt;
@@ -16,10 +17,6 @@ use tollgate_protocol::{ErrorCode, Request, Response, PROTOCOL_VERSION};
 
 /// The server's client token (and the protocol port's).
 const TOKEN: &str = "envoy-client-token-0123456789";
-const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
-/// gRPC status codes.
-const UNAUTHENTICATED: u32 = 16;
-const OK: u32 = 0;
 /// Connections opened at once (below the listen backlog of 1024).
 const WAVE: usize = 500;
 /// `--envoy-max-message`'s default: also each connection's HTTP/2 window.
@@ -57,85 +54,14 @@ impl Rls {
     }
 }
 
-/// An HTTP/2 connection to `addr` (None: refused).
-async fn h2_client(addr: SocketAddr) -> Option<SendRequest<Bytes>> {
-    let tcp = TcpStream::connect(addr).await.ok()?;
-    let (send, conn) = h2::client::handshake(tcp).await.ok()?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Some(send)
-}
-
-/// The headers of a ShouldRateLimit call.
-fn request(addr: SocketAddr, token: Option<&str>) -> hyper::Request<()> {
-    let mut r = hyper::Request::builder()
-        .method("POST")
-        .uri(format!("http://{addr}{PATH}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers");
-    if let Some(token) = token {
-        r = r.header("authorization", format!("Bearer {token}"));
-    }
-    r.body(()).unwrap()
-}
-
-/// A protobuf length-delimited field (every length here is under 128).
-fn field(number: u8, bytes: &[u8]) -> Vec<u8> {
-    assert!(bytes.len() < 128);
-    let mut out = vec![(number << 3) | 2, bytes.len() as u8];
-    out.extend_from_slice(bytes);
-    out
-}
-
-/// A ShouldRateLimit request of one descriptor (`key=value`) limited by
-/// an override of 10 per minute, as a gRPC message (length-prefixed).
-fn message(domain: &str, key: &str, value: &str) -> Bytes {
-    let entry = [field(1, key.as_bytes()), field(2, value.as_bytes())].concat();
-    let limit = [0x08, 10, 0x10, 2]; // requests_per_unit 10, unit MINUTE
-    let descriptor = [field(1, &entry), field(2, &limit)].concat();
-    let request = [field(1, domain.as_bytes()), field(2, &descriptor)].concat();
-    let mut framed = vec![0];
-    framed.extend_from_slice(&(request.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&request);
-    Bytes::from(framed)
-}
-
-/// One call: its grpc-status and response body.
-async fn call(
-    send: &SendRequest<Bytes>,
-    addr: SocketAddr,
-    token: Option<&str>,
-    body: Bytes,
-) -> Result<(u32, Bytes), h2::Error> {
-    let mut send = send.clone().ready().await?;
-    let (response, mut stream) = send.send_request(request(addr, token), false)?;
-    stream.send_data(body, true)?;
-    let (parts, mut body) = response.await?.into_parts();
-    let mut data = BytesMut::new();
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk?;
-        let _ = body.flow_control().release_capacity(chunk.len());
-        data.extend_from_slice(&chunk);
-    }
-    let trailers = body.trailers().await?.unwrap_or_default();
-    let status = parts
-        .headers
-        .get("grpc-status")
-        .or_else(|| trailers.get("grpc-status"))
-        .and_then(|v| v.to_str().ok()?.parse().ok())
-        .expect("a grpc-status");
-    Ok((status, data.freeze()))
-}
-
 /// A valid call on a new connection is answered OK (overall_code OK:
 /// the response message starts with field 1 = 1).
 async fn answers_a_valid_call(addr: SocketAddr) -> Option<()> {
     let send = h2_client(addr).await?;
     let call = call(&send, addr, Some(TOKEN), message("edge", "user", "u1"));
-    let (status, body) = tokio::time::timeout(PATIENCE, call).await.ok()?.ok()?;
-    assert_eq!(status, OK, "{body:?}");
-    assert_eq!(body.get(5..7), Some(&[0x08, 0x01][..]), "{body:?}");
+    let answer = tokio::time::timeout(PATIENCE, call).await.ok()?.ok()?;
+    assert_eq!(answer.status, OK, "{answer:?}");
+    assert_eq!(answer.body.get(5..7), Some(&[0x08, 0x01][..]), "{answer:?}");
     Some(())
 }
 
@@ -297,14 +223,14 @@ async fn two_thousand_unauthenticated_partial_4mib_calls_keep_the_rls_port_bound
     let mut prefix = vec![0];
     prefix.extend_from_slice(&(4 * MIB as u32).to_be_bytes());
     prefix.extend_from_slice(&ZEROS[..16 * KIB as usize]);
-    let (status, _) = tokio::time::timeout(
+    let answer = tokio::time::timeout(
         PATIENCE,
         call(&send, rls.envoy, Some(TOKEN), Bytes::from(prefix)),
     )
     .await
     .expect("refused, not waited for")
     .unwrap();
-    assert_eq!(status, 11, "OUT_OF_RANGE");
+    assert_eq!(answer.status, OUT_OF_RANGE, "{answer:?}");
     drop(held);
 }
 
@@ -402,19 +328,19 @@ async fn wrong_tokens_close_the_rls_connection_and_are_counted() {
     let bad = h2_client(addr).await.unwrap();
     let wrong = Some("not-the-client-token-0123");
     for (i, token) in [wrong, None].into_iter().enumerate() {
-        let (status, _) = call(&bad, addr, token, message("edge", "user", "u2"))
+        let answer = call(&bad, addr, token, message("edge", "user", "u2"))
             .await
             .unwrap_or_else(|e| panic!("refusal {i} answered: {e}"));
-        assert_eq!(status, UNAUTHENTICATED);
-        let (status, _) = call(&good, addr, Some(TOKEN), message("edge", "user", "u3"))
+        assert_eq!(answer.status, UNAUTHENTICATED);
+        let answer = call(&good, addr, Some(TOKEN), message("edge", "user", "u3"))
             .await
             .unwrap();
-        assert_eq!(status, OK);
+        assert_eq!(answer.status, OK);
     }
     // The third closes the connection (its answer may or may not arrive
     // first); a fourth finds it closed.
     let third = call(&bad, addr, wrong, message("edge", "user", "u2")).await;
-    assert!(third.as_ref().is_err() || third.as_ref().unwrap().0 == UNAUTHENTICATED);
+    assert!(third.as_ref().is_err() || third.as_ref().unwrap().status == UNAUTHENTICATED);
     let fourth = tokio::time::timeout(PATIENCE, async {
         call(&bad, addr, Some(TOKEN), message("edge", "user", "u2")).await
     })
@@ -422,8 +348,8 @@ async fn wrong_tokens_close_the_rls_connection_and_are_counted() {
     .expect("the closed connection fails at once");
     assert!(fourth.is_err(), "served after 3 refused tokens: {fourth:?}");
     assert_eq!(rls.auth_failures().await, 3.0);
-    let (status, _) = call(&good, addr, Some(TOKEN), message("edge", "user", "u3"))
+    let answer = call(&good, addr, Some(TOKEN), message("edge", "user", "u3"))
         .await
         .unwrap();
-    assert_eq!(status, OK);
+    assert_eq!(answer.status, OK);
 }

@@ -17,6 +17,10 @@ mod envoy;
 mod hostile_io;
 mod process;
 mod protected;
+#[cfg(feature = "envoy")]
+#[allow(dead_code)] // some helpers are for the cluster tests
+#[path = "../common/rls.rs"]
+mod rls;
 mod spec;
 mod spoofing;
 mod tls;

@@ -5,8 +5,10 @@
 //! ```text
 //!  accept -> admission (a place of --max-connections, shared with the
 //!   protocol port; when full: closed) -> TLS (HTTP/2 by ALPN)
-//!   -> tonic (HTTP/2) -> ShouldRateLimit -> service.rs: each descriptor
-//!      to a named rule -> check::check_one -> statuses + x-ratelimit-*
+//!   -> tonic (HTTP/2) -> gate.rs (token, on the headers)
+//!   -> ShouldRateLimit -> service.rs: keys screened by the node (route.rs:
+//!      cluster mode's MOVED/TryAgain), each descriptor to a named rule
+//!      -> check::check_one -> statuses + x-ratelimit-*
 //! ```
 //!
 //! Invariants:
@@ -29,6 +31,7 @@
 
 mod conn;
 mod gate;
+mod route;
 mod service;
 
 use super::admission::{Admission, Answer};
@@ -134,7 +137,7 @@ pub(super) async fn serve(
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
     let grpc = grpc_server(&shared)
         .add_service(InterceptedService::new(
-            service::server(shared.clone(), shared.frontends.envoy_max_message),
+            service::server(shared.clone(), port, shared.frontends.envoy_max_message),
             gate::Gate::new(shared.clone()),
         ))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled());
