@@ -59,6 +59,7 @@ impl Gate<'_> {
     /// Rules 1 to 3 for a request of `keys` that is served whole or not
     /// at all (a front end's call: a key whose slot is moving makes the
     /// whole call TryAgain, as RESET does).
+    #[cfg_attr(not(feature = "envoy"), allow(dead_code))]
     pub fn screen_keys<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Result<(), Refusal> {
         match self {
             #[cfg(feature = "cluster")]
