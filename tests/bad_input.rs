@@ -204,7 +204,8 @@ async fn impossible_limits_and_costs_are_per_check_errors() {
 
 #[tokio::test]
 async fn handshake_failures_close_the_connection() {
-    let server = TestServer::start_with(|c| c.auth.auth_token = Some("s3cret".into())).await;
+    let server =
+        TestServer::start_with(|c| c.auth.auth_token = Some("s3cret-client-token".into())).await;
 
     let hello = |version, token: Option<&str>| Request::Hello {
         version,
@@ -213,7 +214,7 @@ async fn handshake_failures_close_the_connection() {
     };
     // Wrong version.
     let mut c = RawConn::connect(server.addr).await;
-    c.send(1, &hello(PROTOCOL_VERSION + 1, Some("s3cret")))
+    c.send(1, &hello(PROTOCOL_VERSION + 1, Some("s3cret-client-token")))
         .await;
     assert_eq!(error_code(&c.recv().await), ErrorCode::UnsupportedVersion);
     c.expect_closed().await;
@@ -236,7 +237,8 @@ async fn handshake_failures_close_the_connection() {
     assert!(server.store.is_empty());
     // The right token works.
     let mut c = RawConn::connect(server.addr).await;
-    c.send(1, &hello(PROTOCOL_VERSION, Some("s3cret"))).await;
+    c.send(1, &hello(PROTOCOL_VERSION, Some("s3cret-client-token")))
+        .await;
     assert!(matches!(c.recv().await, (1, Response::HelloOk { .. })));
     server.stop().await;
 }

@@ -97,10 +97,21 @@ pub(super) async fn run(
         .as_ref()
         .and_then(|l| l.local_addr().ok())
         .map_or_else(|| "none".to_owned(), |a| a.to_string());
-    let Ok(resp) = bind_frontend(config.frontends.resp, "RESP front end").await else {
+    let Ok(resp) = bind_frontend(
+        config.frontends.resp,
+        config.network.backlog,
+        "RESP front end",
+    )
+    .await
+    else {
         return ExitCode::from(2);
     };
-    let Ok(envoy) = bind_frontend(config.frontends.envoy_rls, "Envoy rate limit service").await
+    let Ok(envoy) = bind_frontend(
+        config.frontends.envoy_rls,
+        config.network.backlog,
+        "Envoy rate limit service",
+    )
+    .await
     else {
         return ExitCode::from(2);
     };
@@ -242,10 +253,13 @@ async fn join_cluster(
 /// when it cannot listen.
 async fn bind_frontend(
     at: Option<std::net::SocketAddr>,
+    backlog: u32,
     what: &str,
 ) -> Result<Option<tokio::net::TcpListener>, ()> {
     let Some(at) = at else { return Ok(None) };
-    match tokio::net::TcpListener::bind(at).await {
+    // With --backlog, as the protocol port: tokio's own bind asks for 128,
+    // and a burst of new connections past it waits on SYN-ACK retries.
+    match crate::server::bind(at, backlog) {
         Ok(l) => Ok(Some(l)),
         Err(e) => {
             tracing::error!(addr = %at, error = %e, "cannot listen for the {what}");

@@ -27,6 +27,17 @@ pub const MIN_RESP_MULTI_BYTES: usize = 4 * 1024;
 /// Shortest longest-argument a RESP command may always carry, whatever
 /// `--max-key-len` says: an AUTH password (255 bytes), a client name.
 pub const MIN_RESP_ARG_LEN: usize = 512;
+/// Default `--envoy-max-message`: a ShouldRateLimit request is a domain
+/// and a few descriptors, hundreds of bytes; 64 KiB leaves room for
+/// `--max-batch` descriptors of long values.
+pub const DEFAULT_ENVOY_MAX_MESSAGE: &str = "64KiB";
+/// Bounds of `--envoy-max-message`: at least one HTTP/2 frame (16 KiB, the
+/// smallest window that lets a frame through), at most 4 MiB (tonic's own
+/// default, the size this bound replaces).
+pub const ENVOY_MAX_MESSAGE_RANGE: (usize, usize) = (16 << 10, 4 << 20);
+/// Default `--envoy-max-streams`: calls in flight on one Envoy connection
+/// (Envoy opens another connection when a server's limit is reached).
+pub const DEFAULT_ENVOY_MAX_STREAMS: u32 = 256;
 
 /// The drop-in front ends.
 #[derive(Debug, Clone, Args, Serialize)]
@@ -60,6 +71,18 @@ pub struct FrontendSettings {
     /// (off unless set; needs a build with the cargo feature `envoy`).
     #[arg(long, value_name = "ADDR")]
     pub envoy_rls: Option<SocketAddr>,
+
+    /// Largest ShouldRateLimit request the Envoy front end reads, e.g.
+    /// `64KiB` (16 KiB to 4 MiB). It is also the HTTP/2 flow-control window
+    /// of each call and of each connection: a connection holds at most this
+    /// much request data the server has not read.
+    #[arg(long, default_value = DEFAULT_ENVOY_MAX_MESSAGE, value_parser = parse_bytes)]
+    pub envoy_max_message: usize,
+
+    /// Most calls in flight at once on one Envoy connection (HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, default_value_t = DEFAULT_ENVOY_MAX_STREAMS)]
+    pub envoy_max_streams: u32,
 }
 
 impl FrontendSettings {
@@ -86,6 +109,18 @@ impl FrontendSettings {
             window.as_millis() as u64,
             crate::algorithm::MAX_PERIOD_MS,
         )?;
+        let (min, max) = ENVOY_MAX_MESSAGE_RANGE;
+        at_least(
+            "envoy-max-message",
+            self.envoy_max_message as u64,
+            min as u64,
+        )?;
+        at_most(
+            "envoy-max-message",
+            self.envoy_max_message as u64,
+            max as u64,
+        )?;
+        at_least("envoy-max-streams", self.envoy_max_streams.into(), 1)?;
         if self.envoy_rls.is_some() && !cfg!(feature = "envoy") {
             return Err(ConfigError::NotBuiltIn {
                 flag: "envoy-rls",

@@ -155,6 +155,12 @@ pub enum ConfigError {
     },
     #[error("--region-secret must differ from the cluster secrets and the client tokens: a region peer holding it may send USAGE only")]
     RegionSecretReused,
+    #[error("--{name} is {len} bytes: a client token or node secret must be at least {min} bytes, so it cannot be guessed. Generate one, e.g. `openssl rand -hex 32`")]
+    SecretTooShort {
+        name: &'static str,
+        len: usize,
+        min: usize,
+    },
     #[error("--{next} is the second secret accepted during a rotation: it needs --{current}")]
     NextWithoutCurrent {
         next: &'static str,

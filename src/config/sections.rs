@@ -94,7 +94,8 @@ pub struct NetworkSettings {
     #[arg(long, default_value = DEFAULT_MAX_CONNECTION_MEMORY, value_parser = parse_bytes)]
     pub max_connection_memory: usize,
 
-    /// Close a connection that sends nothing for this long.
+    /// Close a connection that sends nothing for this long (Envoy RLS: that
+    /// makes no authorized call).
     #[arg(long, default_value = DEFAULT_IDLE_TIMEOUT, value_parser = parse_duration)]
     #[serde(serialize_with = "human")]
     pub idle_timeout: Duration,
@@ -104,7 +105,8 @@ pub struct NetworkSettings {
     #[serde(serialize_with = "human")]
     pub frame_timeout: Duration,
 
-    /// Close a connection that has not sent HELLO within this.
+    /// Close a connection that has not sent HELLO within this (Envoy RLS:
+    /// its first authorized call).
     #[arg(long, default_value = DEFAULT_HANDSHAKE_TIMEOUT, value_parser = parse_duration)]
     #[serde(serialize_with = "human")]
     pub handshake_timeout: Duration,

@@ -25,6 +25,10 @@ use std::time::Duration;
 pub const DEFAULT_TLS_POLL: &str = "5s";
 /// HELLO's `token_len` is one byte.
 pub const MAX_SECRET_LEN: usize = 255;
+/// Shortest client token or cluster secret accepted: 16 bytes (128 bits
+/// when random) cannot be guessed by trying, the more so as a wrong token
+/// closes the connection.
+pub const MIN_SECRET_LEN: usize = 16;
 
 /// Secrets: what clients, other nodes and operators must present.
 #[derive(Debug, Clone, Default, Args, Serialize)]
@@ -185,26 +189,19 @@ impl ServerConfig {
     /// The security rules of the module docs, protected mode included.
     pub(super) fn validate_security(&self) -> Result<(), ConfigError> {
         let auth = &self.auth;
+        // Client tokens and node secrets open the check path or a node's
+        // control to the network: held to MIN_SECRET_LEN. The admin token is
+        // not (an operator's, usually behind a loopback or private port).
         let secrets = [
-            ("auth-token", &auth.auth_token),
-            ("auth-token-next", &auth.auth_token_next),
-            ("cluster-secret", &auth.cluster_secret),
-            ("cluster-secret-next", &auth.cluster_secret_next),
-            ("admin-token", &auth.admin_token),
-            ("admin-token-next", &auth.admin_token_next),
-            ("region-secret", &auth.region_secret),
+            ("auth-token", &auth.auth_token, true),
+            ("auth-token-next", &auth.auth_token_next, true),
+            ("cluster-secret", &auth.cluster_secret, true),
+            ("cluster-secret-next", &auth.cluster_secret_next, true),
+            ("region-secret", &auth.region_secret, true),
+            ("admin-token", &auth.admin_token, false),
+            ("admin-token-next", &auth.admin_token_next, false),
         ];
-        for (name, secret) in secrets {
-            if let Some(s) = secret {
-                if s.is_empty() || s.len() > MAX_SECRET_LEN {
-                    return Err(ConfigError::SecretLength {
-                        name,
-                        len: s.len(),
-                        max: MAX_SECRET_LEN,
-                    });
-                }
-            }
-        }
+        secret_lengths(&secrets)?;
         for (next, current, has_current) in [
             ("auth-token-next", "auth-token", auth.auth_token.is_some()),
             (
@@ -218,7 +215,7 @@ impl ServerConfig {
                 auth.admin_token.is_some(),
             ),
         ] {
-            let given = secrets.iter().any(|(n, s)| *n == next && s.is_some());
+            let given = secrets.iter().any(|(n, s, _)| *n == next && s.is_some());
             if given && !has_current {
                 return Err(ConfigError::NextWithoutCurrent { next, current });
             }
@@ -282,4 +279,29 @@ impl ServerConfig {
         }
         Ok(())
     }
+}
+
+/// Every secret fits HELLO (1 to 255 bytes); client tokens and cluster
+/// secrets (those marked) are at least [`MIN_SECRET_LEN`]. The admin
+/// token is not held to the minimum: it guards a loopback port by
+/// default, and operators type it.
+fn secret_lengths(secrets: &[(&'static str, &Option<String>, bool)]) -> Result<(), ConfigError> {
+    for &(name, secret, held_to_min) in secrets {
+        let Some(s) = secret else { continue };
+        if s.is_empty() || s.len() > MAX_SECRET_LEN {
+            return Err(ConfigError::SecretLength {
+                name,
+                len: s.len(),
+                max: MAX_SECRET_LEN,
+            });
+        }
+        if held_to_min && s.len() < MIN_SECRET_LEN {
+            return Err(ConfigError::SecretTooShort {
+                name,
+                len: s.len(),
+                min: MIN_SECRET_LEN,
+            });
+        }
+    }
+    Ok(())
 }

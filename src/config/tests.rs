@@ -117,7 +117,7 @@ fn cluster_mode_needs_its_three_settings_and_no_pair_settings() {
     #[cfg(feature = "cluster")]
     {
         assert_eq!(c.validate(), Err(ConfigError::ClusterWithoutSecret));
-        c.auth.cluster_secret = Some("cluster-secret".into());
+        c.auth.cluster_secret = Some("cluster-secret-for-tests".into());
         assert_eq!(c.validate(), Ok(()));
         let etcd = c.cluster.etcd_settings().unwrap();
         assert_eq!(etcd.lease_ttl, crate::cluster::DEFAULT_LEASE_TTL);
@@ -161,7 +161,7 @@ fn protected_mode_refuses_an_open_port_beyond_loopback() {
     }
     // A client token, or mTLS, or --insecure opens it.
     let mut c = open.clone();
-    c.auth.auth_token = Some("t".into());
+    c.auth.auth_token = Some("client-token-for-tests".into());
     c.validate().unwrap();
     let mut c = open.clone();
     c.tls.tls_cert = Some("c.pem".into());
@@ -173,7 +173,7 @@ fn protected_mode_refuses_an_open_port_beyond_loopback() {
     c.validate().unwrap();
     // The admin port needs its own token.
     let mut c = open.clone();
-    c.auth.auth_token = Some("t".into());
+    c.auth.auth_token = Some("client-token-for-tests".into());
     c.admin.listen = AdminAddr::On("[::]:7701".parse().unwrap());
     let err = c.validate().unwrap_err();
     assert!(err.to_string().contains("--admin-token"), "{err}");
@@ -209,10 +209,10 @@ fn pair_mode_needs_a_cluster_secret_distinct_from_client_tokens() {
     let mut insecure = c.clone();
     insecure.auth.insecure = true;
     insecure.validate().unwrap();
-    c.auth.cluster_secret = Some("s".into());
+    c.auth.cluster_secret = Some("cluster-secret-for-tests".into());
     c.validate().unwrap();
-    c.auth.auth_token = Some("t".into());
-    c.auth.auth_token_next = Some("s".into());
+    c.auth.auth_token = Some("client-token-for-tests".into());
+    c.auth.auth_token_next = Some("cluster-secret-for-tests".into());
     assert_eq!(c.validate(), Err(ConfigError::ClusterSecretIsAClientToken));
     c.auth.auth_token_next = None;
     c.validate().unwrap();
@@ -228,7 +228,7 @@ fn pair_mode_needs_a_cluster_secret_distinct_from_client_tokens() {
     c.auth.cluster_secret = Some(String::new());
     assert!(c.validate().is_err());
     c.auth.cluster_secret = None;
-    c.auth.cluster_secret_next = Some("n".into());
+    c.auth.cluster_secret_next = Some("next-cluster-secret-for-tests".into());
     assert!(matches!(
         c.validate(),
         Err(ConfigError::NextWithoutCurrent {
@@ -241,10 +241,15 @@ fn pair_mode_needs_a_cluster_secret_distinct_from_client_tokens() {
 #[test]
 fn the_region_secret_differs_from_the_other_secrets() {
     let mut c = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
-    c.auth.cluster_secret = Some("cluster".into());
-    c.auth.cluster_secret_next = Some("next".into());
-    c.auth.auth_token = Some("client".into());
-    for reused in ["cluster", "next", "client"] {
+    let (cluster, next, client) = (
+        "cluster-secret-of-tests",
+        "next-cluster-secret-of-tests",
+        "client-token-of-tests",
+    );
+    c.auth.cluster_secret = Some(cluster.into());
+    c.auth.cluster_secret_next = Some(next.into());
+    c.auth.auth_token = Some(client.into());
+    for reused in [cluster, next, client] {
         c.auth.region_secret = Some(reused.into());
         assert_eq!(
             c.validate(),
@@ -252,7 +257,7 @@ fn the_region_secret_differs_from_the_other_secrets() {
             "{reused}"
         );
     }
-    c.auth.region_secret = Some("region".into());
+    c.auth.region_secret = Some("region-secret-of-tests".into());
     c.validate().unwrap();
     c.auth.region_secret = Some("x".repeat(256));
     assert!(matches!(
@@ -281,7 +286,7 @@ fn tls_settings_come_whole() {
     let mut c = base.clone();
     c.tls.tls_cert = Some("c.pem".into());
     c.tls.tls_key = Some("k.pem".into());
-    c.auth.cluster_secret = Some("s".into());
+    c.auth.cluster_secret = Some("cluster-secret-for-tests".into());
     c.replication.replica_of = Some("127.0.0.1:7800".into());
     assert_eq!(c.validate(), Err(ConfigError::PairTlsWithoutCa));
     c.tls.tls_ca = Some("ca.pem".into());
@@ -324,7 +329,7 @@ fn region_settings_are_checked() {
     let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
     assert_eq!(base.regions.exchange_interval, Duration::from_millis(500));
     let mut c = base.clone();
-    c.auth.cluster_secret = Some("cluster-secret".into());
+    c.auth.cluster_secret = Some("cluster-secret-for-tests".into());
     c.regions.region = Some("eu".into());
     c.regions.region_peer = vec!["us=10.0.0.1:7700".into(), "ap=10.0.0.2:7700".into()];
     assert_eq!(c.validate(), Ok(()));
@@ -385,4 +390,58 @@ fn max_frame_takes_byte_units_and_refuses_what_a_u32_cannot_hold() {
     assert_eq!(parse("512KiB").unwrap(), 512 << 10);
     assert!(parse("4GiB").is_err());
     assert!(parse("1 parsec").is_err());
+}
+
+#[test]
+fn client_tokens_and_cluster_secrets_are_at_least_16_bytes() {
+    let base = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    let short = "fifteen-bytes!!".to_owned();
+    let long = "sixteen-bytes!!!".to_owned();
+    let mut c = base.clone();
+    c.auth.auth_token = Some(short.clone());
+    assert_eq!(
+        c.validate(),
+        Err(ConfigError::SecretTooShort {
+            name: "auth-token",
+            len: 15,
+            min: 16
+        })
+    );
+    c.auth.auth_token = Some(long.clone());
+    c.validate().unwrap();
+    c.auth.auth_token_next = Some(short.clone());
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::SecretTooShort {
+            name: "auth-token-next",
+            ..
+        })
+    ));
+    let mut c = base.clone();
+    c.auth.cluster_secret = Some(short.clone());
+    let err = c.validate().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ConfigError::SecretTooShort {
+                name: "cluster-secret",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("openssl rand"), "{err}");
+    let mut c = base.clone();
+    c.auth.region_secret = Some(short.clone());
+    assert!(matches!(
+        c.validate(),
+        Err(ConfigError::SecretTooShort {
+            name: "region-secret",
+            ..
+        })
+    ));
+    // The admin token guards a loopback port by default: not held to it.
+    let mut c = base.clone();
+    c.auth.admin_token = Some("adm1n".into());
+    c.validate().unwrap();
 }

@@ -56,9 +56,10 @@ impl Gate<'_> {
         }
     }
 
-    /// Rules 1 to 3 for a command of the drop-in front ends, which has
-    /// no per-check status to answer TryAgain with: a key whose slot is
-    /// moving refuses the whole command (TryAgain), as RESET's do.
+    /// Rules 1 to 3 for a command or call of the drop-in front ends,
+    /// served whole or not at all: it has no per-check status to answer
+    /// TryAgain with, so a key whose slot is moving refuses all of it
+    /// (TryAgain), as RESET does.
     pub fn screen_keys<'k>(&self, keys: impl Iterator<Item = &'k [u8]>) -> Result<(), Refusal> {
         match self {
             #[cfg(feature = "cluster")]

@@ -21,9 +21,10 @@
 //! - refusals are written by a bounded number of tasks
 //!   ([`MAX_REFUSING`]); past it a refused socket is just closed;
 //! - the drop-in front ends (RESP, Envoy) are admitted here too, so their
-//!   connections count toward both limits, but they are never shed (they
-//!   end on their own idle timeouts); each is refused in its own words
-//!   ([`Answer`]).
+//!   connections count toward both limits; an Envoy connection may be shed
+//!   like a protocol one (it counts as active when it makes an authorized
+//!   call), a RESP one is never shed (it ends on its idle timeout); each
+//!   is refused in its own words ([`Answer`]).
 
 use super::connection::secure;
 use super::Shared;

@@ -23,9 +23,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Accepts connections on `listener` until `shutdown`; hands each one
 /// admitted (with its place) to `serve`, and refuses the others with
-/// `answer`. Only protocol connections may be shed to make room: a shed
-/// connection must be told why, which only the protocol port can say
-/// mid-connection (ERROR TooManyConnections).
+/// `answer`. Protocol connections (told ERROR TooManyConnections) and
+/// Envoy ones (closed: Envoy reconnects when it next needs the service)
+/// may be shed to make room; RESP ones are not.
 pub(super) async fn accept_loop<F, Fut>(
     listener: TcpListener,
     admission: Arc<Admission>,
@@ -55,8 +55,8 @@ pub(super) async fn accept_loop<F, Fut>(
         };
         backoff = Duration::from_millis(5);
         let admitted = match answer {
-            Answer::Protocol => admission.admit(peer.ip()),
-            Answer::Resp | Answer::Close => admission.admit_unshed(peer.ip()),
+            Answer::Protocol | Answer::Close => admission.admit(peer.ip()),
+            Answer::Resp => admission.admit_unshed(peer.ip()),
         };
         match admitted {
             Ok(ticket) => serve(stream, peer, ticket).await,

@@ -22,6 +22,8 @@ mod client;
 #[path = "../common/mod.rs"]
 mod common;
 mod control;
+#[cfg(feature = "envoy")]
+mod envoy;
 mod etcd;
 mod faults;
 mod moves;
@@ -33,6 +35,10 @@ mod procs;
 #[path = "../replication/proxy.rs"]
 mod proxy;
 mod resp;
+#[cfg(feature = "envoy")]
+#[allow(dead_code)] // some helpers are for the security tests
+#[path = "../common/rls.rs"]
+mod rls;
 mod router;
 mod routing;
 mod support;

@@ -63,6 +63,19 @@ impl Deployment {
         per_shard: usize,
         lease_flags: &[&str],
     ) -> Self {
+        Self::start_each(etcd, name, shards, per_shard, lease_flags, |_| Vec::new()).await
+    }
+
+    /// [`start_with`](Self::start_with), each node of shard `s` also given
+    /// the flags `extra(s)` returns (called once per node).
+    pub async fn start_each(
+        etcd: EtcdCluster,
+        name: &str,
+        shards: u16,
+        per_shard: usize,
+        lease_flags: &[&str],
+        mut extra: impl FnMut(u16) -> Vec<String>,
+    ) -> Self {
         let endpoints = etcd.endpoints().join(",");
         let (code, out, err) = tollgate(&[
             "cluster",
@@ -86,7 +99,11 @@ impl Deployment {
         // None per shard: the caller spawns them (with flags of its own).
         for shard in (0..shards).filter(|_| per_shard > 0) {
             let nodes = (0..per_shard)
-                .map(|_| deployment.spawn(shard, &[]))
+                .map(|_| {
+                    let extra = extra(shard);
+                    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                    deployment.spawn(shard, &extra)
+                })
                 .collect();
             deployment.nodes.push(nodes);
         }

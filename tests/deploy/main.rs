@@ -38,7 +38,10 @@ const STATEFULSET: &str = "deploy/kubernetes/statefulset.yaml";
 /// files require.
 fn operator_vars() -> BTreeMap<String, String> {
     BTreeMap::from([
-        ("TOLLGATE_AUTH_TOKEN".to_owned(), "stand-in".to_owned()),
+        (
+            "TOLLGATE_AUTH_TOKEN".to_owned(),
+            "client-token-stand-in".to_owned(),
+        ),
         (
             "TOLLGATE_ADMIN_TOKEN".to_owned(),
             "admin-stand-in".to_owned(),

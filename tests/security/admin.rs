@@ -113,13 +113,13 @@ async fn two_admin_tokens_work_during_a_rotation_and_metrics_may_be_open() {
 async fn an_operator_promotes_a_standby_through_the_admin_api() {
     let primary = TestServer::start_admin(|c| {
         guarded(c);
-        c.auth.cluster_secret = Some("secret".into());
+        c.auth.cluster_secret = Some("cluster-secret-for-admin-tests".into());
     })
     .await;
     let addr = primary.addr.to_string();
     let standby = TestServer::start_admin(|c| {
         guarded(c);
-        c.auth.cluster_secret = Some("secret".into());
+        c.auth.cluster_secret = Some("cluster-secret-for-admin-tests".into());
         c.replication.replica_of = Some(addr);
     })
     .await;

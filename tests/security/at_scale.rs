@@ -11,15 +11,15 @@ use std::process::{Command, Stdio};
 use tokio::task::JoinSet;
 use tollgate_protocol::{Request, Response};
 
-const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
+pub(crate) const KIB: u64 = 1 << 10;
+pub(crate) const MIB: u64 = 1 << 20;
 /// Connections opened at once: enough to finish in seconds, few enough
 /// that the listen backlog (1024) is never the limit.
 const WAVE: usize = 500;
 
 /// Raises this process's open-file soft limit to its hard limit (the
 /// server, spawned after, inherits it): `need` descriptors must fit.
-fn raise_fd_limit(need: u64) {
+pub(crate) fn raise_fd_limit(need: u64) {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -38,14 +38,14 @@ fn raise_fd_limit(need: u64) {
 }
 
 /// A `tollgate serve` process and its protocol and admin addresses.
-struct Server {
-    child: KillOnDrop,
-    addr: SocketAddr,
-    admin: SocketAddr,
+pub(crate) struct Server {
+    pub(crate) child: KillOnDrop,
+    pub(crate) addr: SocketAddr,
+    pub(crate) admin: SocketAddr,
 }
 
 impl Server {
-    async fn start(args: &[&str]) -> Self {
+    pub(crate) async fn start(args: &[&str]) -> Self {
         let (addr, admin) = (free_addr(), free_addr());
         let child = Command::new(BIN)
             .args(["serve", "--listen", &addr, "--admin", &admin])
@@ -69,7 +69,7 @@ impl Server {
     }
 
     /// The server process's resident set (VmRSS), in bytes.
-    fn rss(&self) -> u64 {
+    pub(crate) fn rss(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.0.id()))
             .expect("the server runs");
         let kib = status
@@ -82,7 +82,7 @@ impl Server {
         kib.parse::<u64>().unwrap() * KIB
     }
 
-    async fn metric(&self, name: &str) -> f64 {
+    pub(crate) async fn metric(&self, name: &str) -> f64 {
         let text = http(self.admin, "GET", "/metrics", None).await.text();
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))

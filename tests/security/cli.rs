@@ -25,19 +25,30 @@ fn tollgate(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
 fn the_cli_presents_the_client_and_admin_tokens() {
     let node = Node::start(
         &free_addr(),
-        &["--auth-token", "client-tok", "--admin-token", "admin-tok"],
+        &[
+            "--auth-token",
+            "client-token-for-cli",
+            "--admin-token",
+            "admin-tok",
+        ],
     );
     let server = node.addr.as_str();
     let (code, _, err) = tollgate(&["ping", "--server", server], &[]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("authentication failed"), "{err}");
     let (code, out, err) = tollgate(
-        &["ping", "--server", server, "--auth-token", "client-tok"],
+        &[
+            "ping",
+            "--server",
+            server,
+            "--auth-token",
+            "client-token-for-cli",
+        ],
         &[],
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("PONG"), "{out}");
-    let token = [("TOLLGATE_AUTH_TOKEN", "client-tok")];
+    let token = [("TOLLGATE_AUTH_TOKEN", "client-token-for-cli")];
     let (code, out, err) = tollgate(
         &[
             "check",

@@ -12,6 +12,8 @@ mod certs;
 mod cli;
 mod client_tls;
 mod connections;
+#[cfg(feature = "envoy")]
+mod envoy;
 #[cfg(feature = "events")]
 mod events;
 mod handoff_cap;
@@ -20,6 +22,10 @@ mod node_auth;
 mod process;
 mod protected;
 mod resp_hostile;
+#[cfg(feature = "envoy")]
+#[allow(dead_code)] // some helpers are for the cluster tests
+#[path = "../common/rls.rs"]
+mod rls;
 mod spec;
 mod spoofing;
 mod tls;

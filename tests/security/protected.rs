@@ -69,12 +69,29 @@ fn pair_mode_without_a_cluster_secret_refuses_to_start() {
     let (code, err) = refused_to_start(
         &["--listen", "127.0.0.1:0", "--replica-of", "127.0.0.1:1"],
         &[
-            ("TOLLGATE_CLUSTER_SECRET", "same"),
-            ("TOLLGATE_AUTH_TOKEN", "same"),
+            ("TOLLGATE_CLUSTER_SECRET", "the-same-secret-twice"),
+            ("TOLLGATE_AUTH_TOKEN", "the-same-secret-twice"),
         ],
     );
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("must differ"), "{err}");
+}
+
+#[test]
+fn a_short_client_token_or_cluster_secret_refuses_to_start() {
+    for (var, name) in [
+        ("TOLLGATE_AUTH_TOKEN", "--auth-token"),
+        ("TOLLGATE_CLUSTER_SECRET", "--cluster-secret"),
+    ] {
+        let (code, err) = refused_to_start(
+            &["--listen", "127.0.0.1:0", "--admin", "none"],
+            &[(var, "fifteen-bytes!!")],
+        );
+        assert_eq!(code, 2, "{err}");
+        for hint in [name, "15 bytes", "at least 16 bytes", "openssl rand"] {
+            assert!(err.contains(hint), "{err} lacks {hint}");
+        }
+    }
 }
 
 #[tokio::test]
@@ -86,7 +103,7 @@ async fn open_ports_beyond_loopback_start_with_auth_or_insecure() {
     let serving = serve_until_logged(
         &["--listen", "0.0.0.0:0", "--admin", "0.0.0.0:0"],
         &[
-            ("TOLLGATE_AUTH_TOKEN", "t0ken"),
+            ("TOLLGATE_AUTH_TOKEN", "client-t0ken-from-env"),
             ("TOLLGATE_ADMIN_TOKEN", "adm1n"),
         ],
         "tollgate serving",

@@ -163,10 +163,10 @@ async fn a_spoofed_replicate_is_refused_and_the_real_standby_stays_attached() {
 async fn a_client_token_is_not_the_cluster_secret() {
     let server = TestServer::start_with(|c| {
         node(c);
-        c.auth.auth_token = Some("client-token".into());
+        c.auth.auth_token = Some("client-token-for-spoofing".into());
     })
     .await;
-    let mut c = hello(server.addr, Some("client-token")).await;
+    let mut c = hello(server.addr, Some("client-token-for-spoofing")).await;
     c.send(1, &announce(5, "127.0.0.1:1")).await;
     assert_eq!(error_code(&c.recv().await), ErrorCode::AuthFailed);
     c.send(2, &Request::Repl(ReplRequest::Promote)).await;

@@ -5,32 +5,47 @@
 //! ```text
 //!  accept -> admission (a place of --max-connections, shared with the
 //!   protocol port; when full: closed) -> TLS (HTTP/2 by ALPN)
-//!   -> tonic (HTTP/2) -> ShouldRateLimit -> service.rs: each descriptor
-//!      to a named rule -> check::check_one -> statuses + x-ratelimit-*
+//!   -> tonic (HTTP/2) -> gate.rs (token, on the headers)
+//!   -> ShouldRateLimit -> service.rs: keys screened by the node (route.rs:
+//!      cluster mode's MOVED/TryAgain), each descriptor to a named rule
+//!      -> check::check_one -> statuses + x-ratelimit-*
 //! ```
 //!
 //! Invariants:
 //! - the port shares the protocol port's connection limits, client
 //!   tokens (`authorization: Bearer TOKEN` metadata), TLS and node
 //!   admission: a standby answers UNAVAILABLE naming its primary;
-//! - a connection holds its place until tonic drops it;
+//! - a connection holds its place until tonic drops it; it is closed when
+//!   it makes no authorized call within `--handshake-timeout` of opening or
+//!   `--idle-timeout` of the last, after [`conn::MAX_AUTH_FAILURES`]
+//!   refused tokens, or when shed to make room (conn.rs);
+//! - the token is checked on a call's headers, before its body is read
+//!   (gate.rs); an authorized call's message is at most
+//!   `--envoy-max-message` and is answered within `--frame-timeout`;
+//! - what one connection can make the server hold is bounded by settings:
+//!   unread request bytes by the HTTP/2 connection window
+//!   (`--envoy-max-message`); calls by `--envoy-max-streams`, each at most
+//!   [`MAX_HEADER_LIST`] of headers and, once authorized, one message of
+//!   at most `--envoy-max-message` being decoded;
 //! - on shutdown tonic stops accepting and finishes the calls in flight.
 
+mod conn;
+mod gate;
+mod route;
 mod service;
 
-use super::admission::{Admission, Answer, Ticket};
+use super::admission::{Admission, Answer};
 use super::connection::secure_with;
 use super::frontend::accept_loop;
 use super::Shared;
-use crate::tls::Socket;
+use conn::Conn;
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 
 /// The code generated from proto/, one module per protobuf package (the
 /// generated code names the other packages by these paths).
@@ -71,6 +86,17 @@ pub(crate) mod pb {
 /// Connections accepted but not yet taken by tonic.
 const PENDING_CONNECTIONS: usize = 64;
 
+/// Largest HTTP/2 frame the server accepts: the protocol's minimum (and
+/// hyper's default), so a frame never outgrows the read buffer.
+const MAX_FRAME: u32 = 16 << 10;
+/// Largest header block of one call: gRPC's own headers and a bearer
+/// token take a few hundred bytes; Envoy adds a few more.
+const MAX_HEADER_LIST: u32 = 8 << 10;
+/// How often a connection that sent nothing is pinged, and how long its
+/// answer may take before the connection is dropped as dead.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Serves the rate limit service on `listener` until `shutdown`.
 pub(super) async fn serve(
     listener: TcpListener,
@@ -99,20 +125,21 @@ pub(super) async fn serve(
                 }
                 let acceptor = crate::tls::Tls::grpc_acceptor;
                 if let Some(socket) = secure_with(stream, peer, &shared, acceptor).await {
-                    let _ = tx
-                        .send(Ok(Conn {
-                            socket,
-                            _ticket: ticket,
-                        }))
-                        .await;
+                    let network = &shared.network;
+                    let (handshake, idle) = (network.handshake_timeout, network.idle_timeout);
+                    let conn = Conn::new(socket, ticket, handshake, idle);
+                    let _ = tx.send(Ok(conn)).await;
                 }
             });
             std::future::ready(())
         },
     );
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let grpc = tonic::transport::Server::builder()
-        .add_service(service::server(shared))
+    let grpc = grpc_server(&shared)
+        .add_service(InterceptedService::new(
+            service::server(shared.clone(), port, shared.frontends.envoy_max_message),
+            gate::Gate::new(shared.clone()),
+        ))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled());
     let ((), served) = tokio::join!(accept, grpc);
     if let Err(e) = served {
@@ -120,41 +147,18 @@ pub(super) async fn serve(
     }
 }
 
-/// One accepted connection and its place, as tonic reads it.
-struct Conn {
-    socket: Socket,
-    _ticket: Ticket,
-}
-
-impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = ();
-    fn connect_info(&self) -> Self::ConnectInfo {}
-}
-
-impl AsyncRead for Conn {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.socket).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Conn {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.socket).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.socket).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.socket).poll_shutdown(cx)
-    }
+/// tonic's HTTP/2 server with the bounds of the module docs.
+fn grpc_server(shared: &Shared) -> tonic::transport::Server {
+    let settings = &shared.frontends;
+    // The window is a u32 on the wire; the setting is at most 4 MiB.
+    let window = u32::try_from(settings.envoy_max_message).unwrap_or(u32::MAX);
+    tonic::transport::Server::builder()
+        .max_concurrent_streams(settings.envoy_max_streams)
+        .initial_stream_window_size(window)
+        .initial_connection_window_size(window)
+        .max_frame_size(MAX_FRAME)
+        .http2_max_header_list_size(MAX_HEADER_LIST)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .timeout(shared.network.frame_timeout)
 }

@@ -29,6 +29,7 @@ use super::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use super::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use super::route;
 use crate::clock::Nanos;
 use crate::node::Access;
 use crate::rules::RuleSet;
@@ -40,13 +41,21 @@ use std::sync::Arc;
 use tollgate_protocol::{Algorithm, CheckResult, Decision, Limit, LimitRef, Pair, RuleName};
 use tonic::{Request, Response, Status};
 
-/// The service, on the server's shared state.
-pub(super) fn server(shared: Arc<Shared>) -> RateLimitServiceServer<Rls> {
-    RateLimitServiceServer::new(Rls { shared })
+/// The service, on the server's shared state, answering on `port`; it
+/// reads messages of at most `max_message` bytes (a longer one is refused
+/// from its length prefix, before its body is read).
+pub(super) fn server(
+    shared: Arc<Shared>,
+    port: u16,
+    max_message: usize,
+) -> RateLimitServiceServer<Rls> {
+    RateLimitServiceServer::new(Rls { shared, port }).max_decoding_message_size(max_message)
 }
 
 pub(super) struct Rls {
     shared: Arc<Shared>,
+    /// This node's Envoy port (MOVED names the owner on it).
+    port: u16,
 }
 
 /// Periods Envoy has a unit for, in milliseconds.
@@ -64,11 +73,12 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        // The token was checked on the headers (gate.rs).
         let shared = &self.shared;
-        authorize(shared, request.metadata())?;
-        if let Err(refusal) = shared.node.admit(Access::Write) {
-            return Err(Status::unavailable(refusal.to_string()));
-        }
+        let gate = shared
+            .node
+            .admit(Access::Write)
+            .map_err(|r| route::refused(&r, self.port))?;
         let request = request.into_inner();
         let max = usize::from(shared.limits.max_batch);
         if request.domain.is_empty() {
@@ -80,6 +90,16 @@ impl RateLimitService for Rls {
                 request.descriptors.len()
             )));
         }
+        // Every key is made and screened before any is charged: a call is
+        // served whole here, or refused whole (route.rs).
+        let max_key = usize::from(shared.limits.max_key_len);
+        let keys = request
+            .descriptors
+            .iter()
+            .enumerate()
+            .map(|(i, d)| key_of(&request.domain, i, d, max_key))
+            .collect::<Result<Vec<_>, _>>()?;
+        route::screen(&gate, keys.iter().map(|k| k.as_bytes()), self.port)?;
         let rules = shared.rules.current();
         let now = shared.clock.now();
         let call = Call {
@@ -90,9 +110,9 @@ impl RateLimitService for Rls {
         };
         let mut statuses = Vec::with_capacity(request.descriptors.len());
         let mut tightest: Option<(Decision, u64)> = None;
-        for (i, descriptor) in request.descriptors.iter().enumerate() {
+        for (i, (descriptor, key)) in request.descriptors.iter().zip(keys).enumerate() {
             let cost = cost(descriptor, request.hits_addend);
-            let Some((status, decision, period_ms)) = call.check(i, descriptor, cost)? else {
+            let Some((status, decision, period_ms)) = call.check(i, descriptor, key, cost)? else {
                 statuses.push(DescriptorStatus {
                     code: Code::Ok.into(),
                     ..Default::default()
@@ -117,21 +137,29 @@ impl RateLimitService for Rls {
     }
 }
 
-/// Client tokens as `authorization: Bearer TOKEN` metadata (any call
-/// passes when the server has none).
-fn authorize(shared: &Shared, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
-    if shared.auth.hello(b"").is_some() {
-        return Ok(());
+/// The key of descriptor `i`: the domain, then each entry as `|k=v`.
+fn key_of(
+    domain: &str,
+    i: usize,
+    descriptor: &RateLimitDescriptor,
+    max_key: usize,
+) -> Result<String, Status> {
+    if descriptor.entries.is_empty() {
+        return Err(Status::invalid_argument(format!(
+            "descriptor {i} has no entries"
+        )));
     }
-    let token = metadata
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| Status::unauthenticated("authorization: Bearer TOKEN is required"))?;
-    match shared.auth.hello(token.trim().as_bytes()) {
-        Some(_) => Ok(()),
-        None => Err(Status::unauthenticated("the token is not a client token")),
+    let mut key = domain.to_owned();
+    for e in &descriptor.entries {
+        key.push_str(&format!("|{}={}", e.key, e.value));
     }
+    if key.len() > max_key {
+        return Err(Status::invalid_argument(format!(
+            "descriptor {i}: its key of {} bytes is longer than max-key-len ({max_key})",
+            key.len()
+        )));
+    }
+    Ok(key)
 }
 
 /// Units a descriptor takes: its own hits_addend, else the request's,
@@ -156,25 +184,9 @@ impl Call<'_> {
         &self,
         i: usize,
         descriptor: &RateLimitDescriptor,
+        key: String,
         cost: u32,
     ) -> Result<Option<(DescriptorStatus, Decision, u64)>, Status> {
-        let entries = &descriptor.entries;
-        if entries.is_empty() {
-            return Err(Status::invalid_argument(format!(
-                "descriptor {i} has no entries"
-            )));
-        }
-        let mut key = self.domain.to_owned();
-        for e in entries {
-            key.push_str(&format!("|{}={}", e.key, e.value));
-        }
-        let max_key = usize::from(self.shared.limits.max_key_len);
-        if key.len() > max_key {
-            return Err(Status::invalid_argument(format!(
-                "descriptor {i}: its key of {} bytes is longer than max-key-len ({max_key})",
-                key.len()
-            )));
-        }
         let (name, limit) = match self.limit_of(descriptor) {
             Some(found) => found,
             None => return Ok(None),
