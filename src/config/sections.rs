@@ -90,7 +90,9 @@ pub struct NetworkSettings {
     /// Memory all connections together may take for frames larger than a
     /// connection's own 16 KiB read buffer, e.g. `64MiB`. A frame that
     /// finds none waits for room, and is answered Overloaded (the
-    /// connection closes) if none frees within --frame-timeout.
+    /// connection closes) if none frees within --frame-timeout. Long RESP
+    /// commands, queued RESP MULTI commands and Envoy RLS calls in flight
+    /// (--envoy-max-message each) draw from it too.
     #[arg(long, default_value = DEFAULT_MAX_CONNECTION_MEMORY, value_parser = parse_bytes)]
     pub max_connection_memory: usize,
 

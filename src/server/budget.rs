@@ -11,7 +11,9 @@
 //! `max_connections * INITIAL + max_connection_memory` of partial frames,
 //! however many clients send half a frame and stop. A RESP connection's
 //! read buffer beyond its own 16 KiB (a long command still arriving) and
-//! its queued MULTI draw from the same budget ([`Held`]).
+//! its queued MULTI draw from the same budget ([`Held`]), and so does
+//! each Envoy RLS call in flight (`--envoy-max-message`, what tonic may
+//! buffer of its body).
 //!
 //! Invariants:
 //! - the budget's `used` is the sum of what every [`ReadBuffer`] and
@@ -50,7 +52,8 @@ impl Budget {
         let gauge = IntGauge::new(
             "tollgate_connection_memory_bytes",
             "Bytes of connection read buffers beyond their initial 16 KiB, \
-             and of queued RESP transactions, drawn from --max-connection-memory.",
+             of queued RESP transactions and of Envoy RLS calls in flight, \
+             drawn from --max-connection-memory.",
         )?;
         let limit_gauge = IntGauge::new(
             "tollgate_connection_memory_limit_bytes",
@@ -91,7 +94,6 @@ impl Budget {
     }
 
     /// Bytes taken now.
-    #[cfg(test)]
     fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)
     }
@@ -155,6 +157,11 @@ impl Held {
     /// The budget's limit, in bytes.
     pub fn limit(&self) -> usize {
         self.budget.limit
+    }
+
+    /// Bytes of the budget in use now, by every holder.
+    pub fn used(&self) -> usize {
+        self.budget.used()
     }
 }
 

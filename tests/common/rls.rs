@@ -11,6 +11,7 @@ pub const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateL
 /// gRPC status codes.
 pub const OK: u32 = 0;
 pub const FAILED_PRECONDITION: u32 = 9;
+pub const RESOURCE_EXHAUSTED: u32 = 8;
 pub const OUT_OF_RANGE: u32 = 11;
 pub const UNAUTHENTICATED: u32 = 16;
 

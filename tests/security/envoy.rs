@@ -6,7 +6,9 @@
 use crate::at_scale::{raise_fd_limit, Server, KIB, MIB};
 use crate::common::{allowed, tb, RawConn, PATIENCE};
 use crate::harness::{eventually, free_addr};
-use crate::rls::{call, h2_client, message, request, OK, OUT_OF_RANGE, UNAUTHENTICATED};
+use crate::rls::{
+    call, h2_client, message, request, OK, OUT_OF_RANGE, RESOURCE_EXHAUSTED, UNAUTHENTICATED,
+};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use std::net::SocketAddr;
@@ -352,4 +354,70 @@ async fn wrong_tokens_close_the_rls_connection_and_are_counted() {
         .await
         .unwrap();
     assert_eq!(answer.status, OK);
+}
+
+/// An authorized call holds `--envoy-max-message` bytes of
+/// `--max-connection-memory` from its headers until it ends: with a 2 MiB
+/// budget and 512 KiB messages, four calls whose bodies have not finished
+/// arriving take it all (the gauge shows it), a fifth is answered
+/// RESOURCE_EXHAUSTED unread, and once the four are cancelled the budget
+/// is back to 0 and calls are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorized_calls_draw_their_message_size_from_the_connection_memory_budget() {
+    const HELD: u64 = 512 * KIB;
+    let rls = Rls::start(&[
+        "--max-connection-memory",
+        "2MiB",
+        "--envoy-max-message",
+        "512KiB",
+    ])
+    .await;
+    let addr = rls.envoy;
+    let gauge = "tollgate_connection_memory_bytes";
+    let holder = h2_client(addr).await.unwrap();
+    let mut open = Vec::new();
+    for _ in 0..4 {
+        let mut ready = holder.clone().ready().await.unwrap();
+        let (response, mut stream) = ready
+            .send_request(request(addr, Some(TOKEN)), false)
+            .unwrap();
+        // A 100-byte message announced, 10 bytes of it sent: tonic waits
+        // for the rest, the call stays open.
+        let mut partial = vec![0];
+        partial.extend_from_slice(&100u32.to_be_bytes());
+        partial.extend_from_slice(&[0; 10]);
+        stream.send_data(Bytes::from(partial), false).unwrap();
+        open.push((response, stream));
+    }
+    let server = &rls.server;
+    eventually("four calls hold the whole budget", || async {
+        (server.metric(gauge).await == (4 * HELD) as f64).then_some(())
+    })
+    .await;
+    let other = h2_client(addr).await.unwrap();
+    let answer = call(&other, addr, Some(TOKEN), message("edge", "user", "u4"))
+        .await
+        .unwrap();
+    assert_eq!(answer.status, RESOURCE_EXHAUSTED, "{answer:?}");
+    assert!(
+        answer.message.contains("--max-connection-memory"),
+        "{answer:?}"
+    );
+    // Cancelled calls (RST_STREAM) give their share back.
+    for (_, mut stream) in open {
+        stream.send_reset(h2::Reason::CANCEL);
+    }
+    eventually("the budget is given back", || async {
+        (server.metric(gauge).await == 0.0).then_some(())
+    })
+    .await;
+    let answer = call(&other, addr, Some(TOKEN), message("edge", "user", "u4"))
+        .await
+        .unwrap();
+    assert_eq!(answer.status, OK, "{answer:?}");
+    assert_eq!(
+        server.metric(gauge).await,
+        0.0,
+        "a finished call gave back its share"
+    );
 }

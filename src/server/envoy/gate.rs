@@ -10,9 +10,17 @@
 //!   `tollgate_auth_failures_total{port="envoy"}`, and the
 //!   [`MAX_AUTH_FAILURES`]th on one connection closes it;
 //! - an authorized call marks its connection active (idle deadline,
-//!   shedding).
+//!   shedding);
+//! - an authorized call takes `--envoy-max-message` bytes (what tonic may
+//!   buffer of its body) from the connection memory budget
+//!   (`--max-connection-memory`, shared with the protocol and RESP ports)
+//!   before its body is read, and gives them back when the call ends;
+//!   when the budget lacks them the call is answered RESOURCE_EXHAUSTED
+//!   unread, as a protocol frame that finds no memory is answered
+//!   Overloaded.
 
 use super::conn::{ConnState, MAX_AUTH_FAILURES};
+use crate::server::budget::Held;
 use crate::server::Shared;
 use std::sync::Arc;
 use tonic::service::Interceptor;
@@ -22,22 +30,44 @@ use tonic::{Request, Status};
 #[derive(Clone)]
 pub(super) struct Gate {
     shared: Arc<Shared>,
+    /// Bytes a call may make tonic buffer (`--envoy-max-message`).
+    max_message: usize,
 }
 
 impl Gate {
-    pub fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+    pub fn new(shared: Arc<Shared>, max_message: usize) -> Self {
+        Self {
+            shared,
+            max_message,
+        }
     }
 }
 
+/// A call's share of the connection memory budget, carried in its
+/// request's extensions (which must be `Clone`, hence the `Arc`) so it is
+/// given back when tonic drops the call, however it ends.
+#[derive(Clone)]
+struct CallMemory(#[allow(dead_code)] Arc<Held>);
+
 impl Interceptor for Gate {
-    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let conn = request.extensions().get::<Arc<ConnState>>().cloned();
         match authorize(&self.shared, request.metadata()) {
             Ok(()) => {
                 if let Some(conn) = conn {
                     conn.called();
                 }
+                let mut held = Held::new(self.shared.budget.clone());
+                if !held.grow(self.max_message) {
+                    self.shared.metrics.frontends.envoy.errors.inc();
+                    return Err(Status::resource_exhausted(format!(
+                        "no connection memory for a call: {} bytes of --max-connection-memory \
+                         ({} bytes) are in use; try again",
+                        held.used(),
+                        held.limit()
+                    )));
+                }
+                request.extensions_mut().insert(CallMemory(Arc::new(held)));
                 Ok(request)
             }
             Err(status) => {

@@ -138,7 +138,7 @@ pub(super) async fn serve(
     let grpc = grpc_server(&shared)
         .add_service(InterceptedService::new(
             service::server(shared.clone(), port, shared.frontends.envoy_max_message),
-            gate::Gate::new(shared.clone()),
+            gate::Gate::new(shared.clone(), shared.frontends.envoy_max_message),
         ))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled());
     let ((), served) = tokio::join!(accept, grpc);
