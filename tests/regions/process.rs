@@ -216,6 +216,34 @@ async fn a_refund_of_an_untouched_global_key_leaves_the_other_region_alone() {
     drop(b);
 }
 
+/// A refund in a of a key only b charged, whose usage a already absorbed
+/// from b's reports, gives none of it back in b: a reports only what it
+/// charged itself (its ceiling key's share), not what a's copy of the key
+/// gave back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_in_one_region_gives_back_none_of_anothers_reported_usage() {
+    let dir = TempDir::new("refund-reported");
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let a = region(&dir, "a", &a_addr, "b", &b_addr, &[]);
+    let b = region(&dir, "b", &b_addr, "a", &a_addr, &[]);
+    let key = "rl:{tenant}:used-in-b";
+    assert!(charge(&b_addr, key, 100, false).await.allowed);
+    exchanged(&b, "a", 2).await;
+    let in_a = peek(&a_addr, key).await.remaining;
+    assert!(in_a <= 900, "a absorbed b's 100 of 1000: {in_a}");
+    let before = peek(&b_addr, key).await.remaining;
+
+    let refunded = charge(&a_addr, key, 4_000_000_000, true).await;
+    assert!(refunded.allowed);
+    exchanged(&a, "b", 2).await;
+    let after = peek(&b_addr, key).await.remaining;
+    // One unit may refill meanwhile (one every 86 s).
+    assert!(
+        (before..=before + 1).contains(&after),
+        "b's own usage given back by a refund in a: {before} -> {after}"
+    );
+}
+
 /// A USAGE whose numbers are as large as the wire allows is answered (the
 /// refund is one step, not 2^32 under a stripe lock), and the node keeps
 /// serving the key and every other.

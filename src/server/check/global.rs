@@ -7,8 +7,9 @@
 //!    cut off? -> PEEK each global pair's ceiling key -> one denies: denied
 //!    the check as usual -> allowed: record the units charged of each
 //!      global pair for the peers its rule lists; charge its ceiling key
-//!  REFUND: as usual, then record the units each global pair actually gave
-//!    back (not the cost asked for) and refund them from the ceiling key
+//!  REFUND: as usual, then refund each global pair's ceiling key too and
+//!    record the least of what the two gave back (never the cost asked
+//!    for, never usage the peers charged)
 //! ```
 //!
 //! The ceiling key (the key and a suffix no protocol key is likely to end
@@ -78,6 +79,18 @@ impl<'a> Evaluation<'a> {
         }
     }
 
+    /// Refunds `ceiling` (a ceiling key's pair); the units it gave back.
+    fn ceiling_refund(&self, ceiling: Pair) -> u64 {
+        let store = &self.shared.store;
+        let pairs = [ceiling];
+        let spots = [store.spot(&pairs[0].key)];
+        let mut returned = Returned::new();
+        match store.refund_returning(&pairs, &spots, self.now, &mut returned) {
+            CheckResult::Decision(_) => returned.first().copied().unwrap_or(0),
+            CheckResult::Error(_) => 0,
+        }
+    }
+
     /// A charging CHECK on a node in a region.
     pub(super) fn charge_regional(
         &self,
@@ -124,11 +137,14 @@ impl<'a> Evaluation<'a> {
         decided
     }
 
-    /// A REFUND on a node in a region: the units each global pair actually
-    /// gave back (never more than its key held: 0 for a key never charged)
-    /// are reported too, and given back to the ceiling key. Reporting the
-    /// cost asked for would let a client refund an untouched key here and
-    /// wipe out usage the peers hold of it.
+    /// A REFUND on a node in a region: each global pair's refund is given
+    /// to its ceiling key too, and what is reported to the peers is the
+    /// least of what the key and its ceiling key gave back. The key also
+    /// holds the usage absorbed from the peers, the ceiling key only this
+    /// region's own admissions: reporting the cost asked for, or what the
+    /// key alone gave back, would let a client here refund usage the peers
+    /// charged (an untouched key, or one only they used) and wipe it out
+    /// there.
     pub(super) fn refund_regional(
         &self,
         regions: &Regions,
@@ -144,12 +160,15 @@ impl<'a> Evaluation<'a> {
                 if units == 0 {
                     continue;
                 }
-                regions.record(&pair.key, name, rule.global(), 0, units, self.now);
                 // At most the pair's cost, a u32.
-                let units = u32::try_from(units).unwrap_or(u32::MAX);
+                let asked = u32::try_from(units).unwrap_or(u32::MAX);
                 let ceiling =
-                    Pair::inline(ceiling_key(&pair.key), regions.ceiling(&rule.limit), units);
-                self.shared.store.refund(&[ceiling], self.now);
+                    Pair::inline(ceiling_key(&pair.key), regions.ceiling(&rule.limit), asked);
+                let own = self.ceiling_refund(ceiling);
+                let units = units.min(own);
+                if units > 0 {
+                    regions.record(&pair.key, name, rule.global(), 0, units, self.now);
+                }
             }
         }
         decided
