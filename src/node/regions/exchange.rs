@@ -64,6 +64,8 @@ struct Sender {
     pending: Journal,
     unanswered: Option<UsageReport>,
     link: Option<Link>,
+    /// Whether the peer's last answer refused our credentials (warned once).
+    refused_auth: bool,
 }
 
 async fn send_loop(
@@ -83,6 +85,7 @@ async fn send_loop(
         pending: Journal::default(),
         unanswered: None,
         link: None,
+        refused_auth: false,
     };
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -104,6 +107,17 @@ async fn send_loop(
             s.primary = true;
             s.session = new_session(core.clock.now());
             s.seq = 0;
+            // A message left unanswered by an earlier term goes first, in
+            // the new session: under its old one the peer would refuse it
+            // as older once any later primary of this region was heard,
+            // and drop usage that was never applied. (Applied already, its
+            // answer lost: it counts twice, which only makes the limit
+            // stricter, as any retry across a failover.)
+            if let Some(report) = s.unanswered.as_mut() {
+                s.seq = 1;
+                report.session = s.session;
+                report.seq = s.seq;
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -153,6 +167,7 @@ async fn exchange_once(
             metrics.send_failures.inc();
         }
         Ok(_) => {
+            s.refused_auth = false;
             metrics.keys_sent.inc_by(report.entries.len() as u64);
             peer.last_acked
                 .fetch_max(core.clock.now(), crate::sync::Ordering::Relaxed);
@@ -171,6 +186,18 @@ async fn exchange_once(
         // Anything else (a standby answering NotPrimary during a failover
         // there, a broken connection): the same message again next time.
         Err(e) => {
+            if matches!(&e, LinkError::Refused { code, .. } if *code == ErrorCode::AuthFailed) {
+                // Not a passing fault: the two regions' secrets differ (one
+                // has --region-secret, the other not, say). Said once per
+                // refused stretch, not once per interval.
+                if !s.refused_auth {
+                    tracing::warn!(
+                        peer = %peer.config.name, error = %e,
+                        "peer region refused this node's credentials (check --region-secret and --cluster-secret on both); will retry"
+                    );
+                }
+                s.refused_auth = true;
+            }
             tracing::debug!(peer = %peer.config.name, error = %e, "usage exchange failed; will resend");
             metrics.send_failures.inc();
             s.link = None;
