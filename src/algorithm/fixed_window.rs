@@ -145,13 +145,13 @@ impl FixedWindow {
         Some((state, self.window_end(cur.index)))
     }
 
-    /// Gives `amount` units back to the current window, never below zero.
-    /// No state: nothing to give back.
     /// Units counted in the window in force at `now`.
     pub fn in_use(&self, state: Option<FixedWindowState>, now: Nanos) -> u64 {
         state.map_or(0, |s| self.current(Some(s), now).count)
     }
 
+    /// Gives `amount` units back to the current window, never below zero.
+    /// No state: nothing to give back.
     pub fn refund(&self, state: Option<FixedWindowState>, now: Nanos, amount: u64) -> Verdict {
         let cur = self.current(state, now);
         let count = cur.count.saturating_sub(amount);

@@ -116,13 +116,13 @@ impl SlidingLog {
         Verdict::denied(decision, expires_at)
     }
 
-    /// Gives `amount` units back by dropping the newest live entries.
-    /// No state: nothing to give back.
     /// Entries still in the window at `now`.
     pub fn in_use(&self, log: Option<&LogState>, now: Nanos) -> u64 {
         self.live(log, now).len() as u64
     }
 
+    /// Gives `amount` units back by dropping the newest live entries.
+    /// No state: nothing to give back.
     pub fn refund(&self, log: Option<&LogState>, now: Nanos, amount: u64) -> Verdict {
         let live = self.live(log, now);
         let keep = live.len() - (amount.min(live.len() as u64) as usize);

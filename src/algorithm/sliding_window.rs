@@ -130,8 +130,6 @@ impl SlidingWindow {
         Some((WindowState { index, prev, cur }, expires_at))
     }
 
-    /// Gives `amount` units back: off the current window first, then off the
-    /// previous one, never below zero. No state: nothing to give back.
     /// Units counted in the two windows in force at `now` (what a refund
     /// can take back from).
     pub fn in_use(&self, state: Option<WindowState>, now: Nanos) -> u64 {
@@ -141,6 +139,8 @@ impl SlidingWindow {
         })
     }
 
+    /// Gives `amount` units back: off the current window first, then off the
+    /// previous one, never below zero. No state: nothing to give back.
     pub fn refund(&self, state: Option<WindowState>, now: Nanos, amount: u64) -> Verdict {
         let w = self.window;
         let Window {

@@ -109,14 +109,14 @@ impl TokenBucket {
             .min(now.saturating_add(MAX_TOLERANCE))
     }
 
-    /// Gives `amount` tokens back: `tat` moves back by `amount * T`, but not
-    /// before `now` (a full bucket). No state: nothing to give back.
     /// Tokens taken out of the bucket at `now`, a token partly refilled
     /// counting as taken: what a refund of any size can give back.
     pub fn in_use(&self, tat: Option<Nanos>, now: Nanos) -> u64 {
         tat.map_or(0, |t| t.saturating_sub(now).div_ceil(self.emission))
     }
 
+    /// Gives `amount` tokens back: `tat` moves back by `amount * T`, but not
+    /// before `now` (a full bucket). No state: nothing to give back.
     pub fn refund(&self, tat: Option<Nanos>, now: Nanos, amount: u64) -> Verdict {
         let base = tat.map_or(now, |t| t.max(now));
         let new_tat = base
