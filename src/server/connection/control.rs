@@ -179,11 +179,12 @@ impl Connection {
     }
 
     /// Whether a region connection may send `request`: USAGE and PING
-    /// only (a second HELLO is answered as on any connection).
+    /// only (a second HELLO or a NODE_CHALLENGE after HELLO is answered
+    /// as on any connection).
     pub(super) fn region_may(request: &Request) -> bool {
         matches!(
             request,
-            Request::Usage(_) | Request::Ping | Request::Hello { .. }
+            Request::Usage(_) | Request::Ping | Request::Hello { .. } | Request::NodeChallenge
         )
     }
 }
