@@ -7,13 +7,15 @@
 //! role change a node's role or its counters, so a client or region
 //! connection gets AuthFailed for them and nothing changes; operators
 //! promote through the admin API instead. A region connection may send
-//! only USAGE and PING. A plain STATUS and REPL_ACK's misuse are answered
+//! only USAGE and PING; USAGE itself is answered here too. A plain STATUS and REPL_ACK's misuse are answered
 //! like any other request.
 
 use super::{Connection, Flow, Replicate};
 use crate::server::auth::Privilege;
+use crate::server::check;
 use tollgate_protocol::{
-    ErrorCode, ReplRequest, ReplResponse, Request, RequestId, Response, NONCE_LEN, PROTOCOL_VERSION,
+    ErrorCode, ReplRequest, ReplResponse, Request, RequestId, Response, UsageReport, NONCE_LEN,
+    PROTOCOL_VERSION,
 };
 
 impl Connection {
@@ -175,6 +177,18 @@ impl Connection {
         }
         self.challenge = Some(nonce);
         self.respond(id, &Response::Challenge { nonce });
+        Flow::Continue
+    }
+
+    /// USAGE from another region (PROTOCOL.md §16), answered USAGE_OK or
+    /// refused.
+    pub(super) fn usage(&mut self, id: RequestId, report: &UsageReport) -> Flow {
+        let shared = &*self.shared;
+        match check::receive_usage(shared, self.privilege, &mut self.usage_region, report) {
+            Ok(ack) => self.respond(id, &Response::UsageOk(ack)),
+            Err(check::UsageError::Node(refusal)) => self.refuse(id, &refusal),
+            Err(check::UsageError::Error(code, message)) => self.error(id, code, &message),
+        }
         Flow::Continue
     }
 

@@ -495,20 +495,7 @@ impl Connection {
                 check::answer(shared, id, &batch, Verb::Refund, &gate, &mut self.wbuf)
             }
             Request::Release(leases) => check::release(shared, id, &leases, &mut self.wbuf),
-            Request::Usage(report) => {
-                match check::receive_usage(shared, self.privilege, &mut self.usage_region, &report)
-                {
-                    Ok(ack) => encode_response(id, &Response::UsageOk(ack), &mut self.wbuf),
-                    Err(check::UsageError::Node(refusal)) => {
-                        self.refuse(id, &refusal);
-                        Ok(())
-                    }
-                    Err(check::UsageError::Error(code, message)) => {
-                        self.error(id, code, &message);
-                        Ok(())
-                    }
-                }
-            }
+            Request::Usage(report) => return self.usage(id, &report),
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
         if let Err(e) = encoded {
