@@ -155,6 +155,8 @@ pub enum ConfigError {
     },
     #[error("--region-secret must differ from the cluster secrets and the client tokens: a region peer holding it may send USAGE only")]
     RegionSecretReused,
+    #[error("--region-peer-secret for region {region:?}: {reason}")]
+    RegionPeerSecret { region: String, reason: String },
     #[error("--{name} is {len} bytes: a client token or node secret must be at least {min} bytes, so it cannot be guessed. Generate one, e.g. `openssl rand -hex 32`")]
     SecretTooShort {
         name: &'static str,
@@ -294,6 +296,15 @@ fn redacted<S: Serializer>(t: &Option<String>, s: S) -> Result<S::Ok, S::Error> 
     match t {
         Some(_) => s.serialize_str(REDACTED),
         None => s.serialize_none(),
+    }
+}
+
+/// A list of secrets, as `--print-config` shows it.
+fn redacted_list<S: Serializer>(t: &[String], s: S) -> Result<S::Ok, S::Error> {
+    if t.is_empty() {
+        s.serialize_none()
+    } else {
+        s.serialize_str(REDACTED)
     }
 }
 

@@ -14,7 +14,7 @@
 //! - `--tls-cert` and `--tls-key` come together; mTLS and the CA for the
 //!   other node need them.
 
-use super::{human, redacted, ConfigError, ServerConfig};
+use super::{human, redacted, redacted_list, ConfigError, ServerConfig};
 use crate::units::parse_duration;
 use clap::Args;
 use serde::Serialize;
@@ -67,6 +67,22 @@ pub struct AuthSettings {
     #[serde(serialize_with = "redacted")]
     pub region_secret: Option<String>,
 
+    /// A secret this region shares with one peer region, NAME=SECRET
+    /// (repeatable, or comma-separated; NAME is a --region-peer, and that
+    /// region names this one with the same secret): this node's sender to
+    /// NAME proves it instead of --region-secret, and a connection proving
+    /// it here speaks for region NAME alone. USAGE naming NAME is then
+    /// taken only over such a connection.
+    #[arg(
+        long,
+        value_name = "NAME=SECRET",
+        env = "TOLLGATE_REGION_PEER_SECRET",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    #[serde(serialize_with = "redacted_list")]
+    pub region_peer_secret: Vec<String>,
+
     /// Bearer token the admin API requires (`Authorization: Bearer ...`)
     /// on every endpoint but /healthz and /readyz (none: no auth).
     #[arg(long, env = "TOLLGATE_ADMIN_TOKEN", hide_env_values = true)]
@@ -88,6 +104,18 @@ pub struct AuthSettings {
     /// control (replication, promotion, role announces) from any client.
     #[arg(long)]
     pub insecure: bool,
+}
+
+impl AuthSettings {
+    /// `--region-peer-secret` as (region, secret) pairs (entries without
+    /// `=` are left out: `validate` refuses them).
+    pub fn region_peer_secrets(&self) -> Vec<(String, String)> {
+        self.region_peer_secret
+            .iter()
+            .filter_map(|text| text.split_once('='))
+            .map(|(name, secret)| (name.to_owned(), secret.to_owned()))
+            .collect()
+    }
 }
 
 /// TLS on every port: the protocol port (and so replication), the admin
@@ -238,10 +266,13 @@ impl ServerConfig {
                 return Err(ConfigError::RegionSecretReused);
             }
         }
+        self.validate_region_peer_secrets()?;
         if self.replication.pair_mode() && auth.cluster_secret.is_none() && !auth.insecure {
             return Err(ConfigError::PairWithoutSecret);
         }
-        let exchange_secret = auth.cluster_secret.is_some() || auth.region_secret.is_some();
+        let exchange_secret = auth.cluster_secret.is_some()
+            || auth.region_secret.is_some()
+            || !auth.region_peer_secret.is_empty();
         if !self.regions.region_peer.is_empty() && !exchange_secret && !auth.insecure {
             return Err(ConfigError::RegionsWithoutSecret);
         }
@@ -276,6 +307,51 @@ impl ServerConfig {
             || !self.regions.region_peer.is_empty();
         if tls.enabled() && nodes_connect && tls.tls_ca.is_none() {
             return Err(ConfigError::PairTlsWithoutCa);
+        }
+        Ok(())
+    }
+}
+
+impl ServerConfig {
+    /// `--region-peer-secret`: NAME=SECRET of a configured peer region,
+    /// each named once, each secret of a node secret's length and no other
+    /// secret of this node (the error names the region, never the secret).
+    fn validate_region_peer_secrets(&self) -> Result<(), ConfigError> {
+        let auth = &self.auth;
+        let peers = self.regions.peers()?;
+        let others = [
+            &auth.auth_token,
+            &auth.auth_token_next,
+            &auth.cluster_secret,
+            &auth.cluster_secret_next,
+            &auth.region_secret,
+        ];
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for text in &auth.region_peer_secret {
+            let bad = |region: &str, reason: &str| ConfigError::RegionPeerSecret {
+                region: region.to_owned(),
+                reason: reason.to_owned(),
+            };
+            let Some((name, secret)) = text.split_once('=') else {
+                return Err(bad("?", "expected NAME=SECRET"));
+            };
+            if !peers.iter().any(|p| p.name == name) {
+                return Err(bad(name, "not a --region-peer"));
+            }
+            if seen.iter().any(|(region, _)| *region == name) {
+                return Err(bad(name, "the region is named twice"));
+            }
+            // A secret proves one region: shared by two, it would name neither.
+            if seen.iter().any(|(_, other)| *other == secret) {
+                return Err(bad(name, "another peer region has the same secret"));
+            }
+            seen.push((name, secret));
+            if secret.len() < MIN_SECRET_LEN || secret.len() > MAX_SECRET_LEN {
+                return Err(bad(name, "a secret is 16 to 255 bytes"));
+            }
+            if others.iter().any(|o| o.as_deref() == Some(secret)) {
+                return Err(bad(name, "the secret is also another secret of this node"));
+            }
         }
         Ok(())
     }

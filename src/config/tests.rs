@@ -445,3 +445,49 @@ fn client_tokens_and_cluster_secrets_are_at_least_16_bytes() {
     c.auth.admin_token = Some("adm1n".into());
     c.validate().unwrap();
 }
+
+#[test]
+fn region_peer_secrets_name_a_peer_once_and_are_secrets_of_their_own() {
+    let mut c = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    c.regions.region = Some("eu".into());
+    c.regions.region_peer = vec!["us=10.0.0.1:7700".into(), "ap=10.0.0.2:7700".into()];
+    c.auth.cluster_secret = Some("cluster-secret-of-tests".into());
+    c.auth.region_peer_secret = vec!["us=us-and-eu-secret-0001".into()];
+    c.validate().unwrap();
+    assert_eq!(
+        c.auth.region_peer_secrets(),
+        vec![("us".to_owned(), "us-and-eu-secret-0001".to_owned())]
+    );
+    let cases: [(&[&str], &str); 6] = [
+        (&["sa=us-and-eu-secret-0001"], "not a --region-peer"),
+        (
+            &["us=us-and-eu-secret-0001", "ap=us-and-eu-secret-0001"],
+            "same secret",
+        ),
+        (&["us"], "NAME=SECRET"),
+        (&["us=short"], "16 to 255"),
+        (&["us=cluster-secret-of-tests"], "another secret"),
+        (
+            &["us=us-and-eu-secret-0001", "us=us-and-eu-secret-0002"],
+            "twice",
+        ),
+    ];
+    for (given, why) in cases {
+        let mut d = c.clone();
+        d.auth.region_peer_secret = given.iter().map(|s| s.to_string()).collect();
+        let err = d.validate().unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, ConfigError::RegionPeerSecret { .. }) && text.contains(why),
+            "{given:?}: {text}"
+        );
+        assert!(
+            !text.contains("secret-0001") && !text.contains("short"),
+            "{text}"
+        );
+    }
+    // Per-peer secrets alone are enough for an exchange.
+    let mut alone = c.clone();
+    alone.auth.cluster_secret = None;
+    alone.validate().unwrap();
+}

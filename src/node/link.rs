@@ -53,18 +53,29 @@ pub(crate) struct Credentials {
     pub cluster: Option<String>,
     /// `--region-secret`: what the region senders prove instead, when set.
     pub region: Option<String>,
+    /// `--region-peer-secret`: what the sender to one peer region proves
+    /// before any other secret, (region, secret).
+    pub region_peers: Vec<(String, String)>,
     /// Without a cluster secret (only with `--insecure`): the client token,
     /// if any, sent in HELLO as any client's.
     pub token: Option<String>,
 }
 
 impl Credentials {
-    /// The secret to prove for `scope`, and the scope it is proved in (the
-    /// region exchange falls back to the cluster secret without a region
-    /// secret); None: no secret, HELLO with the client token.
-    fn secret_for(&self, scope: NodeScope) -> Option<(&str, NodeScope)> {
+    /// The secret to prove for `scope` to peer region `peer` (None: not a
+    /// region link), and the scope it is proved in (the region exchange
+    /// takes the secret shared with that peer, else the region secret,
+    /// else the cluster secret); None: no secret, HELLO with the client
+    /// token.
+    fn secret_for(&self, scope: NodeScope, peer: Option<&str>) -> Option<(&str, NodeScope)> {
+        let own = peer.and_then(|name| {
+            self.region_peers
+                .iter()
+                .find(|(region, _)| region == name)
+                .map(|(_, secret)| secret.as_str())
+        });
         let region = match scope {
-            NodeScope::Region => self.region.as_deref(),
+            NodeScope::Region => own.or(self.region.as_deref()),
             NodeScope::Cluster => None,
         };
         match (region, self.cluster.as_deref()) {
@@ -103,17 +114,19 @@ impl Link {
         role_name: &str,
         timeout: Duration,
     ) -> Result<(Self, Hello), LinkError> {
-        Self::open_as(core, addr, role_name, timeout, NodeScope::Cluster).await
+        Self::open_as(core, addr, role_name, timeout, NodeScope::Cluster, None).await
     }
 
-    /// [`Link::open`] proving the secret of `scope` (the region exchange:
-    /// the region secret when this node has one).
+    /// [`Link::open`] proving the secret of `scope` (the region exchange to
+    /// region `peer`: the secret shared with it, or the region secret, when
+    /// this node has one).
     pub async fn open_as(
         core: &Core,
         addr: &str,
         role_name: &str,
         timeout: Duration,
         scope: NodeScope,
+        peer: Option<&str>,
     ) -> Result<(Self, Hello), LinkError> {
         let connector = core.tls.as_ref().and_then(|t| t.connector());
         let socket = tls::connect(addr, connector.as_ref(), timeout)
@@ -126,7 +139,7 @@ impl Link {
             timeout,
             next_id: HELLO_ID + 1,
         };
-        let token = match core.credentials.secret_for(scope) {
+        let token = match core.credentials.secret_for(scope, peer) {
             Some((secret, scope)) => Some(link.prove(secret, scope).await?),
             None => core.credentials.token.clone().map(|t| t.into_bytes()),
         };

@@ -15,7 +15,8 @@
 //!   as it is (it is refused: a recorded HELLO must not open a node
 //!   connection);
 //! - the region secret opens a region connection, which may send USAGE
-//!   and nothing else a node may;
+//!   and nothing else a node may; a secret shared with one peer region
+//!   (`--region-peer-secret`) opens one that speaks for that region alone;
 //! - two secrets of each kind are accepted at once (`--*-next`), so a
 //!   secret can be rotated without refusing anyone in between.
 
@@ -98,6 +99,8 @@ pub(crate) struct Authenticator {
     cluster: Secrets,
     /// `--region-secret`: proves a region peer, for USAGE only.
     region: Secrets,
+    /// `--region-peer-secret`: each proves one peer region by name.
+    peers: Vec<(String, Secrets)>,
     /// No cluster secret and `--insecure`: any client may act as a node.
     open_control: bool,
 }
@@ -112,6 +115,11 @@ impl Authenticator {
             clients: Secrets::new(auth.auth_token.as_deref(), auth.auth_token_next.as_deref()),
             open_control: cluster.is_empty() && auth.insecure,
             region: Secrets::new(auth.region_secret.as_deref(), None),
+            peers: auth
+                .region_peer_secrets()
+                .into_iter()
+                .map(|(name, secret)| (name, Secrets::new(Some(&secret), None)))
+                .collect(),
             cluster,
         }
     }
@@ -123,29 +131,42 @@ impl Authenticator {
     /// (`node_proof`), unless this server holds no node secret at all (it
     /// then judges the token as a client's). Without one, a node secret
     /// itself is refused, whatever the client tokens.
+    ///
+    /// The region is the peer region a `--region-peer-secret` proof names:
+    /// the connection speaks for it alone.
     pub fn handshake(
         &self,
         token: &[u8],
         challenge: Option<&[u8; NONCE_LEN]>,
-    ) -> Result<Privilege, AuthRefusal> {
-        let has_node_secrets = !(self.cluster.is_empty() && self.region.is_empty());
+    ) -> Result<(Privilege, Option<&str>), AuthRefusal> {
+        let has_node_secrets =
+            !(self.cluster.is_empty() && self.region.is_empty() && self.peers.is_empty());
         if let (Some(nonce), true) = (challenge, has_node_secrets) {
-            // Both scopes computed and compared whatever the outcome.
+            // Every scope and peer computed and compared whatever the outcome.
             let node = self.cluster.proves(token, nonce, NodeScope::Cluster);
             let region = self.region.proves(token, nonce, NodeScope::Region);
-            return match (node, region) {
-                (true, _) => Ok(Privilege::Node),
-                (false, true) => Ok(Privilege::Region),
-                (false, false) => Err(AuthRefusal::WrongProof),
+            let peer = self.peers.iter().fold(None, |found, (name, secret)| {
+                let hit = secret.proves(token, nonce, NodeScope::Region);
+                found.or(hit.then_some(name.as_str()))
+            });
+            return match (node, region, peer) {
+                (true, ..) => Ok((Privilege::Node, None)),
+                (false, _, Some(name)) => Ok((Privilege::Region, Some(name))),
+                (false, true, None) => Ok((Privilege::Region, None)),
+                (false, false, None) => Err(AuthRefusal::WrongProof),
             };
         }
         // All compared whatever the outcome of the first.
-        let secret = self.cluster.matches(token) | self.region.matches(token);
+        let peer = self
+            .peers
+            .iter()
+            .fold(false, |hit, (_, secret)| hit | secret.matches(token));
+        let secret = self.cluster.matches(token) | self.region.matches(token) | peer;
         let client = self.clients.is_empty() || self.clients.matches(token);
         match (secret, client) {
             (true, _) => Err(AuthRefusal::SecretInHello),
-            (false, true) if self.open_control => Ok(Privilege::Node),
-            (false, true) => Ok(Privilege::Client),
+            (false, true) if self.open_control => Ok((Privilege::Node, None)),
+            (false, true) => Ok((Privilege::Client, None)),
             (false, false) => Err(AuthRefusal::WrongToken),
         }
     }
@@ -153,7 +174,15 @@ impl Authenticator {
     /// What a token alone may do (no challenge: the RESP and Envoy front
     /// ends, which take client tokens); `None`: refused.
     pub fn hello(&self, token: &[u8]) -> Option<Privilege> {
-        self.handshake(token, None).ok()
+        self.handshake(token, None)
+            .ok()
+            .map(|(privilege, _)| privilege)
+    }
+
+    /// Whether region `name` has a secret of its own here: its USAGE is
+    /// then taken only over a connection that proved it.
+    pub fn region_has_own_secret(&self, name: &str) -> bool {
+        self.peers.iter().any(|(peer, _)| peer == name)
     }
 }
 
@@ -213,6 +242,51 @@ mod tests {
 
     const NONCE: [u8; NONCE_LEN] = [9; NONCE_LEN];
 
+    /// What a handshake grants, without the region it may bind.
+    fn privilege(
+        auth: &Authenticator,
+        token: &[u8],
+        challenge: Option<&[u8; NONCE_LEN]>,
+    ) -> Result<Privilege, AuthRefusal> {
+        auth.handshake(token, challenge).map(|(p, _)| p)
+    }
+
+    #[test]
+    fn a_peer_regions_own_secret_binds_the_connection_to_it() {
+        let auth = Authenticator::new(&settings(|a| {
+            a.cluster_secret = Some("cluster".into());
+            a.region_secret = Some("region".into());
+            a.region_peer_secret = vec!["us=us-secret".into(), "ap=ap-secret".into()];
+        }));
+        let us = proof("us-secret", NodeScope::Region);
+        let ap = proof("ap-secret", NodeScope::Region);
+        let shared = proof("region", NodeScope::Region);
+        assert_eq!(
+            auth.handshake(&us, Some(&NONCE)),
+            Ok((Privilege::Region, Some("us")))
+        );
+        assert_eq!(
+            auth.handshake(&ap, Some(&NONCE)),
+            Ok((Privilege::Region, Some("ap")))
+        );
+        assert_eq!(
+            auth.handshake(&shared, Some(&NONCE)),
+            Ok((Privilege::Region, None))
+        );
+        // In the cluster scope, sent as it is, or without a challenge: nothing.
+        let wrong_scope = proof("us-secret", NodeScope::Cluster);
+        assert_eq!(
+            auth.handshake(&wrong_scope, Some(&NONCE)),
+            Err(AuthRefusal::WrongProof)
+        );
+        assert_eq!(
+            auth.handshake(b"us-secret", None),
+            Err(AuthRefusal::SecretInHello)
+        );
+        assert!(auth.region_has_own_secret("us"));
+        assert!(!auth.region_has_own_secret("eu"));
+    }
+
     fn proof(secret: &str, scope: NodeScope) -> [u8; 32] {
         node_proof(secret.as_bytes(), &NONCE, scope)
     }
@@ -225,69 +299,75 @@ mod tests {
             a.cluster_secret = Some("cluster".into());
             a.region_secret = Some("region".into());
         }));
-        assert_eq!(auth.handshake(b"client-1", None), Ok(Privilege::Client));
-        assert_eq!(auth.handshake(b"client-2", None), Ok(Privilege::Client));
+        assert_eq!(privilege(&auth, b"client-1", None), Ok(Privilege::Client));
+        assert_eq!(privilege(&auth, b"client-2", None), Ok(Privilege::Client));
         assert_eq!(
-            auth.handshake(b"client-3", None),
+            privilege(&auth, b"client-3", None),
             Err(AuthRefusal::WrongToken)
         );
-        assert_eq!(auth.handshake(b"", None), Err(AuthRefusal::WrongToken));
-        assert_eq!(auth.handshake(b"clust", None), Err(AuthRefusal::WrongToken));
+        assert_eq!(privilege(&auth, b"", None), Err(AuthRefusal::WrongToken));
+        assert_eq!(
+            privilege(&auth, b"clust", None),
+            Err(AuthRefusal::WrongToken)
+        );
         // A secret sent as it is opens nothing, with or without a challenge.
         for secret in [&b"cluster"[..], b"region"] {
             assert_eq!(
-                auth.handshake(secret, None),
+                privilege(&auth, secret, None),
                 Err(AuthRefusal::SecretInHello)
             );
             assert_eq!(
-                auth.handshake(secret, Some(&NONCE)),
+                privilege(&auth, secret, Some(&NONCE)),
                 Err(AuthRefusal::WrongProof)
             );
         }
         let node = proof("cluster", NodeScope::Cluster);
         let region = proof("region", NodeScope::Region);
-        assert_eq!(auth.handshake(&node, Some(&NONCE)), Ok(Privilege::Node));
-        assert_eq!(auth.handshake(&region, Some(&NONCE)), Ok(Privilege::Region));
+        assert_eq!(privilege(&auth, &node, Some(&NONCE)), Ok(Privilege::Node));
+        assert_eq!(
+            privilege(&auth, &region, Some(&NONCE)),
+            Ok(Privilege::Region)
+        );
         // A proof over another nonce, or in the other scope, is refused.
         assert_eq!(
-            auth.handshake(&node, Some(&[1; 32])),
+            privilege(&auth, &node, Some(&[1; 32])),
             Err(AuthRefusal::WrongProof)
         );
         let swapped = proof("region", NodeScope::Cluster);
         assert_eq!(
-            auth.handshake(&swapped, Some(&NONCE)),
+            privilege(&auth, &swapped, Some(&NONCE)),
             Err(AuthRefusal::WrongProof)
         );
         // After a challenge a client token is no proof.
         assert_eq!(
-            auth.handshake(b"client-1", Some(&NONCE)),
+            privilege(&auth, b"client-1", Some(&NONCE)),
             Err(AuthRefusal::WrongProof)
         );
         // A proof without a challenge is just a wrong token.
-        assert_eq!(auth.handshake(&node, None), Err(AuthRefusal::WrongToken));
+        assert_eq!(privilege(&auth, &node, None), Err(AuthRefusal::WrongToken));
     }
 
     #[test]
     fn without_a_cluster_secret_no_one_is_a_node_unless_insecure() {
         let open = Authenticator::new(&settings(|_| {}));
-        assert_eq!(open.handshake(b"", None), Ok(Privilege::Client));
-        assert_eq!(open.handshake(b"anything", None), Ok(Privilege::Client));
+        assert_eq!(privilege(&open, b"", None), Ok(Privilege::Client));
+        assert_eq!(privilege(&open, b"anything", None), Ok(Privilege::Client));
         // No node secret here: a challenge changes nothing.
         assert_eq!(
-            open.handshake(b"anything", Some(&NONCE)),
+            privilege(&open, b"anything", Some(&NONCE)),
             Ok(Privilege::Client)
         );
         let insecure = Authenticator::new(&settings(|a| a.insecure = true));
-        assert_eq!(insecure.handshake(b"", None), Ok(Privilege::Node));
+        assert_eq!(privilege(&insecure, b"", None), Ok(Privilege::Node));
         // --insecure does not open control when a secret is set.
         let with_secret = Authenticator::new(&settings(|a| {
             a.insecure = true;
             a.cluster_secret = Some("cluster".into());
         }));
-        assert_eq!(with_secret.handshake(b"", None), Ok(Privilege::Client));
+        assert_eq!(privilege(&with_secret, b"", None), Ok(Privilege::Client));
         let node = proof("cluster", NodeScope::Cluster);
         assert_eq!(
-            with_secret.handshake(&node, Some(&NONCE)),
+            privilege(&with_secret, &node, Some(&NONCE)),
             Ok(Privilege::Node)
         );
     }

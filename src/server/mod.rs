@@ -292,6 +292,7 @@ impl Server {
                 credentials: crate::node::Credentials {
                     cluster: config.auth.cluster_secret.clone(),
                     region: config.auth.region_secret.clone(),
+                    region_peers: config.auth.region_peer_secrets(),
                     token: config.auth.auth_token.clone(),
                 },
                 tls: tls.clone(),

@@ -279,3 +279,61 @@ async fn a_usage_with_huge_numbers_is_answered_and_the_node_serves_on() {
     );
     assert!(charge(&a_addr, "rl:{other}:k", 1, false).await.allowed);
 }
+
+/// A secret shared by two regions (`--region-peer-secret`) binds a
+/// connection to the region it names: the exchange between a and b runs
+/// under it; at a, a connection proving the cluster secret may no longer
+/// speak for b, and one proving b's secret may speak for b alone. Nothing
+/// refused is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_regions_own_secret_binds_its_connections_to_it() {
+    const AB: &str = "secret-of-regions-a-and-b";
+    let dir = TempDir::new("peer-secret");
+    let (a_addr, b_addr) = (free_addr(), free_addr());
+    let (at_a, at_b) = (format!("b={AB}"), format!("a={AB}"));
+    let a = region(
+        &dir,
+        "a",
+        &a_addr,
+        "b",
+        &b_addr,
+        &["--region-peer-secret", &at_a],
+    );
+    let b = region(
+        &dir,
+        "b",
+        &b_addr,
+        "a",
+        &a_addr,
+        &["--region-peer-secret", &at_b],
+    );
+    let key = "rl:{tenant}:paired";
+    assert!(charge(&b_addr, key, 100, false).await.allowed);
+    exchanged(&b, "a", 2).await;
+    let in_a = peek(&a_addr, key).await.remaining;
+    assert!(in_a <= 900, "a absorbed b's 100 under their secret: {in_a}");
+
+    let forged = "rl:{tenant}:forged";
+    let report = |region: &str| usage(region, u64::MAX / 2, 1, vec![entry(forged, 500, 0)]);
+    let mut node = as_node(&a_addr).await;
+    let (code, message) = send_usage(&mut node, 5, report("b")).await.unwrap_err();
+    assert_eq!(code, ErrorCode::AuthFailed, "{message}");
+    assert!(message.contains("--region-peer-secret"), "{message}");
+
+    let mut as_b = RawConn::connect(sock(&a_addr)).await;
+    match as_b
+        .node_hello(AB, tollgate_protocol::NodeScope::Region)
+        .await
+    {
+        Some(Response::HelloOk { .. }) => {}
+        other => panic!("HELLO proving b's secret: {other:?}"),
+    }
+    let (code, message) = send_usage(&mut as_b, 6, report("c")).await.unwrap_err();
+    assert_eq!(code, ErrorCode::AuthFailed, "{message}");
+    assert_eq!(
+        peek(&a_addr, forged).await.remaining,
+        999,
+        "nothing charged (a peek of a fresh key leaves its cost of 1)"
+    );
+    drop((a, b));
+}

@@ -158,7 +158,8 @@ async fn exchange_once(
     };
     // Exact again: merged keys and sealed ones make room for new keys.
     regions.set_pending_bytes(index, s.pending.bytes());
-    match send(core, &peer.config.addr, &mut s.link, &report, timeout).await {
+    let to = (peer.config.name.as_str(), peer.config.addr.as_str());
+    match send(core, to, &mut s.link, &report, timeout).await {
         Ok(ack) if ack.region != peer.config.name => {
             tracing::warn!(
                 peer = %peer.config.name, answered = %Escaped(&ack.region),
@@ -206,17 +207,25 @@ async fn exchange_once(
     }
 }
 
-/// Sends `report` on `link` (opened if need be) and returns the answer.
+/// Sends `report` on `link` (opened to peer region `peer` at `addr` if
+/// need be) and returns the answer.
 async fn send(
     core: &Core,
-    addr: &str,
+    (peer, addr): (&str, &str),
     link: &mut Option<Link>,
     report: &UsageReport,
     timeout: Duration,
 ) -> Result<tollgate_protocol::UsageAck, LinkError> {
     if link.is_none() {
-        let (opened, _) =
-            Link::open_as(core, addr, "region exchange", timeout, NodeScope::Region).await?;
+        let (opened, _) = Link::open_as(
+            core,
+            addr,
+            "region exchange",
+            timeout,
+            NodeScope::Region,
+            Some(peer),
+        )
+        .await?;
         *link = Some(opened);
     }
     let Some(l) = link.as_mut() else {

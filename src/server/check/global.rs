@@ -186,11 +186,13 @@ pub(in crate::server) enum UsageError {
 /// of a primary in a region. Each entry is charged under this node's own
 /// rule of that name when the rule is global and lists the sender.
 ///
-/// `bound` is the region the connection speaks for: the first region whose
-/// USAGE it had applied; a USAGE naming another is refused (AuthFailed), so
-/// one link cannot pass for several regions. (The cluster secret is the
-/// same everywhere, so nothing the HELLO proves names the region; a
-/// per-region secret would set `bound` from the HELLO instead.)
+/// `bound` is the region the connection speaks for: the region whose own
+/// secret (`--region-peer-secret`) its HELLO proved, or else the first
+/// region whose USAGE it had applied; a USAGE naming another is refused
+/// (AuthFailed), so one link cannot pass for several regions. A region
+/// with a secret of its own is heard only over a connection bound to it
+/// by that secret: the shared secrets (cluster, `--region-secret`) do not
+/// name a region, so whoever holds them could claim any.
 pub(in crate::server) fn receive_usage(
     shared: &super::Shared,
     privilege: crate::server::auth::Privilege,
@@ -223,6 +225,15 @@ pub(in crate::server) fn receive_usage(
             .filter(|r| r.global().iter().any(|g| g == sender) && r.global().contains(&own))
             .map(|r| r.limit)
     };
+    if bound.is_none() && shared.auth.region_has_own_secret(&report.region) {
+        return Err(UsageError::Error(
+            ErrorCode::AuthFailed,
+            format!(
+                "region {:?} has a secret of its own here (--region-peer-secret): its usage comes only over a connection that proved it",
+                report.region
+            ),
+        ));
+    }
     if let Some(region) = bound.as_deref().filter(|r| *r != report.region) {
         return Err(UsageError::Error(
             ErrorCode::AuthFailed,

@@ -135,8 +135,8 @@ impl Connection {
             return Flow::Close;
         }
         let given = auth_token.as_deref().unwrap_or_default();
-        let privilege = match self.shared.auth.handshake(given, self.challenge.as_ref()) {
-            Ok(privilege) => privilege,
+        let (privilege, region) = match self.shared.auth.handshake(given, self.challenge.as_ref()) {
+            Ok((privilege, region)) => (privilege, region.map(str::to_owned)),
             Err(refusal) => {
                 let failures = &self.shared.metrics.frontends.auth_failures;
                 failures.with_label_values(&["protocol"]).inc();
@@ -151,6 +151,8 @@ impl Connection {
         tracing::debug!(peer = %self.peer, client = %client_name, ?privilege, "handshake done");
         self.ready = true;
         self.privilege = privilege;
+        // A peer region's own secret: the connection speaks for it alone.
+        self.usage_region = region;
         self.owner = self.shared.retries.owner(privilege, given);
         self.client_name = client_name;
         let greeting = self.shared.node.greeting();
