@@ -30,10 +30,7 @@ warmup="${WARMUP:-2}"
     { echo "kernel-share: DURATION must be a whole number of seconds >= 3, WARMUP a whole number" >&2; exit 2; }
 [[ -x "$bench" ]] || { echo "kernel-share: $bench not built (cargo build --release -p tollgate-bench)" >&2; exit 2; }
 
-cpu() { awk '/^cpu /{print $2+$3, $4+$7+$8, $5+$6, $9}' /proc/stat; }
-# utime and stime of a process, in clock ticks ("0 0" when none is named).
-proc_cpu() { if [[ -n "${1:-}" ]]; then awk '{print $14, $15}' "/proc/$1/stat"; else echo 0 0; fi; }
-segs() { awk '/^Tcp:/{ if (!h) { for (i = 1; i <= NF; i++) if ($i == "OutSegs") c = i; h = 1 } else print $c }' /proc/net/snmp; }
+source "$(dirname "${BASH_SOURCE[0]}")/proc.sh"
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

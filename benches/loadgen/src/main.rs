@@ -47,11 +47,12 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use mimalloc::MiMalloc;
+use tollgate_client::{Priority, RuleName};
 
 use crate::driver::Plan;
 use crate::report::{Summary, WorkloadFields};
 use crate::targets::redis::RespTarget;
-use crate::targets::tollgate::TollgateTarget;
+use crate::targets::tollgate::{Options as TollgateOptions, TollgateTarget};
 use crate::targets::{RequestShape, Target, TargetError, TargetKind, TargetSpec};
 use crate::workload::{KeyDistribution, KeySpace, LimitRate, Rule};
 
@@ -76,8 +77,9 @@ static GLOBAL: MiMalloc = MiMalloc;
 #[command(name = "tollgate-bench", version, about, long_about = None)]
 struct Args {
     /// A target as KIND=HOST:PORT (tollgate, tollgate-cluster: the client's
-    /// cluster mode seeded with the address, redis, throttlecrab);
-    /// repeatable. Targets run one after another.
+    /// cluster mode seeded with the address, redis, redis-cell: Redis with
+    /// the redis-cell module, throttlecrab); repeatable. Targets run one
+    /// after another.
     #[arg(long, value_name = "KIND=ADDR")]
     target: Vec<TargetSpec>,
 
@@ -171,9 +173,33 @@ struct Args {
     #[arg(long, value_name = "FILE.svg|FILE.html")]
     plot: Option<PathBuf>,
 
+    /// Tollgate targets: check by this rule of the server's rules file
+    /// (`--rules`) instead of the inline token bucket (--limit-rate and
+    /// --limit-burst then only describe the run).
+    #[arg(long, value_name = "NAME")]
+    rule: Option<String>,
+
+    /// Tollgate targets: send each check as CHECK2 with this priority and
+    /// its own idempotency key (the server's dedup remembers every answer);
+    /// needs --batch 1.
+    #[arg(long, value_enum)]
+    priority: Option<PriorityArg>,
+
+    /// Tollgate targets: connect over TLS, verifying the server against
+    /// this CA (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+
     /// Length of each plotted sample (with --plot).
     #[arg(long, default_value = timeline::DEFAULT_PLOT_INTERVAL, value_parser = humantime::parse_duration)]
     plot_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PriorityArg {
+    Low,
+    Normal,
+    High,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -224,6 +250,13 @@ impl Args {
         if self.distribution == Dist::Zipf && (self.zipf_skew.is_nan() || self.zipf_skew < 0.0) {
             return Err(format!("--zipf-skew {} must be >= 0", self.zipf_skew));
         }
+        if self.priority.is_some() && self.batch != 1 {
+            return Err("--priority sends single checks: it needs --batch 1".to_owned());
+        }
+        if let Some(name) = &self.rule {
+            RuleName::new(name.clone().into_bytes())
+                .map_err(|e| format!("--rule {name:?}: {e}"))?;
+        }
         if self.threads == Some(0) {
             return Err("--threads must be at least 1".to_owned());
         }
@@ -244,6 +277,29 @@ impl Args {
             }
         }
         Ok(())
+    }
+
+    /// What the Tollgate targets send beyond the request shape.
+    fn tollgate_options(&self) -> Result<TollgateOptions, String> {
+        let tls = match &self.tls_ca {
+            Some(ca) => Some(
+                tollgate_client::tls::tls_trusting(ca)
+                    .map_err(|e| format!("--tls-ca {}: {e}", ca.display()))?,
+            ),
+            None => None,
+        };
+        Ok(TollgateOptions {
+            rule: self
+                .rule
+                .as_ref()
+                .and_then(|name| RuleName::new(name.clone().into_bytes()).ok()),
+            priority: self.priority.map(|p| match p {
+                PriorityArg::Low => Priority::Low,
+                PriorityArg::Normal => Priority::Normal,
+                PriorityArg::High => Priority::High,
+            }),
+            tls,
+        })
     }
 
     fn workload_fields(&self, threads: usize) -> WorkloadFields {
@@ -280,6 +336,13 @@ fn main() -> ExitCode {
         eprintln!("tollgate-bench: {message}");
         return ExitCode::from(2);
     }
+    let options = match args.tollgate_options() {
+        Ok(options) => options,
+        Err(message) => {
+            eprintln!("tollgate-bench: {message}");
+            return ExitCode::from(2);
+        }
+    };
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -323,7 +386,13 @@ fn main() -> ExitCode {
         if !args.quiet {
             eprintln!("tollgate-bench: {spec} ...");
         }
-        let result = runtime.block_on(run_one(&spec, shape, plan, workload.clone()));
+        let result = runtime.block_on(run_one(
+            &spec,
+            shape,
+            options.clone(),
+            plan,
+            workload.clone(),
+        ));
         match result {
             Ok(summary) => {
                 if summary.checks == 0 {
@@ -391,16 +460,22 @@ fn shell_word(arg: &str) -> String {
 async fn run_one(
     spec: &TargetSpec,
     shape: RequestShape,
+    options: TollgateOptions,
     plan: Plan,
     workload: WorkloadFields,
 ) -> Result<Summary, TargetError> {
     match spec.kind {
         TargetKind::Tollgate | TargetKind::TollgateCluster => {
             let cluster = spec.kind == TargetKind::TollgateCluster;
-            let target = Arc::new(TollgateTarget::new(spec.addr.clone(), shape, cluster));
+            let target = Arc::new(TollgateTarget::new(
+                spec.addr.clone(),
+                shape,
+                cluster,
+                options,
+            ));
             measure(spec, target, plan, workload).await
         }
-        TargetKind::Redis | TargetKind::Throttlecrab => {
+        TargetKind::Redis | TargetKind::Throttlecrab | TargetKind::RedisCell => {
             let target = Arc::new(RespTarget::new(spec.kind, spec.addr.clone(), shape)?);
             measure(spec, target, plan, workload).await
         }

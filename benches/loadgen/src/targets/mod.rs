@@ -37,6 +37,8 @@ pub enum TargetKind {
     Redis,
     /// throttlecrab-server's RESP `THROTTLE` command (GCRA).
     Throttlecrab,
+    /// Redis with the redis-cell module loaded: `CL.THROTTLE` (GCRA).
+    RedisCell,
 }
 
 impl TargetKind {
@@ -46,6 +48,7 @@ impl TargetKind {
             Self::TollgateCluster => "tollgate-cluster",
             Self::Redis => "redis",
             Self::Throttlecrab => "throttlecrab",
+            Self::RedisCell => "redis-cell",
         }
     }
 }
@@ -70,9 +73,10 @@ impl FromStr for TargetSpec {
             "tollgate-cluster" => TargetKind::TollgateCluster,
             "redis" => TargetKind::Redis,
             "throttlecrab" => TargetKind::Throttlecrab,
+            "redis-cell" => TargetKind::RedisCell,
             other => {
                 return Err(format!(
-                    "unknown target {other:?} (expected tollgate, tollgate-cluster, redis or throttlecrab)"
+                    "unknown target {other:?} (expected tollgate, tollgate-cluster, redis, redis-cell or throttlecrab)"
                 ))
             }
         };

@@ -1,5 +1,6 @@
 //! RESP targets through the `redis` crate: Redis running the seeds'
-//! token-bucket Lua script, and throttlecrab-server's `THROTTLE`.
+//! token-bucket Lua script, redis-cell's `CL.THROTTLE` (a Redis module), and
+//! throttlecrab-server's `THROTTLE`.
 //!
 //! One multiplexed connection per `--connections`. A request is a
 //! pipeline of `batch` commands, encoded and written at once and answered
@@ -17,6 +18,10 @@
 //!
 //! throttlecrab: `THROTTLE KEY burst count period_s cost`; its periods are
 //! whole seconds, so a rule like `50/250ms` is refused at connect.
+//!
+//! redis-cell: `CL.THROTTLE KEY burst-1 count period_s cost` (its
+//! `max_burst` is the bucket's capacity less one, so the same bucket as the
+//! others); whole-second periods too.
 
 use std::borrow::Cow;
 use std::sync::Mutex;
@@ -44,8 +49,10 @@ enum Command {
         rate_per_s: String,
         cost: String,
     },
-    /// `THROTTLE key max_burst count_per_period period_s quantity`.
+    /// `THROTTLE key max_burst count_per_period period_s quantity`, or
+    /// redis-cell's `CL.THROTTLE` with the same arguments.
     Throttle {
+        verb: &'static str,
         burst: String,
         count: String,
         period_s: String,
@@ -66,7 +73,10 @@ pub struct RespTarget {
 impl RespTarget {
     /// A target of `kind` (Redis or throttlecrab) at `addr`.
     pub fn new(kind: TargetKind, addr: String, shape: RequestShape) -> Result<Self, TargetError> {
-        debug_assert!(matches!(kind, TargetKind::Redis | TargetKind::Throttlecrab));
+        debug_assert!(matches!(
+            kind,
+            TargetKind::Redis | TargetKind::Throttlecrab | TargetKind::RedisCell
+        ));
         let client =
             redis::Client::open(format!("redis://{addr}/")).map_err(|e| TargetError::Connect {
                 target: kind.name(),
@@ -113,16 +123,27 @@ impl RespTarget {
                     cost: rule.cost.to_string(),
                 })
             }
-            TargetKind::Throttlecrab => {
+            TargetKind::Throttlecrab | TargetKind::RedisCell => {
+                let cell = self.kind == TargetKind::RedisCell;
+                let verb = if cell { "CL.THROTTLE" } else { "THROTTLE" };
                 if rule.rate.period_ms % 1000 != 0 {
                     return Err(self.setup_error(format!(
-                        "THROTTLE takes whole-second periods; {} is not",
+                        "{verb} takes whole-second periods; {} is not",
                         rule.rate
                     )));
                 }
-                self.set_info("throttlecrab THROTTLE (GCRA)".to_owned());
+                let info = if cell {
+                    let version = server_version(conn).await.unwrap_or_default();
+                    format!("redis {version} with redis-cell, CL.THROTTLE (GCRA)")
+                } else {
+                    "throttlecrab THROTTLE (GCRA)".to_owned()
+                };
+                self.set_info(info);
+                // redis-cell admits max_burst + 1 at once.
+                let burst = if cell { rule.burst - 1 } else { rule.burst };
                 Ok(Command::Throttle {
-                    burst: rule.burst.to_string(),
+                    verb,
+                    burst: burst.to_string(),
                     count: rule.rate.count.to_string(),
                     period_s: (rule.rate.period_ms / 1000).to_string(),
                     cost: rule.cost.to_string(),
@@ -256,12 +277,13 @@ fn push_check(pipe: &mut Pipeline, command: &Command, key: &[u8], now_ms: u64) {
                 .arg(cost);
         }
         Command::Throttle {
+            verb,
             burst,
             count,
             period_s,
             cost,
         } => {
-            pipe.cmd("THROTTLE")
+            pipe.cmd(verb)
                 .arg(key)
                 .arg(burst)
                 .arg(count)

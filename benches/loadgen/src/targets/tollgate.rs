@@ -15,12 +15,18 @@
 //! (`Client::connect_cluster`): each check is routed by its key's slot, a
 //! batch is split per shard. Against a single server (one shard owning
 //! every slot) it measures what routing costs in the client.
+//!
+//! [`Options`] turn on what a feature's price is measured with: checks by
+//! a named rule instead of an inline limit (`--rule`, e.g. a global rule),
+//! CHECK2 with a priority and an idempotency key per check (`--priority`:
+//! the server's dedup then remembers each answer), and TLS (`--tls-ca`).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tollgate_client::error::code_summary;
 use tollgate_client::{
-    Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, Outcome, Pair,
+    Algorithm, CheckBatch, CheckResult, Client, ClientConfig, Limit, LimitRef, Outcome, Pair,
+    Priority, RuleName,
 };
 
 use super::{Answer, Connection, RequestShape, Target, TargetError};
@@ -28,21 +34,35 @@ use crate::workload::{KeyPicker, KeySpace};
 
 const NAME: &str = "tollgate";
 
+/// How the Tollgate target's checks are sent, beyond the request shape.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Check by this rule of the server's rules file, not the inline limit.
+    pub rule: Option<RuleName>,
+    /// Send each check as CHECK2 with this priority (and a fresh
+    /// idempotency key), as `Client::with_priority` does.
+    pub priority: Option<Priority>,
+    /// Speak TLS, trusting this config's roots.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
 pub struct TollgateTarget {
     addr: String,
     /// Through the client's cluster mode.
     cluster: bool,
     shape: RequestShape,
+    options: Options,
     /// Filled by the first handshake.
     info: Mutex<Option<String>>,
 }
 
 impl TollgateTarget {
-    pub fn new(addr: String, shape: RequestShape, cluster: bool) -> Self {
+    pub fn new(addr: String, shape: RequestShape, cluster: bool, options: Options) -> Self {
         Self {
             addr,
             cluster,
             shape,
+            options,
             info: Mutex::new(None),
         }
     }
@@ -60,6 +80,7 @@ impl Target for TollgateTarget {
             deadline: self.shape.deadline,
             client_name: "tollgate-bench".to_owned(),
             fallback: None,
+            tls: self.options.tls.clone(),
             ..ClientConfig::default()
         };
         let connect_error = |e: tollgate_client::Error| TargetError::Connect {
@@ -107,15 +128,24 @@ impl Target for TollgateTarget {
                 )
             });
         let rule = self.shape.rule;
-        Ok(TollgateConn {
-            client,
-            shape: self.shape,
-            limit: Limit {
+        let limit = match &self.options.rule {
+            Some(name) => LimitRef::Rule(name.clone()),
+            None => Limit {
                 algorithm: Algorithm::TokenBucket,
                 count: rule.rate.count,
                 period_ms: rule.rate.period_ms,
                 burst: rule.burst,
-            },
+            }
+            .into(),
+        };
+        let client = match self.options.priority {
+            Some(priority) => client.with_priority(priority),
+            None => client,
+        };
+        Ok(TollgateConn {
+            client,
+            shape: self.shape,
+            limit,
         })
     }
 
@@ -131,7 +161,7 @@ impl Target for TollgateTarget {
 pub struct TollgateConn {
     client: Client,
     shape: RequestShape,
-    limit: Limit,
+    limit: LimitRef,
 }
 
 /// A request: one check (a gateway's call per API request), or a batch.
@@ -151,7 +181,7 @@ impl Connection for TollgateConn {
         let names = picker.next_keys(&self.shape.keys, checks);
         let pair = |key| Pair {
             key,
-            limit: self.limit.into(),
+            limit: self.limit.clone(),
             cost: self.shape.rule.cost,
         };
         if checks == 1 {
