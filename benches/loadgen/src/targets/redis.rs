@@ -385,6 +385,7 @@ mod tests {
             ]
         );
         let throttle = Command::Throttle {
+            verb: "THROTTLE",
             burst: "100".into(),
             count: "100".into(),
             period_s: "60".into(),
@@ -397,6 +398,19 @@ mod tests {
         assert_eq!(
             packed_words(&pipe)[..6],
             ["THROTTLE", "rl:{000000000008}", "100", "100", "60", "2"]
+        );
+        let cell = Command::Throttle {
+            verb: "CL.THROTTLE",
+            burst: "99".into(),
+            count: "100".into(),
+            period_s: "60".into(),
+            cost: "1".into(),
+        };
+        let mut pipe = redis::pipe();
+        push_check(&mut pipe, &cell, b"rl:{000000000010}", 0);
+        assert_eq!(
+            packed_words(&pipe)[..6],
+            ["CL.THROTTLE", "rl:{000000000010}", "99", "100", "60", "1"]
         );
     }
 
