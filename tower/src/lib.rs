@@ -62,3 +62,9 @@ pub struct ReadmeExamples;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/REPLICATION.md")]
 pub struct ReplicationExamples;
+
+/// The client guide's Rust examples (the client's and this crate's),
+/// compiled as doctests like the README's.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/CLIENT.md")]
+pub struct ClientExamples;
