@@ -1,11 +1,24 @@
-//! The README's examples, for the tests that keep them valid (the README
-//! is a contract: people copy its examples).
+//! The documentation's examples, for the tests that keep them valid (the
+//! README and the operator manual in docs/ are a contract: people copy
+//! their examples).
 
-/// The first YAML block after `heading` in the README.
-pub(crate) fn yaml_after(heading: &str) -> &'static str {
-    let readme = include_str!("../README.md");
-    let section = readme.find(heading).expect("the README has this heading");
-    let start = section + readme[section..].find("```yaml\n").expect("a yaml block") + 8;
-    let end = start + readme[start..].find("```").expect("its end");
-    &readme[start..end]
+/// The operator manual's configuration page (docs/CONFIGURATION.md).
+pub(crate) const CONFIGURATION: &str = include_str!("../docs/CONFIGURATION.md");
+
+/// The operator manual's rules page (docs/RULES.md).
+pub(crate) const RULES: &str = include_str!("../docs/RULES.md");
+
+/// The first YAML block after the line `heading` (a whole line, so `# A`
+/// does not match `## A`) in `doc`.
+pub(crate) fn yaml_after(doc: &'static str, heading: &str) -> &'static str {
+    let section = doc
+        .match_indices(heading)
+        .map(|(at, _)| at)
+        .find(|&at| {
+            (at == 0 || doc[..at].ends_with('\n')) && doc[at + heading.len()..].starts_with('\n')
+        })
+        .expect("the document has this heading");
+    let start = section + doc[section..].find("```yaml\n").expect("a yaml block") + 8;
+    let end = start + doc[start..].find("```").expect("its end");
+    &doc[start..end]
 }

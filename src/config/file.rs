@@ -231,9 +231,9 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_config_example_loads() {
-        let example =
-            file(crate::readme::yaml_after("### Config file")).expect("README example is valid");
+    fn the_documented_config_example_loads() {
+        let example = crate::readme::yaml_after(crate::readme::CONFIGURATION, "## Config file");
+        let example = file(example).expect("docs/CONFIGURATION.md example is valid");
         let config = merged(&example, &[]);
         config.validate().unwrap();
         assert_eq!(config.store.max_memory, Some(1 << 30));

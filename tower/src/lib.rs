@@ -51,9 +51,20 @@ pub use route::{ExtractFn, KeyExtractor, KeyExtractorError, Route};
 pub use service::{RateLimit, RateLimitLayer};
 pub use tollgate_client::Policy;
 
-/// The README's Rust examples (the client's and this crate's), compiled as
-/// doctests (`cargo test -p tollgate-tower --doc`) so that they keep up
-/// with both APIs.
+/// The README's Rust examples, compiled as doctests (`cargo test -p
+/// tollgate-tower --doc`) so that they keep up with the APIs.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeExamples;
+
+/// The Rust examples of the replication guide (a client given both nodes
+/// of a pair), compiled as doctests like the README's.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/REPLICATION.md")]
+pub struct ReplicationExamples;
+
+/// The client guide's Rust examples (the client's and this crate's),
+/// compiled as doctests like the README's.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/CLIENT.md")]
+pub struct ClientExamples;

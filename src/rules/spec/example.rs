@@ -1,4 +1,4 @@
-//! The rules examples of the docs load (README, config/rules.example.yaml).
+//! The rules examples of the docs load (docs/RULES.md, config/rules.example.yaml).
 
 /// The checked-in example file is valid and shows every field.
 #[test]
@@ -19,14 +19,14 @@ fn the_example_rules_file_loads() {
     assert!(rules.iter().any(|r| r.default_cost > 1));
 }
 
-/// So is the README's example.
+/// So is the example of the operator manual (docs/RULES.md).
 #[test]
-fn the_readme_rules_example_loads() {
+fn the_documented_rules_example_loads() {
     let rules = super::parse_yaml(
-        crate::readme::yaml_after("## Named rules"),
+        crate::readme::yaml_after(crate::readme::RULES, "# Named rules"),
         crate::algorithm::DEFAULT_MAX_LOG_ENTRIES,
     )
-    .expect("README example is valid");
+    .expect("docs/RULES.md example is valid");
     assert_eq!(rules.len(), 2);
     assert_eq!(rules[1].window.as_ref().map(|w| w.ms), Some(86_400_000));
 }
