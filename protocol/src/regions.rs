@@ -68,7 +68,12 @@ pub struct UsageEntry {
 impl UsageEntry {
     /// Bytes this entry takes on the wire.
     pub fn wire_len(&self) -> usize {
-        2 + self.key.len() + 1 + self.rule.len() + 8 + 8 + 8
+        Self::encoded_len(&self.key, &self.rule)
+    }
+
+    /// Bytes an entry of `key` under `rule` takes on the wire.
+    pub fn encoded_len(key: &[u8], rule: &RuleName) -> usize {
+        2 + key.len() + 1 + rule.len() + 8 + 8 + 8
     }
 }
 

@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod delay;
+mod drain;
 #[allow(dead_code)]
 #[path = "../replication/harness.rs"]
 mod harness;

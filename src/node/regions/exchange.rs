@@ -3,7 +3,8 @@
 //!
 //! Each sender, every interval while this node is primary: moves its
 //! journal into its pending usage, seals one USAGE of at most
-//! `exchange-max-bytes` (or takes the unanswered one again), sends it over
+//! `exchange-max-bytes` (or takes the unanswered one again) and sends it
+//! (then, while usage is left and the interval lasts, the next) over
 //! a node link (HELLO proving the region secret, or the cluster secret
 //! without one) and waits for USAGE_OK. A
 //! message is numbered once (session, seq) and resent unchanged until
@@ -119,20 +120,32 @@ async fn send_loop(
                 report.seq = s.seq;
             }
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = exchange_once(&core, &regions, index, &mut s, timeout) => {}
+        // A backlog (more usage than one message holds) is drained at once,
+        // message after message, rather than one message per interval, for
+        // as long as the interval lasts: usage that waits is usage the
+        // peers do not see.
+        let started = tokio::time::Instant::now();
+        loop {
+            let more = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                more = exchange_once(&core, &regions, index, &mut s, timeout) => more,
+            };
+            if !more || started.elapsed() >= interval {
+                break;
+            }
         }
     }
 }
 
+/// Sends one USAGE (the unanswered one again, or a fresh one) and returns
+/// whether it was answered with usage still waiting to be sent.
 async fn exchange_once(
     core: &Core,
     regions: &Regions,
     index: usize,
     s: &mut Sender,
     timeout: Duration,
-) {
+) -> bool {
     let peer = &regions.peers[index];
     let metrics = regions.metrics.peer(&peer.config.name);
     let fresh = regions.take_journal(index);
@@ -140,10 +153,10 @@ async fn exchange_once(
     let report = match s.unanswered.take() {
         Some(report) => report,
         None => {
-            let (entries, capped) = s
+            let (entries, left) = s
                 .pending
                 .seal(regions.config.max_message_bytes, regions.name().len());
-            if capped {
+            if left {
                 regions.metrics.capped.inc();
             }
             s.seq += 1;
@@ -166,6 +179,7 @@ async fn exchange_once(
                 "the address of a peer region leads to another region; usage dropped"
             );
             metrics.send_failures.inc();
+            false
         }
         Ok(_) => {
             s.refused_auth = false;
@@ -173,6 +187,9 @@ async fn exchange_once(
             peer.last_acked
                 .fetch_max(core.clock.now(), crate::sync::Ordering::Relaxed);
             peer.acked.fetch_add(1, crate::sync::Ordering::Relaxed);
+            // More to send now: what did not fit, or what waited behind an
+            // unanswered message.
+            !s.pending.is_empty()
         }
         // Malformed: the peer will never take this message (it does not
         // know this region, say); drop it rather than retry it forever.
@@ -183,6 +200,7 @@ async fn exchange_once(
             );
             metrics.send_failures.inc();
             s.link = None;
+            false
         }
         // Anything else (a standby answering NotPrimary during a failover
         // there, a broken connection): the same message again next time.
@@ -203,6 +221,7 @@ async fn exchange_once(
             metrics.send_failures.inc();
             s.link = None;
             s.unanswered = Some(report);
+            false
         }
     }
 }

@@ -15,14 +15,15 @@
 //! usage of a hot key by checking many cold ones.
 
 use crate::clock::Nanos;
+use ahash::RandomState;
 use bytes::Bytes;
-use std::collections::HashMap;
+use hashbrown::HashTable;
 use tollgate_protocol::{usage_header_len, RuleName, UsageEntry};
 
-/// What an entry is counted as besides its key and rule name: the map's
-/// slot (key, rule and usage), doubled for the spare room a hash map keeps
-/// as it grows, and the headers of the two heap blocks the names take.
-const ENTRY_OVERHEAD: usize = 2 * std::mem::size_of::<((Bytes, RuleName), Usage)>() + 32;
+/// What an entry is counted as besides its key and rule name: the table's
+/// slot, doubled for the spare room a hash table keeps as it grows, and the
+/// headers of the two heap blocks the names take.
+const ENTRY_OVERHEAD: usize = 2 * std::mem::size_of::<Entry>() + 32;
 
 /// The bytes an entry of `key` under `rule` is counted as.
 fn entry_bytes(key: &[u8], rule: &RuleName) -> usize {
@@ -37,37 +38,76 @@ struct Usage {
 }
 
 impl Usage {
-    fn merge(&mut self, charged: u64, refunded: u64, at: Nanos) {
-        self.charged = self.charged.saturating_add(charged);
-        self.refunded = self.refunded.saturating_add(refunded);
-        if charged > 0 {
-            self.at = self.at.max(at);
+    fn merge(&mut self, other: Usage) {
+        self.charged = self.charged.saturating_add(other.charged);
+        self.refunded = self.refunded.saturating_add(other.refunded);
+        if other.charged > 0 {
+            self.at = self.at.max(other.at);
         }
     }
 }
 
+/// One key under one rule. Held in a [`HashTable`] rather than a map keyed
+/// by (key, rule) so a lookup hashes and compares the caller's slices as
+/// they are, with no handle cloned per check. The entry keeps its hash:
+/// every journal of a node hashes with the same [`JournalHasher`], so a
+/// check's usage is hashed once for all its peers, and neither a table's
+/// growth nor a sender absorbing a journal hashes a key again.
+#[derive(Debug)]
+struct Entry {
+    hash: u64,
+    key: Bytes,
+    rule: RuleName,
+    usage: Usage,
+}
+
+/// The hasher of every journal of one node: ahash, seeded at random once
+/// per process (clients choose the keys, so the seed must be secret).
+#[derive(Debug, Clone, Default)]
+pub(super) struct JournalHasher(RandomState);
+
+impl JournalHasher {
+    /// The hash [`Journal::add`] takes for `key` under `rule`.
+    pub fn hash(&self, key: &[u8], rule: &RuleName) -> u64 {
+        self.0.hash_one((key, rule.as_bytes()))
+    }
+}
+
+impl Entry {
+    fn is(&self, key: &[u8], rule: &RuleName) -> bool {
+        self.key[..] == *key && self.rule == *rule
+    }
+}
+
+/// The usage not yet sent to one peer region (see the module's header).
+/// Journals are merged only with journals of the same node, made with the
+/// same [`JournalHasher`] (the hashes they keep must agree).
 #[derive(Debug, Default)]
 pub(super) struct Journal {
-    entries: HashMap<(Bytes, RuleName), Usage>,
+    entries: HashTable<Entry>,
     /// The entries' bytes as [`entry_bytes`] counts them.
     bytes: usize,
 }
 
 impl Journal {
-    /// Adds usage of `key` under `rule`. A key not yet here is taken only
-    /// when its entry fits in `room` bytes; returns false when it did not
-    /// (nothing recorded). The key and name are copied: the caller's are
-    /// slices of a whole request frame, which they would keep alive.
+    /// Adds usage of `key` under `rule`, whose [`JournalHasher::hash`] is
+    /// `hash`. A key not yet here is taken only when its entry fits in
+    /// `room` bytes; returns false when it did not (nothing recorded). The
+    /// key and name are copied: the caller's are slices of a whole request
+    /// frame, which they would keep alive.
     pub fn add(
         &mut self,
-        key: &Bytes,
-        rule: &RuleName,
+        (hash, key, rule): (u64, &[u8], &RuleName),
         (charged, refunded, at): (u64, u64, Nanos),
         room: usize,
     ) -> bool {
-        // Clones of the caller's handles, for the lookup only.
-        if let Some(u) = self.entries.get_mut(&(key.clone(), rule.clone())) {
-            u.merge(charged, refunded, at);
+        let usage = Usage {
+            charged,
+            refunded,
+            at: if charged > 0 { at } else { 0 },
+        };
+        if let Some(e) = self.entries.find_mut(hash, |e| e.is(key, rule)) {
+            e.usage.merge(usage);
             return true;
         }
         let bytes = entry_bytes(key, rule);
@@ -78,23 +118,39 @@ impl Journal {
             // A valid name copied is valid; never happens.
             return false;
         };
-        let mut u = Usage::default();
-        u.merge(charged, refunded, at);
-        self.entries.insert((Bytes::copy_from_slice(key), rule), u);
+        let entry = Entry {
+            hash,
+            key: Bytes::copy_from_slice(key),
+            rule,
+            usage,
+        };
+        self.insert_new(entry);
         self.bytes += bytes;
         true
     }
 
+    fn insert_new(&mut self, entry: Entry) {
+        self.entries.insert_unique(entry.hash, entry, |e| e.hash);
+    }
+
     /// Moves everything of `other` into this journal (no room asked: what
     /// `other` holds was counted against the same bound already, and a key
-    /// in both takes less room merged).
-    pub fn absorb(&mut self, other: Journal) {
-        for (k, u) in other.entries {
-            match self.entries.get_mut(&k) {
-                Some(mine) => mine.merge(u.charged, u.refunded, u.at),
+    /// in both takes less room merged). The smaller of the two is walked:
+    /// a sender absorbing each interval's journal into a pending usage that
+    /// is empty (the peer keeps up) only swaps them.
+    pub fn absorb(&mut self, mut other: Journal) {
+        if other.entries.len() > self.entries.len() {
+            std::mem::swap(self, &mut other);
+        }
+        for entry in other.entries {
+            let found = self
+                .entries
+                .find_mut(entry.hash, |e| e.is(&entry.key, &entry.rule));
+            match found {
+                Some(mine) => mine.usage.merge(entry.usage),
                 None => {
-                    self.bytes += entry_bytes(&k.0, &k.1);
-                    self.entries.insert(k, u);
+                    self.bytes += entry_bytes(&entry.key, &entry.rule);
+                    self.insert_new(entry);
                 }
             }
         }
@@ -110,33 +166,36 @@ impl Journal {
         self.entries.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
     /// Takes out entries for one USAGE of at most `max_bytes` (with the
     /// header for a region name of `region_len` bytes); the rest stays.
     /// Returns the entries and whether some were left for lack of room.
     pub fn seal(&mut self, max_bytes: usize, region_len: usize) -> (Vec<UsageEntry>, bool) {
         let mut room = max_bytes.saturating_sub(usage_header_len(region_len));
         let mut out = Vec::new();
-        let mut taken = Vec::new();
-        for ((key, rule), u) in &self.entries {
-            let entry = UsageEntry {
-                key: key.clone(),
-                rule: rule.clone(),
-                charged: u.charged,
-                refunded: u.refunded,
-                at: u.at,
-            };
-            let len = entry.wire_len();
-            if len > room {
-                continue;
+        let taken = self.entries.extract_if(|e| {
+            let len = UsageEntry::encoded_len(&e.key, &e.rule);
+            let fits = len <= room;
+            if fits {
+                room -= len;
             }
-            room -= len;
-            taken.push((key.clone(), rule.clone()));
-            out.push(entry);
-        }
-        for k in &taken {
-            if self.entries.remove(k).is_some() {
-                self.bytes -= entry_bytes(&k.0, &k.1);
-            }
+            fits
+        });
+        for Entry {
+            key, rule, usage, ..
+        } in taken
+        {
+            self.bytes -= entry_bytes(&key, &rule);
+            out.push(UsageEntry {
+                key,
+                rule,
+                charged: usage.charged,
+                refunded: usage.refunded,
+                at: usage.at,
+            });
         }
         (out, !self.entries.is_empty())
     }
@@ -147,6 +206,15 @@ mod tests {
     use super::*;
 
     const ROOM: usize = usize::MAX;
+
+    /// One hasher for every journal of a test, as for those of a node.
+    fn add(j: &mut Journal, key: &[u8], usage: (u64, u64, Nanos), room: usize) -> bool {
+        static HASHER: std::sync::OnceLock<JournalHasher> = std::sync::OnceLock::new();
+        let hash = HASHER
+            .get_or_init(JournalHasher::default)
+            .hash(key, &rule());
+        j.add((hash, key, &rule()), usage, room)
+    }
 
     fn rule() -> RuleName {
         RuleName::try_from("api").unwrap()
@@ -159,17 +227,23 @@ mod tests {
         let room = |j: &Journal| (10 * one).saturating_sub(j.bytes());
         for i in 0..100 {
             let key = Bytes::from(format!("key-{i:04}"));
-            assert_eq!(j.add(&key, &rule(), (1, 0, 5), room(&j)), i < 10, "{i}");
+            let left = room(&j);
+            assert_eq!(add(&mut j, &key, (1, 0, 5), left), i < 10, "{i}");
         }
         assert_eq!((j.len(), j.bytes()), (10, 10 * one));
         // A key already there still counts every unit.
         for _ in 0..5 {
-            assert!(j.add(&Bytes::from_static(b"key-0003"), &rule(), (2, 1, 9), 0));
+            assert!(add(&mut j, &Bytes::from_static(b"key-0003"), (2, 1, 9), 0));
         }
         // Moving it into another journal (the sender's pending one) keeps
         // the count; a key in both is counted once.
         let mut pending = Journal::default();
-        pending.add(&Bytes::from_static(b"key-0003"), &rule(), (1, 0, 1), ROOM);
+        add(
+            &mut pending,
+            &Bytes::from_static(b"key-0003"),
+            (1, 0, 1),
+            ROOM,
+        );
         pending.absorb(j);
         assert_eq!((pending.len(), pending.bytes()), (10, 10 * one));
         let (entries, left) = pending.seal(1 << 20, 2);
@@ -184,7 +258,7 @@ mod tests {
         let frame = Bytes::from(vec![b'k'; 4096]);
         let key = frame.slice(0..8);
         let mut j = Journal::default();
-        j.add(&key, &rule(), (1, 0, 1), ROOM);
+        add(&mut j, &key, (1, 0, 1), ROOM);
         let (entries, _) = j.seal(1 << 20, 2);
         // A slice would point into the frame's 4 KiB.
         let at = entries[0].key.as_ptr() as usize;
@@ -196,9 +270,9 @@ mod tests {
     fn usage_of_one_key_adds_up_and_keeps_the_latest_time() {
         let mut j = Journal::default();
         let k = Bytes::from_static(b"rl:{a}");
-        j.add(&k, &rule(), (2, 0, 10), ROOM);
-        j.add(&k, &rule(), (3, 1, 30), ROOM);
-        j.add(&k, &rule(), (0, 1, 40), ROOM);
+        add(&mut j, &k, (2, 0, 10), ROOM);
+        add(&mut j, &k, (3, 1, 30), ROOM);
+        add(&mut j, &k, (0, 1, 40), ROOM);
         let (entries, left) = j.seal(1 << 20, 2);
         assert!(!left);
         assert_eq!(entries.len(), 1);
@@ -211,12 +285,7 @@ mod tests {
     fn a_message_takes_what_fits_and_leaves_the_rest() {
         let mut j = Journal::default();
         for i in 0..100 {
-            j.add(
-                &Bytes::from(format!("key-{i:04}")),
-                &rule(),
-                (1, 0, 5),
-                ROOM,
-            );
+            add(&mut j, &Bytes::from(format!("key-{i:04}")), (1, 0, 5), ROOM);
         }
         // Each entry: 2 + 8 + 1 + 3 + 24 = 38 bytes.
         let max = usage_header_len(2) + 38 * 30;

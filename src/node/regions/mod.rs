@@ -31,7 +31,7 @@ use crate::config::{RegionPeer, RegionSettings};
 use crate::store::{RemoteUsage, Store};
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use bytes::Bytes;
-use journal::Journal;
+use journal::{Journal, JournalHasher};
 use metrics::RegionMetrics;
 use prometheus::Registry;
 use serde::Serialize;
@@ -124,6 +124,8 @@ pub(crate) struct Regions {
     /// Set while the exchange is stalled with a majority of the peers.
     cut_off: AtomicBool,
     metrics: RegionMetrics,
+    /// The hasher of every journal here, the senders' pending ones too.
+    hasher: JournalHasher,
 }
 
 impl Regions {
@@ -158,6 +160,7 @@ impl Regions {
             store,
             cut_off: AtomicBool::new(false),
             metrics,
+            hasher: JournalHasher::default(),
         })
     }
 
@@ -179,6 +182,8 @@ impl Regions {
         refunded: u64,
         now: Nanos,
     ) {
+        // Hashed once for every peer's journal.
+        let entry = (self.hasher.hash(key, rule), &key[..], rule);
         for peer in &self.peers {
             if regions.contains(&peer.config.name) {
                 let mut journal = peer.journal.lock();
@@ -186,7 +191,7 @@ impl Regions {
                 // sender, which can only make room.
                 let held = journal.bytes() + peer.pending_bytes.load(Ordering::Relaxed);
                 let room = self.config.journal_max_bytes.saturating_sub(held);
-                if !journal.add(key, rule, (charged, refunded, now), room) {
+                if !journal.add(entry, (charged, refunded, now), room) {
                     drop(journal);
                     peer.dropped.0.inc();
                     peer.dropped.1.inc_by(charged.saturating_add(refunded));
