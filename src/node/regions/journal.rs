@@ -294,7 +294,7 @@ mod tests {
         assert!(left);
         assert_eq!(j.len(), 70);
         let mut rest = 0;
-        while j.len() > 0 {
+        while !j.is_empty() {
             rest += j.seal(max, 2).0.len();
         }
         assert_eq!(rest, 70);
