@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tollgate_protocol::{CheckBatch, CheckResult, ErrorCode, Pair};
 
 use super::{classify, group_slot, Attempts, Cluster, Retry, Todo};
-use crate::client::calls;
+use crate::calls;
 use crate::connection::pending::{Answer, BatchKind, Checks};
 use crate::connection::Deadline;
 use crate::error::Error;

@@ -28,7 +28,7 @@ use super::call::Shared;
 use super::pending::{Swept, Wakers};
 use super::{StopOnExit, READ_CHUNK};
 use crate::error::Error;
-use crate::shard::Node;
+use crate::node::Node;
 
 /// What the driver needs besides the socket.
 pub(super) struct DriverSettings {
