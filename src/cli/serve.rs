@@ -4,7 +4,7 @@
 use super::logging::init_logging;
 use super::signals::{cancel_on_signal, reload_on_sighup};
 use super::{Cli, Command};
-use crate::config::{AdminAddr, ConfigFile, ServerConfig};
+use crate::config::{AdminAddr, ConfigError, ConfigFile, ServerConfig};
 use crate::huge_pages::{self, HostMode, HugePages};
 use crate::server::Server;
 use clap::{Args, CommandFactory, FromArgMatches};
@@ -57,7 +57,7 @@ pub(super) async fn run(
     heap_pages: Option<std::io::Result<huge_pages::Applied>>,
 ) -> ExitCode {
     let config = args.config;
-    if let Err(e) = config.validate() {
+    if let Err(e) = validate(&config) {
         eprintln!("error: invalid settings: {e}");
         return ExitCode::from(2);
     }
@@ -163,6 +163,15 @@ pub(super) async fn run(
             ExitCode::FAILURE
         }
     }
+}
+
+/// The settings' checks: as plain values (`config`), then cluster mode's
+/// by the control plane's rules.
+fn validate(config: &ServerConfig) -> Result<(), ConfigError> {
+    config.validate()?;
+    #[cfg(feature = "cluster")]
+    crate::node::check_cluster_settings(&config.cluster)?;
+    Ok(())
 }
 
 /// What `--huge-pages` came to: logged once at start, with a warning when

@@ -45,10 +45,11 @@ mod role;
 mod shared;
 mod source;
 pub(crate) mod status;
+mod store_settings;
 mod supervisor;
 
 #[cfg(feature = "cluster")]
-pub(crate) use cluster::Membership;
+pub(crate) use cluster::{check_settings as check_cluster_settings, etcd_access, Membership};
 pub(crate) use gate::Gate;
 pub(crate) use link::Credentials;
 pub(crate) use shared::Handover;
