@@ -8,7 +8,7 @@
 //!
 //! The calls that answer a rate-limit question ([`Client::check`] and
 //! friends) do not return `Error`: they fold it into an
-//! [`Undecided`](crate::Undecided) reason (`Undecided::from_error`, crate-private).
+//! [`Undecided`] reason (`outcome::Failure::from_error`, crate-private).
 //!
 //! [`Client::check`]: crate::Client::check
 
