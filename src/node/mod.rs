@@ -15,7 +15,9 @@
 //!    replication tasks (replication/: primary feed, standby follower)
 //!
 //!  shared.rs: what those tasks share (Core) and what a connection hands
-//!  them (Handover); status.rs, metrics.rs: what the node reports
+//!  them (Handover); status.rs, metrics.rs: what the node reports;
+//!  store_settings.rs (and cluster/settings.rs): the store's (etcd's)
+//!  settings made from the server's, which `config` holds as plain values
 //! ```
 //!
 //! Invariants:
