@@ -1,10 +1,10 @@
-//! Sending requests through a shard (cluster mode sends each part of a
-//! batch through its slot's shard with these too): local checks against the server's
+//! Sending requests through one shard: local checks against the server's
 //! announced limits, the call, and the retries: after NotPrimary (nothing
 //! was charged), and for CHECK2 after a lost connection (the server may
 //! have charged it, and answers the same idempotency key from memory
-//! instead of charging again). Free functions over the shard so background
-//! tasks (lease refunds) share them with the client handle.
+//! instead of charging again). Free functions over the shard, so the
+//! client handle, its background tasks (lease refunds) and cluster mode
+//! (each part of a batch through its slot's shard) share them.
 
 use std::future::Future;
 use std::sync::Arc;
