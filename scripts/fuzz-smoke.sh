@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# A bounded fuzz run of every cargo-fuzz target (protocol/fuzz): the
+# A bounded fuzz run of every cargo-fuzz target (fuzz/): the
 # decoders, the rules file reader and the admin API's rule bodies, each
 # for FUZZ_SECONDS (default 20) from its committed seed corpus, into a
 # scratch copy so CI leaves no new inputs behind. Any crash or broken
-# invariant fails the run (its input lands in protocol/fuzz/artifacts/).
+# invariant fails the run (its input lands in fuzz/artifacts/).
 # Needs cargo-fuzz: installed here when missing. Run by .ci/run after the
 # tests. Built without a sanitizer (`-s none`): the targets check panics and
 # the invariants of fuzz/src/lib.rs, and the code under test (decoders,
@@ -13,7 +13,7 @@
 # would only slow the build and the runs.
 # The four targets are built once, up front, in one cargo invocation.
 set -euo pipefail
-cd "$(dirname "$0")/../protocol"
+cd "$(dirname "$0")/.."
 seconds="${FUZZ_SECONDS:-20}"
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

@@ -1,11 +1,11 @@
-//! The rules fuzz targets' seed corpora (`protocol/fuzz/corpus/parse_rules`
+//! The rules fuzz targets' seed corpora (`fuzz/corpus/parse_rules`
 //! and `put_rule`), replayed through the targets' own invariant checks on
 //! stable, so CI runs them on every change; with whatever else a local
 //! fuzz run left in those directories. Each named seed must also come to
 //! the verdict its name says: `broken_*` refused, the others accepted.
 
 #[allow(dead_code)]
-#[path = "../protocol/fuzz/src/rules.rs"]
+#[path = "../fuzz/src/rules.rs"]
 mod rules;
 
 use rules::Verdict;
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("protocol/fuzz/corpus")
+        .join("fuzz/corpus")
         .join(target);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))

@@ -8,7 +8,7 @@
 //!
 //! The calls that answer a rate-limit question ([`Client::check`] and
 //! friends) do not return `Error`: they fold it into an
-//! [`Undecided`](crate::Undecided) reason (`Undecided::from_error`, crate-private).
+//! [`Undecided`] reason (`outcome::Failure::from_error`, crate-private).
 //!
 //! [`Client::check`]: crate::Client::check
 
@@ -19,6 +19,7 @@ use std::time::Duration;
 use tollgate_protocol::{DecodeError, EncodeError, ErrorCode};
 
 use crate::config::ConfigError;
+use crate::undecided::Undecided;
 
 /// Why a call or a connection attempt failed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -185,20 +186,10 @@ impl From<io::Error> for Error {
     }
 }
 
-impl Error {
-    /// A short reason for counting failures (`deadline exceeded`, `request
-    /// rejected: key too long`, ...): what an outcome would say about it.
-    pub fn summary(&self) -> String {
-        match crate::outcome::Failure::from_error(self) {
-            crate::outcome::Failure::Undecided(why) => why.to_string(),
-            crate::outcome::Failure::Rejected(r) => format!("request rejected: {}", r.code),
-        }
-    }
-}
-
-/// A short reason for a per-check error code, as [`Error::summary`] says it.
+/// A short reason for a per-check error code, as [`Error::summary`] says it
+/// (the summary of [`Error::Server`] with that code).
 pub fn code_summary(code: ErrorCode) -> String {
-    match crate::outcome::Undecided::from_code(code) {
+    match Undecided::from_code(code) {
         Some(why) => why.to_string(),
         None => format!("request rejected: {code}"),
     }

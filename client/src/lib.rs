@@ -67,15 +67,20 @@
 //! ```
 //!
 //! - [`config`]: [`ClientConfig`] and its named defaults, `validate`;
-//! - `client`: the [`Client`] handle, the decide pipeline, admin calls;
+//! - `handle`: the [`Client`] handle, the decide pipeline, admin calls,
+//!   and where checks go (one shard, or the cluster);
 //! - `cluster`: cluster mode: the slot map from TOPOLOGY, routing by slot,
 //!   batches split per shard, MOVED and TryAgain;
-//! - `shard`: nodes, connection life cycle, primary rounds;
+//! - `calls`: requests through one shard: local limit checks, the call,
+//!   resends after NotPrimary or a lost CHECK2;
+//! - `shard`: connection life cycle, primary rounds; `node`: one node and
+//!   its breaker;
 //! - `connection`: the multiplexed connection (slots, writer, driver);
 //! - `sync`: its locks, atomics and wakeups (loom's under `cfg(tollgate_loom)`);
 //! - `breaker`: the per-node circuit breaker;
 //! - `fallback`, `lease`, `keymap`: the local limiters and their bounded map;
-//! - [`outcome`], [`decision`]: what a check comes to;
+//! - [`outcome`], [`decision`]: what a check comes to (`undecided`: why
+//!   the server could not decide, re-exported by [`outcome`]);
 //! - [`key`], [`policy`]: safe keys from untrusted identifiers;
 //! - [`rules`]: the rule table from the admin API;
 //! - `metrics`: Prometheus metrics on an injected registry;
@@ -83,26 +88,28 @@
 
 mod backoff;
 mod breaker;
-mod client;
+mod calls;
 mod cluster;
 pub mod config;
 mod connection;
 pub mod decision;
 pub mod error;
 mod fallback;
+mod handle;
 pub mod key;
 mod keymap;
 mod lease;
 mod metrics;
+mod node;
 pub mod outcome;
 pub mod policy;
 pub mod rules;
 mod shard;
 mod sync;
 pub mod tls;
+mod undecided;
 
 pub use breaker::BreakerState;
-pub use client::Client;
 pub use cluster::ClusterStats;
 pub use config::{
     BreakerConfig, ClientConfig, ConfigError, FailMode, FallbackConfig, LeaseConfig,
@@ -111,6 +118,7 @@ pub use config::{
 pub use connection::ServerInfo;
 pub use decision::{Binding, Decision, LimitName, Source};
 pub use error::Error;
+pub use handle::Client;
 pub use key::{KeyBuilder, KeyError};
 pub use outcome::{Outcome, Rejection, Undecided};
 pub use policy::{Policy, PolicyError};

@@ -19,6 +19,7 @@ use tollgate_protocol::ErrorCode;
 use crate::config::FailMode;
 use crate::decision::Decision;
 use crate::error::Error;
+pub use crate::undecided::Undecided;
 
 /// What a check came to.
 #[derive(Debug, Clone)]
@@ -36,31 +37,6 @@ pub enum Outcome {
     /// The request is invalid and will stay so: never allowed, whatever the
     /// fail mode. A bug in the caller (or an attack on its key scheme).
     Rejected(Rejection),
-}
-
-/// Why the server could not decide. All of these are about availability;
-/// a request that is wrong is [`Outcome::Rejected`] instead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Undecided {
-    /// No answer within the call's deadline. The request may still have
-    /// reached the server and been charged.
-    DeadlineExceeded,
-    /// The server cannot be reached: connecting failed, or the client is
-    /// backing off after failures (or was closed).
-    Unavailable,
-    /// The node's circuit breaker is open; nothing was sent.
-    BreakerOpen,
-    /// The connection closed while the call waited for its answer.
-    ConnectionLost,
-    /// Too many requests already wait for the connection; nothing was sent.
-    Overloaded,
-    /// The server could not serve the request (shutting down, not primary,
-    /// at its memory cap, shed under overload, internal error, refused
-    /// handshake).
-    ServerError(ErrorCode),
-    /// The server's answer could not be understood (version skew or a bug).
-    Protocol,
 }
 
 /// Why a request was refused as invalid.
@@ -191,62 +167,13 @@ impl Failure {
     }
 }
 
-impl Undecided {
-    /// The availability reason of a server error code; `None` for codes that
-    /// say the request itself is wrong (those are rejections).
-    pub fn from_code(code: ErrorCode) -> Option<Self> {
-        match code {
-            ErrorCode::InvalidLimit
-            | ErrorCode::CrossSlot
-            | ErrorCode::BatchTooLarge
-            | ErrorCode::KeyTooLong
-            | ErrorCode::Malformed
-            | ErrorCode::FrameTooLarge
-            | ErrorCode::UnknownOpcode
-            | ErrorCode::UnknownRule
-            | ErrorCode::IdempotencyKeyReused => None,
-            ErrorCode::UnsupportedVersion
-            | ErrorCode::AuthFailed
-            | ErrorCode::HandshakeRequired
-            | ErrorCode::ShuttingDown
-            | ErrorCode::NotPrimary
-            | ErrorCode::StaleEpoch
-            | ErrorCode::Internal
-            | ErrorCode::StoreFull
-            | ErrorCode::TryAgain
-            | ErrorCode::Shed
-            | ErrorCode::TooManyConnections
-            | ErrorCode::Overloaded
-            | ErrorCode::Unknown(_) => Some(Self::ServerError(code)),
-        }
-    }
-
-    /// The metric label of the reason: `deadline`, `unavailable`,
-    /// `breaker_open`, `connection_lost`, `overloaded`, `server_error`,
-    /// `protocol`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::DeadlineExceeded => "deadline",
-            Self::Unavailable => "unavailable",
-            Self::BreakerOpen => "breaker_open",
-            Self::ConnectionLost => "connection_lost",
-            Self::Overloaded => "overloaded",
-            Self::ServerError(_) => "server_error",
-            Self::Protocol => "protocol",
-        }
-    }
-}
-
-impl fmt::Display for Undecided {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::DeadlineExceeded => f.write_str("deadline exceeded"),
-            Self::Unavailable => f.write_str("server unavailable"),
-            Self::BreakerOpen => f.write_str("circuit breaker open"),
-            Self::ConnectionLost => f.write_str("connection lost"),
-            Self::Overloaded => f.write_str("connection overloaded"),
-            Self::ServerError(code) => write!(f, "server error: {code}"),
-            Self::Protocol => f.write_str("undecodable answer"),
+impl Error {
+    /// A short reason for counting failures (`deadline exceeded`, `request
+    /// rejected: key too long`, ...): what an outcome would say about it.
+    pub fn summary(&self) -> String {
+        match Failure::from_error(self) {
+            Failure::Undecided(why) => why.to_string(),
+            Failure::Rejected(r) => format!("request rejected: {}", r.code),
         }
     }
 }

@@ -38,67 +38,12 @@ use tokio::time::Instant;
 use tollgate_protocol::Role;
 
 use crate::backoff;
-use crate::breaker::{Breaker, BreakerState};
+use crate::breaker::Breaker;
 use crate::config::ClientConfig;
 use crate::connection::{Connection, Deadline, ServerInfo};
 use crate::error::Error;
 use crate::metrics::Metrics;
-
-/// One node of a shard and its circuit breaker.
-pub(crate) struct Node {
-    pub addr: String,
-    breaker: Breaker,
-    metrics: Option<Arc<Metrics>>,
-}
-
-impl Node {
-    /// Counts answers and failures of calls to this node; logs and counts a
-    /// breaker transition.
-    pub(crate) fn record(&self, answered: u32, failed: u32) {
-        if let Some(t) = self.breaker.record(answered, failed, Instant::now()) {
-            self.transition(t.to);
-        }
-    }
-
-    /// Whether a call may go to this node now.
-    pub(crate) fn admit(&self) -> Result<(), Error> {
-        // A closed breaker admits without the time: no clock read on every
-        // call's path (a read was ~2% of a client's CPU at batch 1).
-        if self.breaker.state() == BreakerState::Closed {
-            return Ok(());
-        }
-        match self.breaker.admit(Instant::now()) {
-            Ok(None) => Ok(()),
-            Ok(Some(t)) => {
-                self.transition(t.to);
-                Ok(())
-            }
-            Err(retry_in) => Err(Error::BreakerOpen {
-                addr: self.addr.clone(),
-                retry_in,
-            }),
-        }
-    }
-
-    pub(crate) fn breaker_state(&self) -> BreakerState {
-        self.breaker.state()
-    }
-
-    fn transition(&self, to: BreakerState) {
-        match to {
-            BreakerState::Open => {
-                tracing::warn!(addr = %self.addr, "circuit breaker open: calls fail fast")
-            }
-            BreakerState::HalfOpen => {
-                tracing::info!(addr = %self.addr, "circuit breaker half-open: probing")
-            }
-            BreakerState::Closed => tracing::info!(addr = %self.addr, "circuit breaker closed"),
-        }
-        if let Some(m) = &self.metrics {
-            m.breaker_transition(&self.addr, to);
-        }
-    }
-}
+use crate::node::Node;
 
 /// How long a caller waits for a connection.
 #[derive(Clone, Copy)]
@@ -157,11 +102,11 @@ impl Shard {
         let nodes = addrs
             .into_iter()
             .map(|addr| {
-                Arc::new(Node {
+                Arc::new(Node::new(
                     addr,
-                    breaker: Breaker::new(config.breaker.clone(), now),
-                    metrics: metrics.clone(),
-                })
+                    Breaker::new(config.breaker.clone(), now),
+                    metrics.clone(),
+                ))
             })
             .collect();
         Self {
@@ -387,7 +332,7 @@ impl Shard {
         let mut attempts = tokio::task::JoinSet::new();
         let mut skipped = None;
         for (index, node) in nodes.iter().enumerate() {
-            if node.breaker.skip(now) {
+            if node.skip(now) {
                 skipped.get_or_insert(index);
                 continue;
             }

@@ -125,7 +125,7 @@ mod imp {
         let settings = EtcdSettings {
             request_timeout: args.timeout,
             connect_timeout: args.timeout,
-            access: args.access.access(),
+            access: crate::node::etcd_access(&args.access),
             ..EtcdSettings::new(EtcdSettings::parse_endpoints(&args.etcd)?)
         };
         let keys = Keyspace::new(&args.cluster)?;

@@ -4,12 +4,13 @@
 use super::logging::init_logging;
 use super::signals::{cancel_on_signal, reload_on_sighup};
 use super::{Cli, Command};
-use crate::config::{AdminAddr, ConfigFile, ServerConfig};
+use crate::config::{AdminAddr, ConfigError, ConfigFile, ServerConfig};
 use crate::huge_pages::{self, HostMode, HugePages};
 use crate::server::Server;
 use clap::{Args, CommandFactory, FromArgMatches};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Args)]
@@ -57,7 +58,7 @@ pub(super) async fn run(
     heap_pages: Option<std::io::Result<huge_pages::Applied>>,
 ) -> ExitCode {
     let config = args.config;
-    if let Err(e) = config.validate() {
+    if let Err(e) = validate(&config) {
         eprintln!("error: invalid settings: {e}");
         return ExitCode::from(2);
     }
@@ -72,67 +73,87 @@ pub(super) async fn run(
     if let Some(applied) = heap_pages {
         log_huge_pages(applied);
     }
-    let listener = match crate::server::bind(config.network.listen, config.network.backlog) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(listen = %config.network.listen, error = %e, "cannot listen");
-            return ExitCode::from(2);
-        }
-    };
-    let addr = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    let admin = match config.admin.listen {
-        AdminAddr::Off => None,
-        AdminAddr::On(at) => match tokio::net::TcpListener::bind(at).await {
-            Ok(l) => Some(l),
-            Err(e) => {
-                tracing::error!(admin = %at, error = %e, "cannot listen for the admin API");
-                return ExitCode::from(2);
-            }
-        },
-    };
-    let admin_addr = admin
-        .as_ref()
-        .and_then(|l| l.local_addr().ok())
-        .map_or_else(|| "none".to_owned(), |a| a.to_string());
-    let Ok(resp) = bind_frontend(
-        config.frontends.resp,
-        config.network.backlog,
-        "RESP front end",
-    )
-    .await
-    else {
-        return ExitCode::from(2);
-    };
-    let Ok(envoy) = bind_frontend(
-        config.frontends.envoy_rls,
-        config.network.backlog,
-        "Envoy rate limit service",
-    )
-    .await
-    else {
+    let Ok(listeners) = Listeners::bind(&config).await else {
         return ExitCode::from(2);
     };
     let built = if config.cluster.enabled() {
-        join_cluster(config, &listener, admin.as_ref()).await
+        join_cluster(config, &listeners.protocol, listeners.admin.as_ref()).await
     } else {
         Server::new(config)
     };
-    let mut server = match built {
-        Ok(s) => s,
+    match built {
+        Ok(server) => serve(server, listeners).await,
         Err(e) => {
             tracing::error!(error = %e, "cannot start");
             eprintln!("error: {e}");
-            return ExitCode::from(2);
+            ExitCode::from(2)
         }
-    };
+    }
+}
+
+/// Every port `serve` listens on, bound before the server is built: a port
+/// that cannot be had stops it at start.
+struct Listeners {
+    protocol: TcpListener,
+    admin: Option<TcpListener>,
+    resp: Option<TcpListener>,
+    envoy: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the configured ports; Err (logged) when one cannot be had.
+    async fn bind(config: &ServerConfig) -> Result<Self, ()> {
+        let protocol = match crate::server::bind(config.network.listen, config.network.backlog) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(listen = %config.network.listen, error = %e, "cannot listen");
+                return Err(());
+            }
+        };
+        let admin = match config.admin.listen {
+            AdminAddr::Off => None,
+            AdminAddr::On(at) => match TcpListener::bind(at).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::error!(admin = %at, error = %e, "cannot listen for the admin API");
+                    return Err(());
+                }
+            },
+        };
+        let backlog = config.network.backlog;
+        Ok(Self {
+            protocol,
+            admin,
+            resp: bind_frontend(config.frontends.resp, backlog, "RESP front end").await?,
+            envoy: bind_frontend(
+                config.frontends.envoy_rls,
+                backlog,
+                "Envoy rate limit service",
+            )
+            .await?,
+        })
+    }
+}
+
+/// Hands the ports to the server, logs where it serves, and runs it until
+/// SIGINT/SIGTERM (SIGHUP reloads the rules and the TLS files).
+async fn serve(mut server: Server, listeners: Listeners) -> ExitCode {
+    let Listeners {
+        protocol,
+        admin,
+        resp,
+        envoy,
+    } = listeners;
+    let addr = protocol
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let admin_addr = listening_on(admin.as_ref());
+    let resp_addr = listening_on(resp.as_ref());
+    let envoy_addr = listening_on(envoy.as_ref());
     if let Some(admin) = admin {
         server = server.with_admin(admin);
     }
-    let resp_addr = listening_on(resp.as_ref());
-    let envoy_addr = listening_on(envoy.as_ref());
     if let Some(resp) = resp {
         server = server.with_resp(resp);
     }
@@ -156,13 +177,22 @@ pub(super) async fn run(
         server.tls(),
         shutdown.clone(),
     ));
-    match server.run(listener, shutdown).await {
+    match server.run(protocol, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "server failed");
             ExitCode::FAILURE
         }
     }
+}
+
+/// The settings' checks: as plain values (`config`), then cluster mode's
+/// by the control plane's rules.
+fn validate(config: &ServerConfig) -> Result<(), ConfigError> {
+    config.validate()?;
+    #[cfg(feature = "cluster")]
+    crate::node::check_cluster_settings(&config.cluster)?;
+    Ok(())
 }
 
 /// What `--huge-pages` came to: logged once at start, with a warning when
@@ -205,8 +235,8 @@ fn log_huge_pages(applied: std::io::Result<huge_pages::Applied>) {
 #[cfg(feature = "cluster")]
 async fn join_cluster(
     config: ServerConfig,
-    listener: &tokio::net::TcpListener,
-    admin: Option<&tokio::net::TcpListener>,
+    listener: &TcpListener,
+    admin: Option<&TcpListener>,
 ) -> Result<Server, crate::server::StartError> {
     use crate::cluster::ClusterError;
     let bound = listener.local_addr().map_err(|e| {
@@ -243,8 +273,8 @@ async fn join_cluster(
 #[cfg(not(feature = "cluster"))]
 async fn join_cluster(
     config: ServerConfig,
-    _listener: &tokio::net::TcpListener,
-    _admin: Option<&tokio::net::TcpListener>,
+    _listener: &TcpListener,
+    _admin: Option<&TcpListener>,
 ) -> Result<Server, crate::server::StartError> {
     Server::new(config)
 }
@@ -255,7 +285,7 @@ async fn bind_frontend(
     at: Option<std::net::SocketAddr>,
     backlog: u32,
     what: &str,
-) -> Result<Option<tokio::net::TcpListener>, ()> {
+) -> Result<Option<TcpListener>, ()> {
     let Some(at) = at else { return Ok(None) };
     // With --backlog, as the protocol port: tokio's own bind asks for 128,
     // and a burst of new connections past it waits on SYN-ACK retries.
@@ -269,7 +299,7 @@ async fn bind_frontend(
 }
 
 /// The address a listener is bound to, for the log ("none": not running).
-fn listening_on(listener: Option<&tokio::net::TcpListener>) -> String {
+fn listening_on(listener: Option<&TcpListener>) -> String {
     listener
         .and_then(|l| l.local_addr().ok())
         .map_or_else(|| "none".to_owned(), |a| a.to_string())

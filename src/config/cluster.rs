@@ -105,37 +105,16 @@ impl ClusterSettings {
                 name: "campaign-delay",
             });
         }
-        #[cfg(feature = "cluster")]
-        {
-            let etcd = self.etcd_settings().map_err(ConfigError::Cluster)?;
-            etcd.validate()
-                .map_err(|e| ConfigError::Cluster(e.to_string()))?;
-            crate::cluster::Keyspace::new(self.cluster.as_deref().unwrap_or_default())
-                .map_err(|e| ConfigError::Cluster(e.to_string()))?;
-        }
+        // The endpoints, lease timings, credentials and the cluster's name
+        // are checked by the control plane's own rules when the node builds
+        // its etcd settings from these (node::cluster::settings), which
+        // `tollgate serve` does right after this.
         #[cfg(not(feature = "cluster"))]
         return Err(ConfigError::Cluster(
             "this binary was built without cluster mode (cargo feature `cluster`)".into(),
         ));
         #[cfg(feature = "cluster")]
         Ok(())
-    }
-
-    /// How the node talks to etcd.
-    #[cfg(feature = "cluster")]
-    pub fn etcd_settings(&self) -> Result<crate::cluster::EtcdSettings, String> {
-        let endpoints =
-            crate::cluster::EtcdSettings::parse_endpoints(self.etcd.as_deref().unwrap_or_default())
-                .map_err(|e| e.to_string())?;
-        Ok(crate::cluster::EtcdSettings {
-            endpoints,
-            lease_ttl: self.lease_ttl,
-            lease_margin: self.lease_margin,
-            keepalive_interval: self.lease_renew,
-            request_timeout: self.etcd_timeout,
-            connect_timeout: self.etcd_timeout,
-            access: self.etcd_access.access(),
-        })
     }
 }
 
@@ -176,20 +155,4 @@ pub struct EtcdAccessArgs {
     /// A file whose first line is the etcd user's password.
     #[arg(long, value_name = "FILE", env = "TOLLGATE_ETCD_PASSWORD_FILE")]
     pub etcd_password_file: Option<PathBuf>,
-}
-
-impl EtcdAccessArgs {
-    /// The credentials, as the control plane takes them (checked when
-    /// the settings are validated, files read when connecting).
-    #[cfg(feature = "cluster")]
-    pub fn access(&self) -> crate::cluster::EtcdAccess {
-        crate::cluster::EtcdAccess {
-            tls_ca: self.etcd_tls_ca.clone(),
-            cert: self.etcd_cert.clone(),
-            key: self.etcd_key.clone(),
-            user: self.etcd_user.clone(),
-            password: self.etcd_password.clone(),
-            password_file: self.etcd_password_file.clone(),
-        }
-    }
 }

@@ -13,8 +13,9 @@
 //! impossible combination stops the server at start with that message.
 //!
 //! Each layer reads its own section: the server the network and limits, the
-//! node its replication settings, the store a [`StoreConfig`] built here
-//! (the store does not know this module).
+//! node its replication settings, the store a `StoreConfig` the node
+//! builds from them (`ServerConfig::store_config`, in node/store_settings.rs:
+//! the store does not know this module, nor this module the store).
 
 mod admin_hosts;
 mod cluster;
@@ -38,7 +39,6 @@ pub use replication::*;
 pub use sections::*;
 pub use security::*;
 
-use crate::store::StoreConfig;
 use crate::units::{format_duration, UnitError};
 use clap::Args;
 use serde::{Serialize, Serializer};
@@ -232,18 +232,6 @@ impl ServerConfig {
         self.events.validate()?;
         self.validate_security()?;
         self.validate_frontends()
-    }
-
-    /// The store's own settings, gathered from the sections that bound it.
-    pub fn store_config(&self) -> StoreConfig {
-        StoreConfig {
-            stripes: self.store.stripes,
-            max_group: usize::from(self.limits.max_group),
-            max_log_entries: self.store.max_log_entries,
-            max_memory: self.store.max_memory,
-            on_full: self.store.on_full.into(),
-            change_buffer_cap: self.replication.repl_buffer_cap,
-        }
     }
 }
 

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 pub const DEFAULT_HEARTBEAT: &str = "100ms";
 pub const DEFAULT_REPL_FLUSH: &str = "10ms";
-pub const DEFAULT_REPL_BUFFER_CAP: usize = crate::store::DEFAULT_CHANGE_BUFFER_CAP;
+/// The store's own default (a test in node/store_settings.rs holds them equal).
+pub const DEFAULT_REPL_BUFFER_CAP: usize = 1024;
 pub const DEFAULT_REPL_BACKLOG: &str = "16MiB";
 pub const DEFAULT_REPL_TIMEOUT: &str = "3s";
 pub const DEFAULT_MAX_EPOCH_GAP: u64 = 1 << 20;

@@ -30,7 +30,8 @@ pub const DEFAULT_MAX_FRAME: u32 = tollgate_protocol::DEFAULT_MAX_FRAME;
 pub const DEFAULT_MAX_BATCH: u16 = tollgate_protocol::DEFAULT_MAX_BATCH;
 pub const DEFAULT_MAX_GROUP: u8 = tollgate_protocol::DEFAULT_MAX_GROUP;
 pub const DEFAULT_MAX_KEY_LEN: u16 = tollgate_protocol::DEFAULT_MAX_KEY_LEN;
-pub const DEFAULT_STRIPES: usize = crate::store::DEFAULT_STRIPES;
+/// The store's own default (a test in node/store_settings.rs holds them equal).
+pub const DEFAULT_STRIPES: usize = 1024;
 pub const DEFAULT_SWEEP_INTERVAL: &str = "100ms";
 pub const DEFAULT_SWEEP_STRIPES: usize = 64;
 pub const DEFAULT_MAX_LOG_ENTRIES: u64 = crate::algorithm::DEFAULT_MAX_LOG_ENTRIES;
@@ -288,21 +289,12 @@ impl StoreSettings {
     }
 }
 
-/// At the memory cap: evict or refuse (the store's [`Full`](crate::store::Full)).
+/// At the memory cap: evict or refuse (the store's `Full`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OnFull {
     Evict,
     Refuse,
-}
-
-impl From<OnFull> for crate::store::Full {
-    fn from(v: OnFull) -> Self {
-        match v {
-            OnFull::Evict => crate::store::Full::Evict,
-            OnFull::Refuse => crate::store::Full::Refuse,
-        }
-    }
 }
 
 /// Named rules: the file and how often it is looked at.

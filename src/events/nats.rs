@@ -16,7 +16,7 @@
 //! the log rather than only as dropped events. Checks never wait on any of
 //! this.
 
-use super::{Event, NatsAuth, Publisher};
+use super::{Event, EventMetrics, NatsAuth, Publisher};
 use async_nats::{ClientError, ConnectOptions};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,62 +30,28 @@ pub(super) async fn publish(
     stop: CancellationToken,
     grace: Duration,
 ) {
+    let Some(client) = connect(&publisher).await else {
+        return;
+    };
     let config = &publisher.config;
-    let url = shown(&config.url);
-    let tls = publisher.tls.is_some() || config.url.starts_with("tls://");
-    let options = connect_options(&publisher).event_callback({
-        let url = url.clone();
-        let failing = Arc::new(AtomicBool::new(false));
-        move |event| log_event(event, url.clone(), tls, failing.clone())
-    });
-    let client = match options.connect(config.url.as_str()).await {
-        Ok(client) => client,
-        Err(e) => {
-            // Only an unusable address gets here (retrying covers an
-            // absent broker): events are dropped as the queue fills.
-            tracing::error!(%url, error = %e, "decision events: cannot connect to NATS");
-            return;
-        }
+    let sender = Sender {
+        client,
+        subject: config.subject.clone(),
+        metrics: publisher.metrics.clone(),
+        stamp: Stamp {
+            node,
+            region: config.region.clone(),
+        },
     };
-    tracing::info!(%url, subject = %config.subject, tls, "decision events to NATS");
-    let stamp = Stamp {
-        node,
-        region: config.region.clone(),
-    };
-    let subject = config.subject.clone();
-    let metrics = publisher.metrics.clone();
-    let mut batch = Vec::with_capacity(config.batch);
     let limit = config.batch;
-    let send = |batch: &mut Vec<Event>| {
-        let client = &client;
-        let subject = &subject;
-        let metrics = &metrics;
-        let stamp = &stamp;
-        let events = std::mem::take(batch);
-        async move {
-            metrics.queued.sub(events.len() as i64);
-            for event in &events {
-                let payload = encode(event, stamp);
-                match client.publish(subject.clone(), payload.into()).await {
-                    Ok(()) => metrics.published.inc(),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "decision event not published");
-                        metrics.dropped_failed.inc();
-                    }
-                }
-            }
-            if let Err(e) = client.flush().await {
-                tracing::debug!(error = %e, "decision events: flush failed");
-            }
-        }
-    };
+    let mut batch = Vec::with_capacity(limit);
     let rx = &mut publisher.rx;
     let steady = async {
         loop {
             if rx.recv_many(&mut batch, limit).await == 0 {
                 return;
             }
-            send(&mut batch).await;
+            sender.send(&mut batch).await;
         }
     };
     // A publish waiting on an absent broker must not hold up the stop: the
@@ -107,11 +73,70 @@ pub(super) async fn publish(
             if batch.is_empty() {
                 break;
             }
-            send(&mut batch).await;
+            sender.send(&mut batch).await;
         }
     };
     if tokio::time::timeout(grace, drain).await.is_err() {
         tracing::warn!("decision events: not all queued events were published before stopping");
+    }
+}
+
+/// The NATS client, connecting (and reconnecting) in the background;
+/// `None` (logged) only for an unusable address.
+async fn connect(publisher: &Publisher) -> Option<async_nats::Client> {
+    let config = &publisher.config;
+    let url = shown(&config.url);
+    let tls = publisher.tls.is_some() || config.url.starts_with("tls://");
+    let options = connect_options(publisher).event_callback({
+        let url = url.clone();
+        let failing = Arc::new(AtomicBool::new(false));
+        move |event| log_event(event, url.clone(), tls, failing.clone())
+    });
+    match options.connect(config.url.as_str()).await {
+        Ok(client) => {
+            tracing::info!(%url, subject = %config.subject, tls, "decision events to NATS");
+            Some(client)
+        }
+        Err(e) => {
+            // Only an unusable address gets here (retrying covers an
+            // absent broker): events are dropped as the queue fills.
+            tracing::error!(%url, error = %e, "decision events: cannot connect to NATS");
+            None
+        }
+    }
+}
+
+/// Publishes batches of events on the subject, each stamped.
+struct Sender {
+    client: async_nats::Client,
+    subject: String,
+    metrics: EventMetrics,
+    stamp: Stamp,
+}
+
+impl Sender {
+    /// Publishes (and empties) `batch`, one message per event, then
+    /// flushes once.
+    async fn send(&self, batch: &mut Vec<Event>) {
+        let events = std::mem::take(batch);
+        self.metrics.queued.sub(events.len() as i64);
+        for event in &events {
+            let payload = encode(event, &self.stamp);
+            match self
+                .client
+                .publish(self.subject.clone(), payload.into())
+                .await
+            {
+                Ok(()) => self.metrics.published.inc(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "decision event not published");
+                    self.metrics.dropped_failed.inc();
+                }
+            }
+        }
+        if let Err(e) = self.client.flush().await {
+            tracing::debug!(error = %e, "decision events: flush failed");
+        }
     }
 }
 

@@ -13,6 +13,12 @@ use std::sync::atomic::Ordering;
 use tollgate_protocol::Role;
 
 pub(crate) struct ReplMetrics {
+    gauges: ReplGauges,
+    counters: ReplCounters,
+}
+
+/// Where the stream stands, set to the current value at each scrape.
+struct ReplGauges {
     primary: IntGauge,
     epoch: IntGauge,
     offset: IntGauge,
@@ -23,6 +29,10 @@ pub(crate) struct ReplMetrics {
     replica_connected: IntGauge,
     buffered: IntGauge,
     backlog_bytes: IntGauge,
+}
+
+/// What happened to the stream, moved by the difference at each scrape.
+struct ReplCounters {
     full_syncs: IntCounter,
     stripe_resyncs: IntCounter,
     overflows: IntCounter,
@@ -33,15 +43,60 @@ pub(crate) struct ReplMetrics {
 
 impl ReplMetrics {
     pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        Ok(Self {
+            gauges: ReplGauges::register(registry)?,
+            counters: ReplCounters::register(registry)?,
+        })
+    }
+
+    /// Copies the current numbers in (before `/metrics` is gathered).
+    pub fn refresh(&self, core: &Core) {
+        let node = &core.role;
+        let stats = &node.stats;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let gauge = |g: &IntGauge, v: u64| g.set(i64::try_from(v).unwrap_or(i64::MAX));
+        let counter = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
+        let view = node.view();
+        let capture = core.store.capture_stats();
+        let Self {
+            gauges: g,
+            counters: c,
+        } = self;
+        gauge(&g.primary, u64::from(view.role == Role::Primary));
+        gauge(&g.epoch, view.epoch);
+        gauge(&g.offset, node.offset());
+        gauge(&g.synced, u64::from(view.synced));
+        gauge(&g.replica_connected, get(&stats.replica_connected));
+        gauge(&g.replica_offset, get(&stats.replica_offset));
+        gauge(&g.buffered, capture.buffered as u64);
+        gauge(&g.backlog_bytes, get(&stats.backlog_bytes));
+        match view.role {
+            Role::Primary => {
+                let behind = node.offset().saturating_sub(get(&stats.replica_offset));
+                gauge(&g.lag_offsets, behind);
+                g.lag_seconds.set(0.0);
+            }
+            Role::Standby => {
+                let behind = get(&stats.primary_offset).saturating_sub(node.offset());
+                gauge(&g.lag_offsets, behind);
+                g.lag_seconds.set(lag_ms(core) as f64 / 1000.0);
+            }
+        }
+        counter(&c.full_syncs, get(&stats.full_syncs));
+        counter(&c.stripe_resyncs, capture.stripe_resyncs);
+        counter(&c.overflows, capture.overflows);
+        counter(&c.backlog_resets, get(&stats.backlog_resets));
+        counter(&c.promotions, get(&stats.promotions));
+        counter(&c.role_changes, get(&stats.role_changes));
+    }
+}
+
+impl ReplGauges {
+    fn register(registry: &Registry) -> prometheus::Result<Self> {
         fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
             let g = IntGauge::new(name, help)?;
             r.register(Box::new(g.clone()))?;
             Ok(g)
-        }
-        fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
-            let c = IntCounter::new(name, help)?;
-            r.register(Box::new(c.clone()))?;
-            Ok(c)
         }
         let lag_seconds = Gauge::new(
             "tollgate_replication_lag_seconds",
@@ -96,6 +151,18 @@ impl ReplMetrics {
                 "tollgate_replication_backlog_bytes",
                 "Bytes of recent stream frames kept for standbys that reconnect.",
             )?,
+        })
+    }
+}
+
+impl ReplCounters {
+    fn register(registry: &Registry) -> prometheus::Result<Self> {
+        fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+            let c = IntCounter::new(name, help)?;
+            r.register(Box::new(c.clone()))?;
+            Ok(c)
+        }
+        Ok(Self {
             full_syncs: counter(
                 registry,
                 "tollgate_replication_full_syncs_total",
@@ -127,42 +194,5 @@ impl ReplMetrics {
                 "Times this node changed role.",
             )?,
         })
-    }
-
-    /// Copies the current numbers in (before `/metrics` is gathered).
-    pub fn refresh(&self, core: &Core) {
-        let node = &core.role;
-        let stats = &node.stats;
-        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        let gauge = |g: &IntGauge, v: u64| g.set(i64::try_from(v).unwrap_or(i64::MAX));
-        let counter = |c: &IntCounter, v: u64| c.inc_by(v.saturating_sub(c.get()));
-        let view = node.view();
-        let capture = core.store.capture_stats();
-        gauge(&self.primary, u64::from(view.role == Role::Primary));
-        gauge(&self.epoch, view.epoch);
-        gauge(&self.offset, node.offset());
-        gauge(&self.synced, u64::from(view.synced));
-        gauge(&self.replica_connected, get(&stats.replica_connected));
-        gauge(&self.replica_offset, get(&stats.replica_offset));
-        gauge(&self.buffered, capture.buffered as u64);
-        gauge(&self.backlog_bytes, get(&stats.backlog_bytes));
-        match view.role {
-            Role::Primary => {
-                let behind = node.offset().saturating_sub(get(&stats.replica_offset));
-                gauge(&self.lag_offsets, behind);
-                self.lag_seconds.set(0.0);
-            }
-            Role::Standby => {
-                let behind = get(&stats.primary_offset).saturating_sub(node.offset());
-                gauge(&self.lag_offsets, behind);
-                self.lag_seconds.set(lag_ms(core) as f64 / 1000.0);
-            }
-        }
-        counter(&self.full_syncs, get(&stats.full_syncs));
-        counter(&self.stripe_resyncs, capture.stripe_resyncs);
-        counter(&self.overflows, capture.overflows);
-        counter(&self.backlog_resets, get(&stats.backlog_resets));
-        counter(&self.promotions, get(&stats.promotions));
-        counter(&self.role_changes, get(&stats.role_changes));
     }
 }

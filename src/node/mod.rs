@@ -15,7 +15,9 @@
 //!    replication tasks (replication/: primary feed, standby follower)
 //!
 //!  shared.rs: what those tasks share (Core) and what a connection hands
-//!  them (Handover); status.rs, metrics.rs: what the node reports
+//!  them (Handover); status.rs, metrics.rs: what the node reports;
+//!  store_settings.rs (and cluster/settings.rs): the store's (etcd's)
+//!  settings made from the server's, which `config` holds as plain values
 //! ```
 //!
 //! Invariants:
@@ -45,10 +47,11 @@ mod role;
 mod shared;
 mod source;
 pub(crate) mod status;
+mod store_settings;
 mod supervisor;
 
 #[cfg(feature = "cluster")]
-pub(crate) use cluster::Membership;
+pub(crate) use cluster::{check_settings as check_cluster_settings, etcd_access, Membership};
 pub(crate) use gate::Gate;
 pub(crate) use link::Credentials;
 pub(crate) use shared::Handover;

@@ -5,10 +5,11 @@
 
 use std::sync::Arc;
 
-use tollgate_protocol::{CheckBatch, CheckResult, ErrorCode, Pair};
+use tollgate_protocol::{CheckBatch, CheckResult, ErrorCode, Moved, Pair};
 
+use super::map::SlotMap;
 use super::{classify, group_slot, Attempts, Cluster, Retry, Todo};
-use crate::client::calls;
+use crate::calls;
 use crate::connection::pending::{Answer, BatchKind, Checks};
 use crate::connection::Deadline;
 use crate::error::Error;
@@ -35,23 +36,8 @@ impl Cluster {
         let mut attempts = Attempts::default();
         while !todo.is_empty() {
             let (generation, map) = self.current_map(deadline).await;
-            let mut parts: Vec<(Arc<Shard>, Vec<Todo>)> = Vec::new();
-            let mut moved = None;
-            let mut failure = None;
-            let mut try_again = false;
-            let mut again = Vec::new();
-            for &(index, slot) in &todo {
-                match map.shard_of(slot) {
-                    Ok((_, shard)) => match parts.iter_mut().find(|(s, _)| Arc::ptr_eq(s, shard)) {
-                        Some((_, members)) => members.push((index, slot)),
-                        None => parts.push((Arc::clone(shard), vec![(index, slot)])),
-                    },
-                    Err(e) => {
-                        again.push((index, slot));
-                        failure.get_or_insert(Err(e));
-                    }
-                }
-            }
+            let mut round = Round::default();
+            let parts = round.split(&todo, &map);
             let sent = parts.iter().map(|(shard, members)| {
                 let mut part = CheckBatch::default();
                 for &(index, _) in members {
@@ -61,41 +47,12 @@ impl Cluster {
             });
             let answers = join_all(sent).await;
             for ((_, members), answer) in parts.iter().zip(answers) {
-                match classify(answer) {
-                    Ok(Ok(Answer::Results(got))) if got.len() == members.len() => {
-                        for (&(index, slot), result) in members.iter().zip(got) {
-                            if result == CheckResult::Error(ErrorCode::TryAgain) {
-                                again.push((index, slot));
-                                try_again = true;
-                            }
-                            results[index] = Some(result);
-                        }
-                    }
-                    Ok(Ok(other)) => return calls::results(other, kind.name()),
-                    Ok(Err(error)) => return Err(error),
-                    Err(why) => {
-                        again.extend(members.iter().copied());
-                        match why {
-                            Retry::Moved(m) => {
-                                moved.get_or_insert(m);
-                            }
-                            Retry::Later(answer) => {
-                                failure.get_or_insert(answer);
-                            }
-                        }
-                    }
+                if let Some(done) = round.merge(members, answer, &mut results) {
+                    return done.and_then(|a| calls::results(a, kind.name()));
                 }
             }
-            // A MOVED first (the map is stale), then a whole-request failure,
-            // then checks answered TryAgain (which keep that answer if the
-            // call ends).
-            let why = match (moved, failure) {
-                (Some(m), _) => Retry::Moved(m),
-                (None, Some(answer)) => Retry::Later(answer),
-                (None, None) if try_again => {
-                    Retry::Later(Ok(Answer::One(CheckResult::Error(ErrorCode::TryAgain))))
-                }
-                (None, None) => break,
+            let (again, Some(why)) = round.resend() else {
+                break;
             };
             if let Err(done) = self
                 .prepare_retry(why, generation, &mut attempts, deadline)
@@ -108,13 +65,96 @@ impl Cluster {
                 }
                 return done.and_then(|a| calls::results(a, kind.name()));
             }
-            again.sort_unstable();
             todo = again;
         }
         Ok(results
             .into_iter()
             .map(|r| r.unwrap_or(CheckResult::Error(ErrorCode::TryAgain)))
             .collect())
+    }
+}
+
+/// One round of a batch: what it leaves to send again, and why.
+#[derive(Default)]
+struct Round {
+    again: Vec<Todo>,
+    moved: Option<Moved>,
+    failure: Option<Result<Answer, Error>>,
+    try_again: bool,
+}
+
+impl Round {
+    /// The checks to send, grouped by the shard that owns their slot in
+    /// `map`; a slot without an owner is kept to send again.
+    fn split(&mut self, todo: &[Todo], map: &SlotMap) -> Vec<(Arc<Shard>, Vec<Todo>)> {
+        let mut parts: Vec<(Arc<Shard>, Vec<Todo>)> = Vec::new();
+        for &(index, slot) in todo {
+            match map.shard_of(slot) {
+                Ok((_, shard)) => match parts.iter_mut().find(|(s, _)| Arc::ptr_eq(s, shard)) {
+                    Some((_, members)) => members.push((index, slot)),
+                    None => parts.push((Arc::clone(shard), vec![(index, slot)])),
+                },
+                Err(e) => {
+                    self.again.push((index, slot));
+                    self.failure.get_or_insert(Err(e));
+                }
+            }
+        }
+        parts
+    }
+
+    /// Puts one shard's answer to its `members` into `results`, keeping
+    /// what may be resent; `Some` ends the call with that answer (one the
+    /// batch cannot be made of, or an error no resend helps).
+    fn merge(
+        &mut self,
+        members: &[Todo],
+        answer: Result<Answer, Error>,
+        results: &mut [Option<CheckResult>],
+    ) -> Option<Result<Answer, Error>> {
+        match classify(answer) {
+            Ok(Ok(Answer::Results(got))) if got.len() == members.len() => {
+                for (&(index, slot), result) in members.iter().zip(got) {
+                    if result == CheckResult::Error(ErrorCode::TryAgain) {
+                        self.again.push((index, slot));
+                        self.try_again = true;
+                    }
+                    results[index] = Some(result);
+                }
+                None
+            }
+            Ok(done) => Some(done),
+            Err(why) => {
+                self.again.extend(members.iter().copied());
+                match why {
+                    Retry::Moved(m) => {
+                        self.moved.get_or_insert(m);
+                    }
+                    Retry::Later(answer) => {
+                        self.failure.get_or_insert(answer);
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// The checks to send again (in the batch's order) and why: a MOVED
+    /// first (the map is stale), then a whole-request failure, then checks
+    /// answered TryAgain (which keep that answer if the call ends). No
+    /// reason: nothing to send again.
+    fn resend(self) -> (Vec<Todo>, Option<Retry>) {
+        let why = match (self.moved, self.failure) {
+            (Some(m), _) => Some(Retry::Moved(m)),
+            (None, Some(answer)) => Some(Retry::Later(answer)),
+            (None, None) if self.try_again => Some(Retry::Later(Ok(Answer::One(
+                CheckResult::Error(ErrorCode::TryAgain),
+            )))),
+            (None, None) => None,
+        };
+        let mut again = self.again;
+        again.sort_unstable();
+        (again, why)
     }
 }
 

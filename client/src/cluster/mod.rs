@@ -40,7 +40,7 @@ use tollgate_protocol::slot::Slot;
 use tollgate_protocol::{CheckResult, ErrorCode, Moved, Pair, Response};
 
 use crate::backoff;
-use crate::client::calls;
+use crate::calls;
 use crate::config::ClientConfig;
 use crate::connection::pending::{Answer, BatchKind, Checks};
 use crate::connection::Deadline;

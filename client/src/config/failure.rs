@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use super::error::ConfigError;
+
 /// Default consecutive timeouts that open a node's breaker.
 pub const DEFAULT_BREAKER_CONSECUTIVE: u32 = 5;
 /// Default share of failed calls (percent) that opens a node's breaker.
@@ -47,6 +49,37 @@ impl BreakerConfig {
             ..Self::default()
         }
     }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        for (field, d) in [
+            ("breaker.window", self.window),
+            ("breaker.open_for", self.open_for),
+        ] {
+            if d.is_zero() {
+                return Err(ConfigError::ZeroDuration { field });
+            }
+        }
+        if self.consecutive_failures == 0 {
+            return Err(ConfigError::Zero {
+                field: "breaker.consecutive_failures",
+            });
+        }
+        if !(1..=100).contains(&self.error_percent) {
+            return Err(ConfigError::Percent {
+                field: "breaker.error_percent",
+                value: self.error_percent,
+            });
+        }
+        if self.open_for > self.open_max {
+            return Err(ConfigError::Inverted {
+                min_field: "breaker.open_for",
+                min: self.open_for,
+                max_field: "breaker.open_max",
+                max: self.open_max,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl Default for BreakerConfig {
@@ -87,6 +120,22 @@ impl Default for FallbackConfig {
             gateways: DEFAULT_FALLBACK_GATEWAYS,
             max_keys: DEFAULT_FALLBACK_MAX_KEYS,
         }
+    }
+}
+
+impl FallbackConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.gateways == 0 {
+            return Err(ConfigError::Zero {
+                field: "fallback.gateways",
+            });
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::Zero {
+                field: "fallback.max_keys",
+            });
+        }
+        Ok(())
     }
 }
 
@@ -134,5 +183,30 @@ impl Default for LeaseConfig {
             hot_after: DEFAULT_LEASE_HOT_AFTER,
             max_keys: DEFAULT_LEASE_MAX_KEYS,
         }
+    }
+}
+
+impl LeaseConfig {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        for (field, v) in [
+            ("lease.max_lease", self.max_lease),
+            ("lease.capacity_divisor", self.capacity_divisor),
+            ("lease.hot_after", self.hot_after),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Zero { field });
+            }
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::Zero {
+                field: "lease.max_keys",
+            });
+        }
+        if self.hold.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                field: "lease.hold",
+            });
+        }
+        Ok(())
     }
 }

@@ -15,8 +15,10 @@ use std::time::Duration;
 
 use tollgate_protocol::DEFAULT_CLIENT_MAX_FRAME;
 
+mod error;
 mod failure;
 
+pub use error::ConfigError;
 pub use failure::*;
 
 /// Default time budget of one call, connecting included. The limiter sits on
@@ -234,8 +236,29 @@ impl fmt::Debug for ClientConfig {
 }
 
 impl ClientConfig {
-    /// Checks every setting; changes nothing.
+    /// Checks every setting; changes nothing. The first unusable setting
+    /// is the error, in the order of the steps below.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_connection()?;
+        self.validate_timers()?;
+        self.breaker.validate()?;
+        if let Some(f) = &self.fallback {
+            f.validate()?;
+        }
+        if let Some(l) = &self.lease {
+            l.validate()?;
+        }
+        if let Some(admin) = &self.admin {
+            if admin.trim().is_empty() {
+                return Err(ConfigError::Empty { field: "admin" });
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection's settings: its deadlines and backoff, the HELLO
+    /// fields, frame size and queue.
+    fn validate_connection(&self) -> Result<(), ConfigError> {
         if self.deadline.is_zero() {
             return Err(ConfigError::ZeroDuration { field: "deadline" });
         }
@@ -255,18 +278,15 @@ impl ClientConfig {
                 max: self.backoff_max,
             });
         }
-        if self.client_name.len() > MAX_HELLO_FIELD_LEN {
-            return Err(ConfigError::TooLong {
-                field: "client_name",
-                len: self.client_name.len(),
-                max: MAX_HELLO_FIELD_LEN,
-            });
-        }
-        if let Some(token) = &self.auth_token {
-            if token.len() > MAX_HELLO_FIELD_LEN {
+        let token_len = self.auth_token.as_ref().map_or(0, Vec::len);
+        for (field, len) in [
+            ("client_name", self.client_name.len()),
+            ("auth_token", token_len),
+        ] {
+            if len > MAX_HELLO_FIELD_LEN {
                 return Err(ConfigError::TooLong {
-                    field: "auth_token",
-                    len: token.len(),
+                    field,
+                    len,
                     max: MAX_HELLO_FIELD_LEN,
                 });
             }
@@ -280,6 +300,11 @@ impl ClientConfig {
         if self.max_queued == 0 {
             return Err(ConfigError::ZeroQueue);
         }
+        Ok(())
+    }
+
+    /// The periods of the background work: keepalive, probes, refreshes.
+    fn validate_timers(&self) -> Result<(), ConfigError> {
         if self.keepalive.is_some_and(|k| k.is_zero()) {
             return Err(ConfigError::ZeroDuration { field: "keepalive" });
         }
@@ -288,107 +313,13 @@ impl ClientConfig {
             ("rules_refresh", self.rules_refresh),
             ("topology_refresh", self.topology_refresh),
             ("try_again_backoff", self.try_again_backoff),
-            ("breaker.window", self.breaker.window),
-            ("breaker.open_for", self.breaker.open_for),
         ] {
             if d.is_zero() {
                 return Err(ConfigError::ZeroDuration { field });
             }
         }
-        let b = &self.breaker;
-        if b.consecutive_failures == 0 {
-            return Err(ConfigError::Zero {
-                field: "breaker.consecutive_failures",
-            });
-        }
-        if !(1..=100).contains(&b.error_percent) {
-            return Err(ConfigError::Percent {
-                field: "breaker.error_percent",
-                value: b.error_percent,
-            });
-        }
-        if b.open_for > b.open_max {
-            return Err(ConfigError::Inverted {
-                min_field: "breaker.open_for",
-                min: b.open_for,
-                max_field: "breaker.open_max",
-                max: b.open_max,
-            });
-        }
-        if let Some(f) = &self.fallback {
-            if f.gateways == 0 {
-                return Err(ConfigError::Zero {
-                    field: "fallback.gateways",
-                });
-            }
-            if f.max_keys == 0 {
-                return Err(ConfigError::Zero {
-                    field: "fallback.max_keys",
-                });
-            }
-        }
-        if let Some(l) = &self.lease {
-            for (field, v) in [
-                ("lease.max_lease", l.max_lease),
-                ("lease.capacity_divisor", l.capacity_divisor),
-                ("lease.hot_after", l.hot_after),
-            ] {
-                if v == 0 {
-                    return Err(ConfigError::Zero { field });
-                }
-            }
-            if l.max_keys == 0 {
-                return Err(ConfigError::Zero {
-                    field: "lease.max_keys",
-                });
-            }
-            if l.hold.is_zero() {
-                return Err(ConfigError::ZeroDuration {
-                    field: "lease.hold",
-                });
-            }
-        }
-        if let Some(admin) = &self.admin {
-            if admin.trim().is_empty() {
-                return Err(ConfigError::Empty { field: "admin" });
-            }
-        }
         Ok(())
     }
-}
-
-/// Why a [`ClientConfig`] is unusable.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConfigError {
-    #[error("{field} must be greater than zero")]
-    ZeroDuration { field: &'static str },
-    #[error("backoff_min ({min:?}) exceeds backoff_max ({max:?})")]
-    BackoffInverted { min: Duration, max: Duration },
-    #[error("{field} of {len} bytes exceeds the limit of {max}")]
-    TooLong {
-        field: &'static str,
-        len: usize,
-        max: usize,
-    },
-    #[error("max_frame of {max_frame} bytes cannot hold a handshake answer ({min} bytes)")]
-    MaxFrameTooSmall { max_frame: u32, min: u32 },
-    #[error("max_queued must be at least 1")]
-    ZeroQueue,
-    #[error("{field} must be at least 1")]
-    Zero { field: &'static str },
-    #[error("{field} must be a percentage from 1 to 100, got {value}")]
-    Percent { field: &'static str, value: u8 },
-    #[error("{min_field} ({min:?}) exceeds {max_field} ({max:?})")]
-    Inverted {
-        min_field: &'static str,
-        min: Duration,
-        max_field: &'static str,
-        max: Duration,
-    },
-    #[error("{field} must not be empty")]
-    Empty { field: &'static str },
-    #[error("cannot register the client's metrics: {reason}")]
-    Metrics { reason: String },
 }
 
 #[cfg(test)]

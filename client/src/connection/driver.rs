@@ -28,7 +28,7 @@ use super::call::Shared;
 use super::pending::{Swept, Wakers};
 use super::{StopOnExit, READ_CHUNK};
 use crate::error::Error;
-use crate::shard::Node;
+use crate::node::Node;
 
 /// What the driver needs besides the socket.
 pub(super) struct DriverSettings {
@@ -145,34 +145,10 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
             biased;
             () = &mut cancelled => break,
             read = socket.read_buf(&mut buf) => {
-                match read {
-                    Ok(0) => {
-                        tracing::debug!(addr = %node.addr, buffered = buf.len(), "server closed the connection");
-                        break;
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        tracing::debug!(addr = %node.addr, error = %e, "read failed; closing the connection");
-                        break;
-                    }
+                if read_ended(read, &node, buf.len()) {
+                    break;
                 }
-                let mut fatal = false;
-                loop {
-                    match decode_response(&mut buf, settings.max_frame) {
-                        Ok(Some((id, response))) => decoded.push((id, Ok(response))),
-                        Ok(None) => break,
-                        Err(e) if e.is_fatal() => {
-                            tracing::warn!(addr = %node.addr, error = %e, "undecodable response stream; closing the connection");
-                            fatal = true;
-                            break;
-                        }
-                        // The bad frame was consumed whole; only its call fails.
-                        Err(e) => match e.request_id() {
-                            Some(id) => decoded.push((id, Err(e.into()))),
-                            None => tracing::warn!(error = %e, "undecodable response"),
-                        },
-                    }
-                }
+                let fatal = decode_all(&mut buf, settings.max_frame, &mut decoded, &node);
                 let pass = hand_over(&shared, &mut decoded, Instant::now(), settings.idle_rearm);
                 (answered, probe_answered, swept, armed) =
                     (pass.answered, pass.probe_answered, pass.swept, pass.armed);
@@ -216,4 +192,48 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
         node.record(0, 1);
     }
     drop(exit);
+}
+
+/// Decodes every whole frame read so far into `decoded`. True when the
+/// stream cannot be decoded any further (the connection must close); a bad
+/// frame that was consumed whole only fails its call.
+#[inline]
+fn decode_all(
+    buf: &mut BytesMut,
+    max_frame: u32,
+    decoded: &mut Vec<(RequestId, Result<Response, Error>)>,
+    node: &Node,
+) -> bool {
+    loop {
+        match decode_response(buf, max_frame) {
+            Ok(Some((id, response))) => decoded.push((id, Ok(response))),
+            Ok(None) => return false,
+            Err(e) if e.is_fatal() => {
+                tracing::warn!(addr = %node.addr, error = %e, "undecodable response stream; closing the connection");
+                return true;
+            }
+            // The bad frame was consumed whole; only its call fails.
+            Err(e) => match e.request_id() {
+                Some(id) => decoded.push((id, Err(e.into()))),
+                None => tracing::warn!(error = %e, "undecodable response"),
+            },
+        }
+    }
+}
+
+/// Whether a read ended the connection: the server closed it, or the read
+/// failed.
+#[inline]
+fn read_ended(read: std::io::Result<usize>, node: &Node, buffered: usize) -> bool {
+    match read {
+        Ok(0) => {
+            tracing::debug!(addr = %node.addr, buffered, "server closed the connection");
+            true
+        }
+        Ok(_) => false,
+        Err(e) => {
+            tracing::debug!(addr = %node.addr, error = %e, "read failed; closing the connection");
+            true
+        }
+    }
 }

@@ -47,7 +47,7 @@ use tollgate_protocol::{
 
 use crate::config::ClientConfig;
 use crate::error::Error;
-use crate::shard::Node;
+use crate::node::Node;
 use crate::sync::{AtomicBool, Ordering};
 use call::{Call, Exchange, Shared};
 use pending::{Answer, Outgoing};

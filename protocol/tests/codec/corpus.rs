@@ -1,5 +1,5 @@
 //! The fuzz seed corpus: regenerated from the encoder (so it stays valid as
-//! the format evolves), checked in under `fuzz/corpus/`, and replayed here
+//! the format evolves), checked in under the repository's `fuzz/corpus/`, and replayed here
 //! through the fuzz targets' invariant checks together with whatever else a
 //! local fuzz run left in the corpus directories.
 //!
@@ -18,7 +18,7 @@ use crate::samples::*;
 
 fn corpus_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
+        .join("../fuzz/corpus")
         .join(target)
 }
 

@@ -20,5 +20,5 @@ mod spec;
 
 /// The fuzz targets' invariant checks, shared by path so CI runs them on
 /// stable over the seed corpus and proptest inputs.
-#[path = "../../fuzz/src/lib.rs"]
+#[path = "../../../fuzz/src/lib.rs"]
 mod invariants;

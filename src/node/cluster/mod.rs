@@ -28,6 +28,7 @@
 mod duties;
 mod metrics;
 mod moves;
+mod settings;
 
 use super::gate::Gate;
 use super::shared::Core;
@@ -43,6 +44,8 @@ use prometheus::Registry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate_protocol::{Announce, ClusterTopology, MovingSlots, Role, ShardInfo, SlotSpan};
+
+pub(crate) use settings::{check_settings, etcd_access};
 
 /// A node's place in a cluster, joined before the server starts: its
 /// lease and registration, and the watch that feeds its routing table.
@@ -66,7 +69,7 @@ impl Membership {
         advertise: String,
         admin: Option<String>,
     ) -> Result<Self, ClusterError> {
-        let settings = config.etcd_settings().map_err(ClusterError::Settings)?;
+        let settings = settings::etcd_settings(config).map_err(ClusterError::Settings)?;
         if let Some(warning) = settings.slack_warning() {
             tracing::warn!("{warning}");
         }

@@ -4,6 +4,16 @@
 use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 pub(super) struct RegionMetrics {
+    by_peer: ByPeer,
+    pub capped: IntCounter,
+    pub ceiling_activations: IntCounter,
+    pub ceiling_denied: IntCounter,
+    pub cut_off: IntGauge,
+}
+
+/// The per-peer series, labelled `peer`: [`RegionMetrics::peer`] takes
+/// one peer's handles from them.
+struct ByPeer {
     lag: GaugeVec,
     keys_sent: IntCounterVec,
     keys_received: IntCounterVec,
@@ -12,10 +22,6 @@ pub(super) struct RegionMetrics {
     send_failures: IntCounterVec,
     entries_dropped: IntCounterVec,
     units_dropped: IntCounterVec,
-    pub capped: IntCounter,
-    pub ceiling_activations: IntCounter,
-    pub ceiling_denied: IntCounter,
-    pub cut_off: IntGauge,
 }
 
 /// One peer's handles.
@@ -32,13 +38,59 @@ pub(super) struct PeerMetrics {
 
 impl RegionMetrics {
     pub fn register(r: &Registry) -> prometheus::Result<Self> {
-        fn per_peer(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounterVec> {
-            let c = IntCounterVec::new(Opts::new(name, help), &["peer"])?;
+        fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+            let c = IntCounter::new(name, help)?;
             r.register(Box::new(c.clone()))?;
             Ok(c)
         }
-        fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
-            let c = IntCounter::new(name, help)?;
+        let by_peer = ByPeer::register(r)?;
+        let cut_off = IntGauge::new(
+            "tollgate_region_cut_off",
+            "1 while the exchange is stalled with most peer regions and global rules are \
+             capped at this region's ceiling.",
+        )?;
+        r.register(Box::new(cut_off.clone()))?;
+        Ok(Self {
+            by_peer,
+            capped: counter(
+                r,
+                "tollgate_region_messages_capped_total",
+                "USAGE messages that hit exchange-max-bytes: the keys left over went in a \
+                 later message.",
+            )?,
+            ceiling_activations: counter(
+                r,
+                "tollgate_region_ceiling_activations_total",
+                "Times the exchange stalled with most peer regions and the ceiling came \
+                 into force.",
+            )?,
+            ceiling_denied: counter(
+                r,
+                "tollgate_region_ceiling_denied_total",
+                "Checks denied by this region's ceiling while cut off.",
+            )?,
+            cut_off,
+        })
+    }
+
+    pub fn peer(&self, name: &str) -> PeerMetrics {
+        PeerMetrics {
+            lag: self.by_peer.lag.with_label_values(&[name]),
+            keys_sent: self.by_peer.keys_sent.with_label_values(&[name]),
+            keys_received: self.by_peer.keys_received.with_label_values(&[name]),
+            units_imported: self.by_peer.units_imported.with_label_values(&[name]),
+            skipped: self.by_peer.skipped.with_label_values(&[name]),
+            send_failures: self.by_peer.send_failures.with_label_values(&[name]),
+            entries_dropped: self.by_peer.entries_dropped.with_label_values(&[name]),
+            units_dropped: self.by_peer.units_dropped.with_label_values(&[name]),
+        }
+    }
+}
+
+impl ByPeer {
+    fn register(r: &Registry) -> prometheus::Result<Self> {
+        fn per_peer(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounterVec> {
+            let c = IntCounterVec::new(Opts::new(name, help), &["peer"])?;
             r.register(Box::new(c.clone()))?;
             Ok(c)
         }
@@ -51,12 +103,6 @@ impl RegionMetrics {
             &["peer"],
         )?;
         r.register(Box::new(lag.clone()))?;
-        let cut_off = IntGauge::new(
-            "tollgate_region_cut_off",
-            "1 while the exchange is stalled with most peer regions and global rules are \
-             capped at this region's ceiling.",
-        )?;
-        r.register(Box::new(cut_off.clone()))?;
         Ok(Self {
             lag,
             keys_sent: per_peer(
@@ -97,37 +143,6 @@ impl RegionMetrics {
                 "Units (charged and refunded) never reported to a peer region because its \
                  journal was full.",
             )?,
-            capped: counter(
-                r,
-                "tollgate_region_messages_capped_total",
-                "USAGE messages that hit exchange-max-bytes: the keys left over went in a \
-                 later message.",
-            )?,
-            ceiling_activations: counter(
-                r,
-                "tollgate_region_ceiling_activations_total",
-                "Times the exchange stalled with most peer regions and the ceiling came \
-                 into force.",
-            )?,
-            ceiling_denied: counter(
-                r,
-                "tollgate_region_ceiling_denied_total",
-                "Checks denied by this region's ceiling while cut off.",
-            )?,
-            cut_off,
         })
-    }
-
-    pub fn peer(&self, name: &str) -> PeerMetrics {
-        PeerMetrics {
-            lag: self.lag.with_label_values(&[name]),
-            keys_sent: self.keys_sent.with_label_values(&[name]),
-            keys_received: self.keys_received.with_label_values(&[name]),
-            units_imported: self.units_imported.with_label_values(&[name]),
-            skipped: self.skipped.with_label_values(&[name]),
-            send_failures: self.send_failures.with_label_values(&[name]),
-            entries_dropped: self.entries_dropped.with_label_values(&[name]),
-            units_dropped: self.units_dropped.with_label_values(&[name]),
-        }
     }
 }

@@ -29,9 +29,9 @@ use smallvec::smallvec;
 use tokio::time::Instant;
 use tollgate_protocol::{CheckResult, CheckTag, IdempotencyKey, Pair};
 
-use super::calls::{self, Route};
-use super::decide::{one_result, Kept};
-use super::Client;
+use super::route::Route;
+use super::{Client, Kept};
+use crate::calls::{self, one_result};
 use crate::connection::pending::{Answer, BatchKind, Checks, Outgoing};
 use crate::connection::{Deadline, OwnedCall};
 use crate::error::Error;

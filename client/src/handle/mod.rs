@@ -1,10 +1,11 @@
 //! The [`Client`] handle: construction, administrative calls, and the
 //! background tasks (rule table refresh, lease refunds). The rate-limit
-//! questions are in `decide`.
+//! questions are in `decide` (one pair: `single`), the keyed requests
+//! (RESET, RELEASE) in `keyed`, where checks go in `route`.
 
-pub(crate) mod calls;
 mod decide;
 mod keyed;
+mod route;
 mod single;
 
 use std::fmt;
@@ -13,14 +14,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tollgate_protocol::{
-    Announce, CheckBatch, CheckResult, NodeStatus, Priority, ReplRequest, ReplResponse, Request,
-    Response,
+    Announce, CheckBatch, CheckResult, NodeStatus, Pair, Priority, ReplRequest, ReplResponse,
+    Request, Response,
 };
 
 use crate::breaker::BreakerState;
+use crate::calls;
 use crate::cluster::{Cluster, ClusterStats};
 use crate::config::{ClientConfig, FailMode};
 use crate::connection::pending::{BatchKind, Checks};
@@ -31,7 +34,10 @@ use crate::lease::{refund_batches, Leases};
 use crate::metrics::Metrics;
 use crate::rules::{RuleTable, SharedTable};
 use crate::shard::{Shard, Wait};
-use calls::Route;
+use route::Route;
+
+/// The pairs of a check, kept to describe and fall back on its answer.
+type Kept = SmallVec<[Pair; 1]>;
 
 /// A handle to one Tollgate shard (one server, or a primary and its
 /// standby) over one multiplexed connection.

@@ -24,17 +24,15 @@ use tollgate_protocol::{
 };
 
 use super::single::Single;
-use super::{calls, Client};
+use super::{Client, Kept};
+use crate::calls::{self, one_result};
 use crate::config::FailMode;
-use crate::connection::pending::{Answer, BatchKind, Checks};
+use crate::connection::pending::{BatchKind, Checks};
 use crate::connection::Deadline;
 use crate::decision::{Binding, Decision};
 use crate::error::Error;
 use crate::outcome::{Failure, Outcome, Rejection};
 use crate::policy::Policy;
-
-/// The pairs of a check, kept to describe and fall back on its answer.
-pub(super) type Kept = SmallVec<[Pair; 1]>;
 
 impl Client {
     /// Checks `cost` units of `key` against `limit`, charging them if
@@ -435,22 +433,5 @@ impl Client {
             kind == BatchKind::Peek,
             Instant::now(),
         ))
-    }
-}
-
-/// The result of a one-check call's answer, or why there is none.
-pub(super) fn one_result(
-    kind: BatchKind,
-    answer: Result<Answer, Error>,
-) -> Result<CheckResult, Error> {
-    match answer? {
-        Answer::One(result) => Ok(result),
-        Answer::Results(mut r) if r.len() == 1 => Ok(r.remove(0)),
-        other => calls::results(other, kind.name()).and_then(|r| {
-            Err(Error::ResultCount {
-                expected: 1,
-                got: r.len(),
-            })
-        }),
     }
 }

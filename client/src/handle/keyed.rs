@@ -7,7 +7,9 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tollgate_protocol::{LeaseRef, Request, Response};
 
-use super::{calls, Client, Route};
+use super::route::Route;
+use super::Client;
+use crate::calls;
 use crate::connection::{response_name, Deadline};
 use crate::error::Error;
 use crate::shard::{Shard, Wait};

@@ -1,56 +1,28 @@
-//! Sending requests through a shard (or, in cluster mode, the shard of each
-//! check's slot: `Route`): local checks against the server's
+//! Sending requests through one shard: local checks against the server's
 //! announced limits, the call, and the retries: after NotPrimary (nothing
 //! was charged), and for CHECK2 after a lost connection (the server may
 //! have charged it, and answers the same idempotency key from memory
-//! instead of charging again). Free functions over the shard so background
-//! tasks (lease refunds) share them with the client handle.
+//! instead of charging again). Free functions over the shard, so the
+//! client handle, its background tasks (lease refunds) and cluster mode
+//! (each part of a batch through its slot's shard) share them.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tollgate_protocol::{ErrorCode, Pair, Request, Response, ServerLimits};
+use tollgate_protocol::{CheckResult, ErrorCode, Pair, Request, Response, ServerLimits};
 
-use crate::cluster::Cluster;
 use crate::connection::pending::{Answer, BatchKind, Checks, Outgoing};
 use crate::connection::{response_name, Connection, Deadline};
 use crate::error::Error;
 use crate::shard::{Shard, Wait};
 
-/// Where checks go: one shard, or the shard of each check's slot.
-#[derive(Clone)]
-pub(crate) enum Route {
-    Shard(Arc<Shard>),
-    Cluster(Arc<Cluster>),
-}
-
-impl Route {
-    /// Sends checks of `kind` and returns their answer (a batch's results
-    /// in the batch's order, however it was split).
-    ///
-    /// Plain functions returning async blocks here and in [`checks`]
-    /// rather than `async fn`s: an `async fn` keeps its arguments twice in
-    /// its state (captured, then as locals), and every check's future,
-    /// down to the caller's, embeds and moves that state.
-    #[allow(clippy::manual_async_fn)] // on purpose: see above
-    pub(crate) fn checks(
-        &self,
-        kind: BatchKind,
-        checks: Checks,
-        deadline: Deadline,
-    ) -> impl Future<Output = Result<Answer, Error>> + Send + '_ {
-        async move {
-            match self {
-                Self::Shard(shard) => self::checks(shard, kind, checks, deadline).await,
-                // Boxed: the routing state need not weigh on a single shard's calls.
-                Self::Cluster(cluster) => Box::pin(cluster.checks(kind, checks, deadline)).await,
-            }
-        }
-    }
-}
-
 /// Sends checks of `kind` to `shard` and returns their answer.
+///
+/// A plain function returning an async block rather than an `async fn`: an
+/// `async fn` keeps its arguments twice in its state (captured, then as
+/// locals), and every check's future, down to the caller's, embeds and
+/// moves that state.
 #[allow(clippy::manual_async_fn)] // on purpose: see above
 pub(crate) fn checks(
     shard: &Arc<Shard>,
@@ -162,10 +134,7 @@ pub(crate) async fn primary(
 }
 
 /// The results of a batch answer, or the error it stands for.
-pub(crate) fn results(
-    answer: Answer,
-    name: &'static str,
-) -> Result<Vec<tollgate_protocol::CheckResult>, Error> {
+pub(crate) fn results(answer: Answer, name: &'static str) -> Result<Vec<CheckResult>, Error> {
     match answer {
         Answer::Results(results) => Ok(results),
         Answer::One(result) => Ok(vec![result]),
@@ -173,6 +142,23 @@ pub(crate) fn results(
         Answer::Response(other) => Err(Error::UnexpectedResponse {
             request: name,
             got: response_name(&other),
+        }),
+    }
+}
+
+/// The result of a one-check call's answer, or why there is none.
+pub(crate) fn one_result(
+    kind: BatchKind,
+    answer: Result<Answer, Error>,
+) -> Result<CheckResult, Error> {
+    match answer? {
+        Answer::One(result) => Ok(result),
+        Answer::Results(mut r) if r.len() == 1 => Ok(r.remove(0)),
+        other => results(other, kind.name()).and_then(|r| {
+            Err(Error::ResultCount {
+                expected: 1,
+                got: r.len(),
+            })
         }),
     }
 }
