@@ -174,13 +174,13 @@ impl Journal {
     /// header for a region name of `region_len` bytes); the rest stays.
     /// Returns the entries and whether some were left for lack of room.
     pub fn seal(&mut self, max_bytes: usize, region_len: usize) -> (Vec<UsageEntry>, bool) {
-        let mut room = max_bytes.saturating_sub(usage_header_len(region_len));
+        let room = std::cell::Cell::new(max_bytes.saturating_sub(usage_header_len(region_len)));
         let mut out = Vec::new();
         let taken = self.entries.extract_if(|e| {
             let len = UsageEntry::encoded_len(&e.key, &e.rule);
-            let fits = len <= room;
+            let fits = len <= room.get();
             if fits {
-                room -= len;
+                room.set(room.get() - len);
             }
             fits
         });
@@ -189,6 +189,7 @@ impl Journal {
         } in taken
         {
             self.bytes -= entry_bytes(&key, &rule);
+            let len = UsageEntry::encoded_len(&key, &rule);
             out.push(UsageEntry {
                 key,
                 rule,
@@ -196,6 +197,12 @@ impl Journal {
                 refunded: usage.refunded,
                 at: usage.at,
             });
+            // Full, as near as entries of this size tell: stop here rather
+            // than walk the rest of a large journal for a smaller entry
+            // (what is not walked stays, for the next message).
+            if room.get() < len {
+                break;
+            }
         }
         (out, !self.entries.is_empty())
     }
