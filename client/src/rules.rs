@@ -1,5 +1,5 @@
 //! The rule table: each named rule's limit and failure mode, fetched from
-//! the server's admin API (`GET /v1/rules`, README "Admin API") and
+//! the server's admin API (`GET /v1/rules`, docs/ADMIN.md) and
 //! refreshed every `rules_refresh`.
 //!
 //! It is what lets "fail-closed for login, fail-open for search" work

@@ -1,6 +1,6 @@
 //! Global limits across regions: this node's region, the regions it
 //! exchanges usage with, how often, and what it admits when the exchange
-//! stalls (README "Global limits", PROTOCOL.md §16).
+//! stalls (docs/GLOBAL-LIMITS.md, PROTOCOL.md §16).
 //!
 //! Invariants checked here: a region name is 1 to 64 bytes out of
 //! `A-Z a-z 0-9 _ - .`; peers need a region of their own, are named once

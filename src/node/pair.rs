@@ -4,7 +4,7 @@
 //! by PROMOTE; a standby promotes itself after `--failover-after` of
 //! silence from its primary.
 //!
-//! Rules (the README's "Replication and failover" states what they buy):
+//! Rules (docs/REPLICATION.md states what they buy):
 //! - **at start**, a node with a peer serves nothing until it has asked it
 //!   (asking again until `--repl-timeout` if it does not answer):
 //!   a peer that is primary is followed (a restarted ex-primary comes back

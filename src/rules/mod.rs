@@ -22,7 +22,7 @@
 //!
 //! Counters are per key, not per rule: a rule whose numbers change keeps
 //! every key's state, and the new numbers apply to it from the next check
-//! (see the README, "Changing a rule").
+//! (see docs/RULES.md, "Changing a rule").
 
 pub mod spec;
 pub mod watch;

@@ -35,7 +35,7 @@ pub const LIMIT: Limit = Limit {
 };
 
 /// How long before a fault a charge may have been admitted and not yet
-/// streamed to the standby (README: one `--repl-flush`, 10 ms; twenty of
+/// streamed to the standby (docs/REPLICATION.md: one `--repl-flush`, 10 ms; twenty of
 /// them for a loaded machine).
 pub const FAILOVER_WINDOW: Duration = Duration::from_millis(200);
 

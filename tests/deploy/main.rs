@@ -183,7 +183,7 @@ fn port_of(addr: &serde_json::Value) -> u16 {
     port.parse().unwrap_or_else(|_| panic!("no port in {addr}"))
 }
 
-/// A pair as README "Replication and failover" runs it: one primary, one
+/// A pair as docs/REPLICATION.md runs it: one primary, one
 /// standby of it, each the other's --peer, both with auth and an
 /// --advertise that others can reach.
 fn assert_pair(nodes: &[(Launch, serde_json::Value)]) {

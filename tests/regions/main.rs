@@ -1,4 +1,4 @@
-//! Global limits across regions (README "Global limits", PROTOCOL.md §16):
+//! Global limits across regions (docs/GLOBAL-LIMITS.md, PROTOCOL.md §16):
 //! three regions on loopback, each a real server with its own counters,
 //! exchanging usage through relays that add 100 ms each way.
 //!

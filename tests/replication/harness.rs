@@ -326,7 +326,7 @@ pub async fn role_is(addr: &str, role: Role) -> NodeStatus {
     .await
 }
 
-/// Starts a pair as the README says: A primary, B its standby, each the
+/// Starts a pair as docs/REPLICATION.md says: A primary, B its standby, each the
 /// other's peer, failover after `failover_after`; returns once B holds a
 /// complete copy (only a standby that has been in sync promotes itself).
 pub async fn start_pair(failover_after: &str) -> (Node, Node) {

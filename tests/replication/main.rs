@@ -219,7 +219,7 @@ async fn sigkill_of_the_primary_promotes_the_standby_and_the_old_primary_returns
     }
     assert_eq!(shard.connected_addr().as_deref(), Some(a_addr.as_str()));
     let load = Load::start(shard.clone(), keyset("load", 50));
-    // The exhaustion reached the standby (see README: at most one flush
+    // The exhaustion reached the standby (see docs/REPLICATION.md: at most one flush
     // interval of updates is lost; here we wait past it).
     caught_up(&a_addr, &b_addr).await;
 

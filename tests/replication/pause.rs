@@ -4,7 +4,7 @@
 //! be handed back: at the end, on the primary, every key has at most its
 //! limit minus the admitted charges left, except (when the *primary* was
 //! paused, a real failover) the charges of the last moments before the
-//! pause, which the README allows a failover to lose (at most one
+//! pause, which docs/REPLICATION.md allows a failover to lose (at most one
 //! `--repl-flush` of the newest updates; counted here generously).
 //!
 //! Before issue 9's fix both lost charges: the resumed standby promoted
@@ -33,7 +33,7 @@ const HOURLY: Limit = Limit {
 };
 
 /// How long before a primary's pause a charge may have been admitted and
-/// not yet streamed: the README's bound is one `--repl-flush` (10 ms);
+/// not yet streamed: docs/REPLICATION.md's bound is one `--repl-flush` (10 ms);
 /// twenty of them leave room for a loaded machine.
 const FAILOVER_WINDOW: Duration = Duration::from_millis(200);
 
@@ -118,7 +118,7 @@ async fn charge(client: &Client, ledger: &Ledger, key: &str, n: u64) {
     }
 }
 
-/// Starts a pair as the README says: A primary, B its standby, each the
+/// Starts a pair as docs/REPLICATION.md says: A primary, B its standby, each the
 /// other's peer, failover after 2 s.
 async fn pair() -> (Node, Node, Client) {
     let (a, b) = start_pair("2s").await;

@@ -123,7 +123,7 @@ impl Client {
         Self::build(addrs, None, config)
     }
 
-    /// A client for a cluster (README "Running a cluster"), knowing it by
+    /// A client for a cluster (docs/CLUSTER.md, "Running a cluster"), knowing it by
     /// `seeds`: any of its nodes (`host:port` each; one is enough). The
     /// slot map comes from TOPOLOGY asked of a seed (PROTOCOL.md §14); each
     /// check goes to the primary of its key's slot, a batch is split per

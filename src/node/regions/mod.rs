@@ -1,5 +1,5 @@
 //! Global limits: this node's region and the usage it exchanges with the
-//! other regions (README "Global limits", PROTOCOL.md §16).
+//! other regions (docs/GLOBAL-LIMITS.md, PROTOCOL.md §16).
 //!
 //! ```text
 //!  check path (server) --record--> journal, one per peer region (journal.rs;

@@ -1,6 +1,6 @@
 //! Replication: a primary streams its state to a standby, epochs fence a
 //! replaced primary. Wire format: `PROTOCOL.md` §13; guarantees: the
-//! README's "Replication and failover".
+//! docs/REPLICATION.md.
 //!
 //! ```text
 //!            primary                                      standby

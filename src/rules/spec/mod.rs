@@ -123,7 +123,7 @@ pub struct RuleSpec {
     /// allowed with the shadow flag.
     #[serde(default)]
     pub shadow: bool,
-    /// The regions that share this limit (README "Global limits"): each
+    /// The regions that share this limit (docs/GLOBAL-LIMITS.md): each
     /// enforces it on its own counters and reports its usage to the others
     /// listed. Empty (the default): the limit is this region's alone.
     /// `token-bucket`, `sliding-window` and `fixed-window` only.
