@@ -123,7 +123,7 @@ async fn metrics_parse_are_unique_and_move() {
 }
 
 /// Keys are bytes: `/v1/limits` reads a key that is not UTF-8 (percent-encoded
-/// byte by byte, as docs/RULES.md says) and shows it lossily with `key_hex`.
+/// byte by byte, as docs/ADMIN.md says) and shows it lossily with `key_hex`.
 #[tokio::test]
 async fn usage_of_a_key_that_is_not_utf8() {
     let dir = TempDir::new("usage-bytes");
