@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The server crate's imports point one way:
 #
-#   cli -> server -> node -> config -> store -> algorithm
-#                 \-> rules --------------------^
-#                    node -> cluster (etcd control plane) -> store
+#   cli -> server -> engine -> node -> config -> store -> algorithm
+#                           \-> rules --------------------^
+#                              node -> cluster (etcd control plane) -> store
+#   (server: the ports, which reach the store and the algorithms only
+#    through the engine)
 #   (clock, slot, sync, units, throttled, tls, huge_pages: leaves that
 #    import no layer;
-#    events: a leaf the server feeds, which config describes)
+#    events: a leaf the engine feeds, which config describes)
 #
 # Each row below names a layer (a folder or file under src/) and the crate
 # modules it must never reach. A file breaks the rule when it names one of
@@ -17,15 +19,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LEAVES="algorithm store node server cli config rules throttled admin_client cluster events"
+LEAVES="algorithm store node engine server cli config rules throttled admin_client cluster events"
 RULES=(
-  "src/algorithm   store node server cli config rules throttled admin_client"
-  "src/store       node server cli config rules throttled admin_client"
-  "src/config      node server cli rules admin_client"
-  "src/node        server cli rules admin_client"
-  "src/cluster     node server cli config rules throttled admin_client"
-  "src/rules       store node server cli config throttled admin_client"
-  "src/server      cli"
+  "src/algorithm   store node engine server cli config rules throttled admin_client"
+  "src/store       node engine server cli config rules throttled admin_client"
+  "src/config      node engine server cli rules admin_client"
+  "src/node        engine server cli rules admin_client"
+  "src/cluster     node engine server cli config rules throttled admin_client"
+  "src/rules       store node engine server cli config throttled admin_client"
+  "src/engine      server cli admin_client"
+  "src/server      store algorithm cli"
   "src/clock.rs    $LEAVES"
   "src/slot.rs     $LEAVES"
   "src/sync.rs     $LEAVES"

@@ -7,7 +7,8 @@
 //! ```text
 //!  socket -> server (accept, connection) -> codec (tollgate-protocol)
 //!         -> node: may this node serve it? (one atomic load; else NotPrimary)
-//!         -> server::check: rules and now, once per frame
+//!         -> engine: rules and now, once per frame (the ports: binary
+//!            protocol, RESP, Envoy RLS, admin API)
 //!         -> store: Slot -> Stripe lock -> algorithm (pure) -> Decision
 //!         -> codec -> socket (responses coalesced into one write)
 //! ```
@@ -15,8 +16,8 @@
 //! Imports point one way (`scripts/check-layers.sh` keeps them so):
 //!
 //! ```text
-//!  cli -> server -> node -> config -> store -> algorithm
-//!            \-> rules ------------------------^
+//!  cli -> server -> engine -> node -> config -> store -> algorithm
+//!                     \-> rules ------------------------^
 //! ```
 //!
 //! - [`sync`]: the only source of locks and atomics (loom under `tollgate_loom`);
@@ -39,6 +40,9 @@
 //! - [`config`]: the settings by section, flags and the config file;
 //! - `node`: who is primary (roles and epochs behind a role source; pair
 //!   mode today) and the replication to a standby;
+//! - `engine`: the check engine (rule resolution, shadow rules, global
+//!   limits, retries, shedding, decision events, check metrics) behind one
+//!   `Engine` the ports call;
 //! - [`server`] (with its admin HTTP API) and [`cli`]: the network server
 //!   and the binary's commands; [`admin_client`] for the CLI.
 //! - `cluster` (feature `cluster`): the etcd control plane of cluster
@@ -62,6 +66,7 @@ pub mod clock;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
+mod engine;
 pub mod events;
 pub mod huge_pages;
 pub mod log_text;

@@ -45,14 +45,12 @@ mod write;
 use wait::Woke;
 pub(super) use write::{write_out, WriteError};
 
+use crate::engine::{Mode, Privilege, Verb};
 use crate::node::{Access, Gate, Handover, Refusal};
 use crate::server::admission::Ticket;
-use crate::server::auth::Privilege;
 use crate::server::budget::{ReadBuffer, Room};
-use crate::server::check::{self, Verb};
 use crate::server::conn_metrics::OpenConnection;
 use crate::server::Shared;
-use crate::store::Mode;
 use crate::tls::Socket;
 use bytes::BytesMut;
 use std::net::SocketAddr;
@@ -129,7 +127,7 @@ struct Connection {
     usage_region: Option<String>,
     /// Whom this connection's remembered CHECK2 answers belong to (what
     /// its HELLO authenticated with).
-    owner: crate::server::dedup::Owner,
+    owner: crate::engine::Owner,
     /// The nonce of this connection's NODE_CHALLENGE, which its HELLO must
     /// prove a node secret over.
     challenge: Option<[u8; tollgate_protocol::NONCE_LEN]>,
@@ -242,7 +240,7 @@ async fn hand_over(mut conn: Connection, r: Replicate) {
     let shared = conn.shared;
     tokio::select! {
         _ = shared.lifecycle.draining.cancelled() => {}
-        taken = shared.node.hand_over(handover) => {
+        taken = shared.engine.node().hand_over(handover) => {
             if !taken {
                 tracing::debug!(peer = %conn.peer, "replication task gone; connection dropped");
             }
@@ -431,7 +429,7 @@ impl Connection {
         };
         // The node admits the access, then its gate screens the request's
         // slots (cluster mode: MOVED, TryAgain; PROTOCOL.md §14).
-        let gate = match access.map(|a| shared.node.admit(a)) {
+        let gate = match access.map(|a| shared.engine.node().admit(a)) {
             None => Gate::All,
             Some(Ok(gate)) => gate,
             Some(Err(refusal)) => {
@@ -457,28 +455,21 @@ impl Connection {
             // Outside a cluster: one shard owning every slot (PROTOCOL.md §14).
             Request::Topology => encode_response(
                 id,
-                &Response::Topology(shared.node.topology()),
+                &Response::Topology(shared.engine.node().topology()),
                 &mut self.wbuf,
             ),
-            Request::Check(batch) => check::answer(
-                shared,
-                id,
-                &batch,
-                Verb::Check(Mode::Charge),
-                &gate,
-                &mut self.wbuf,
-            ),
-            Request::Peek(batch) => check::answer(
-                shared,
-                id,
-                &batch,
-                Verb::Check(Mode::Peek),
-                &gate,
-                &mut self.wbuf,
-            ),
+            Request::Check(batch) => {
+                shared
+                    .engine
+                    .answer(id, &batch, Verb::Check(Mode::Charge), &gate, &mut self.wbuf)
+            }
+            Request::Peek(batch) => {
+                shared
+                    .engine
+                    .answer(id, &batch, Verb::Check(Mode::Peek), &gate, &mut self.wbuf)
+            }
             // Backlog for shedding: bytes received behind it, not answered.
-            Request::Check2(batch) => check::answer_tagged(
-                shared,
+            Request::Check2(batch) => shared.engine.answer_tagged(
                 id,
                 &batch,
                 self.owner,
@@ -487,14 +478,16 @@ impl Connection {
                 &mut self.wbuf,
             ),
             Request::Reset(keys) => {
-                let now = shared.clock.now();
-                let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
+                let now = shared.engine.now();
+                let removed = keys.iter().filter(|k| shared.engine.remove(k, now)).count();
                 encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
             }
             Request::Refund(batch) => {
-                check::answer(shared, id, &batch, Verb::Refund, &gate, &mut self.wbuf)
+                shared
+                    .engine
+                    .answer(id, &batch, Verb::Refund, &gate, &mut self.wbuf)
             }
-            Request::Release(leases) => check::release(shared, id, &leases, &mut self.wbuf),
+            Request::Release(leases) => shared.engine.release(id, &leases, &mut self.wbuf),
             Request::Usage(report) => return self.usage(id, &report),
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
@@ -525,7 +518,7 @@ impl Connection {
     }
 
     fn error(&mut self, id: RequestId, code: ErrorCode, message: &str) {
-        self.shared.metrics.errors.count(code);
+        self.shared.engine.errors().count(code);
         let response = Response::Error {
             code,
             message: message.to_owned(),

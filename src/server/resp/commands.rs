@@ -23,13 +23,13 @@
 //!   pipeline is).
 
 use super::cluster;
-use super::counter;
 use super::multi::Multi;
 use super::parse::Args;
 use super::reply::Reply;
 use super::table::{self, Cmd, Spec, SCRIPTING, TABLE};
 use super::throttle::Throttle;
 use crate::clock::Nanos;
+use crate::engine::window_of;
 use crate::node::Refusal;
 use crate::rules::RuleSet;
 use crate::server::frontend::on_port;
@@ -209,34 +209,34 @@ impl Session {
             Cmd::Throttle => throttle(ctx, args, reply),
             Cmd::Incr | Cmd::IncrBy => incr(ctx, spec.cmd, args, later, reply),
             Cmd::Expire | Cmd::PExpire => {
-                let Some(ttl) = counter::ttl_arg(arg(2), spec.cmd == Cmd::Expire) else {
+                let Some(ttl) = ttl_arg(arg(2), spec.cmd == Cmd::Expire) else {
                     return reply.error("ERR value is not an integer or out of range");
                 };
-                match counter::expire(ctx, arg(1), ttl) {
+                match ctx.shared.engine.expire(arg(1), ttl, ctx.now) {
                     Ok(n) => reply.int(n),
                     Err(e) => reply.error(&e.to_string()),
                 }
             }
-            Cmd::Get => match counter::get(ctx, arg(1)) {
+            Cmd::Get => match ctx.shared.engine.get(arg(1), ctx.now) {
                 Ok(Some(n)) => reply.bulk(n.to_string().as_bytes()),
                 Ok(None) => reply.null(),
                 Err(e) => reply.error(&e.to_string()),
             },
-            Cmd::Ttl => reply.int(counter::ttl(ctx, arg(1))),
-            Cmd::PTtl => reply.int(counter::pttl(ctx, arg(1))),
+            Cmd::Ttl => reply.int(ctx.shared.engine.ttl(arg(1), ctx.now)),
+            Cmd::PTtl => reply.int(ctx.shared.engine.pttl(arg(1), ctx.now)),
             Cmd::Del => {
-                let store = &ctx.shared.store;
+                let engine = &ctx.shared.engine;
                 let n = args[1..]
                     .iter()
-                    .filter(|k| store.remove(k, ctx.now))
+                    .filter(|k| engine.remove(k, ctx.now))
                     .count();
                 reply.int(n as i64);
             }
             Cmd::Exists => {
-                let store = &ctx.shared.store;
+                let engine = &ctx.shared.engine;
                 let n = args[1..]
                     .iter()
-                    .filter(|k| !store.entries(k, ctx.now).is_empty())
+                    .filter(|k| engine.holds(k, ctx.now))
                     .count();
                 reply.int(n as i64);
             }
@@ -306,7 +306,7 @@ impl Session {
         }
         self.resp3 = version == 3;
         reply.resp3 = self.resp3;
-        let role = match ctx.shared.node.greeting().role {
+        let role = match ctx.shared.engine.node().greeting().role {
             Role::Primary => "master",
             Role::Standby => "replica",
         };
@@ -419,7 +419,8 @@ fn admitted(ctx: &Ctx, spec: &Spec, args: &Args) -> Result<(), String> {
     };
     let gate = ctx
         .shared
-        .node
+        .engine
+        .node()
         .admit(access)
         .map_err(|r| refused(&r, ctx.port))?;
     gate.screen_keys(spec.keys_of(args))
@@ -513,7 +514,11 @@ fn incr(ctx: &Ctx, cmd: Cmd, args: &Args, later: &[Args], reply: &mut Reply) {
         },
         _ => 1,
     };
-    match counter::incr(ctx, key, amount, window_in_sight(ctx, key, later)) {
+    match ctx
+        .shared
+        .engine
+        .incr(key, amount, window_in_sight(ctx, key, later), ctx.now)
+    {
         Ok(n) => reply.int(n as i64),
         Err(e) => reply.error(&e.to_string()),
     }
@@ -530,11 +535,11 @@ fn window_in_sight(ctx: &Ctx, key: &[u8], later: &[Args]) -> Nanos {
             if !seconds && !a[0].eq_ignore_ascii_case(b"pexpire") {
                 return None;
             }
-            counter::ttl_arg(&a[2], seconds).filter(|&ms| ms > 0)
+            ttl_arg(&a[2], seconds).filter(|&ms| ms > 0)
         })
         .map_or(
             ctx.shared.frontends.resp_counter_window.as_nanos() as Nanos,
-            counter::window_of,
+            window_of,
         )
 }
 
@@ -567,7 +572,7 @@ fn command(args: &[Bytes], reply: &mut Reply) {
 
 /// INFO: the sections clients look at (server, replication, cluster).
 fn info(ctx: &Ctx) -> String {
-    let status = ctx.shared.node.status();
+    let status = ctx.shared.engine.node().status();
     let role = match status.role {
         Role::Primary => "master",
         Role::Standby => "slave",
@@ -578,4 +583,11 @@ fn info(ctx: &Ctx) -> String {
         env!("CARGO_PKG_VERSION"),
         ctx.port
     )
+}
+
+/// The TTL argument of EXPIRE (seconds) or PEXPIRE (milliseconds), in
+/// milliseconds; None when it is not an integer.
+fn ttl_arg(arg: &[u8], seconds: bool) -> Option<i64> {
+    let n: i64 = std::str::from_utf8(arg).ok()?.parse().ok()?;
+    Some(if seconds { n.saturating_mul(1000) } else { n })
 }

@@ -10,8 +10,8 @@
 //!      from --max-connection-memory)
 //!   -> parse.rs: complete commands, bounded -> commands.rs: a
 //!      batch of them answered in order (auth, node admission, MULTI)
-//!        CL.THROTTLE        -> throttle.rs: token bucket via check::check_one
-//!        INCR/EXPIRE/GET... -> counter.rs: fixed window counter (Store::update)
+//!        CL.THROTTLE        -> throttle.rs: token bucket via Engine::check_one
+//!        INCR/EXPIRE/GET... -> engine/counter.rs: fixed window counter (Store::update)
 //!        CLUSTER SLOTS ...  -> cluster.rs: the node's topology
 //!   -> reply.rs (RESP2/RESP3) -> one write per batch
 //! ```
@@ -31,7 +31,6 @@
 mod buffer;
 mod cluster;
 mod commands;
-mod counter;
 mod multi;
 mod parse;
 mod reply;
@@ -242,11 +241,11 @@ impl Connection {
                 }
             }
             if !batch.is_empty() {
-                let rules = self.shared.rules.current();
+                let rules = self.shared.engine.rules().current();
                 let ctx = Ctx {
                     shared: &self.shared,
                     rules: &rules,
-                    now: self.shared.clock.now(),
+                    now: self.shared.engine.now(),
                     port: self.port,
                 };
                 self.session.run(&ctx, &batch, &mut self.wbuf);

@@ -31,15 +31,15 @@
 //! `Store::spot`) and prefetched before its first check, and the checks
 //! reuse those spots. Refunds are not checks: they count only their errors.
 
-use super::dedup::{Answered, Owner};
 mod global;
 mod metrics;
 
-pub(super) use global::{receive_usage, UsageError};
-pub(crate) use metrics::CheckMetrics;
+pub(crate) use global::UsageError;
 use metrics::Tally;
+pub(crate) use metrics::{CheckMetrics, ErrorCounters};
 
-use super::Shared;
+use super::dedup::{Answered, Owner};
+use super::Engine;
 use crate::clock::Nanos;
 use crate::events::{self, Events, Outcome};
 use crate::node::Gate;
@@ -56,174 +56,175 @@ use tollgate_protocol::{
 
 /// The verb of a CHECK-shaped frame: what it does with its checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Verb {
+pub(crate) enum Verb {
     /// CHECK (charge) or PEEK.
     Check(Mode),
     /// REFUND: give each pair's cost back.
     Refund,
 }
 
-/// Evaluates every check of `batch` and appends the CHECKED answer to `dst`.
-pub(super) fn answer(
-    shared: &Shared,
-    id: RequestId,
-    batch: &CheckBatch,
-    verb: Verb,
-    gate: &Gate<'_>,
-    dst: &mut BytesMut,
-) -> Result<(), EncodeError> {
-    in_frame(shared, verb, gate, batch.len(), |evaluation| {
-        let mut spots = Spots::new();
-        batch
-            .iter()
-            .for_each(|pairs| evaluation.prefetch(pairs, &mut spots));
-        let mut at = 0;
-        let results = batch.iter().map(|pairs| {
-            let spots = &spots[at..at + pairs.len()];
-            at += pairs.len();
-            evaluation.check(pairs, spots)
-        });
-        encode_checked(id, results, dst)
-    })
-}
-
-/// Evaluates a CHECK2 and appends the CHECKED answer to `dst`. A check
-/// with an idempotency key the server remembers gets its remembered answer
-/// (before any shedding: answering it costs a lookup); otherwise it is shed
-/// when `backlog` (the connection's unanswered request bytes behind this
-/// frame) is over its priority's bound, or else evaluated as CHECK would.
-pub(super) fn answer_tagged(
-    shared: &Shared,
-    id: RequestId,
-    batch: &TaggedBatch,
-    owner: Owner,
-    backlog: usize,
-    gate: &Gate<'_>,
-    dst: &mut BytesMut,
-) -> Result<(), EncodeError> {
-    let verb = Verb::Check(Mode::Charge);
-    in_frame(shared, verb, gate, batch.len(), |evaluation| {
-        // Checks the shedder will refuse are neither located nor fetched
-        // (whether it refuses one depends on its priority and `backlog`
-        // only, both fixed for the frame).
-        let shed = |tag: &CheckTag| shared.shedder.over(tag.priority, backlog);
-        let mut spots = Spots::new();
-        batch
-            .iter()
-            .filter(|(tag, _)| !shed(tag))
-            .for_each(|(_, pairs)| evaluation.prefetch(pairs, &mut spots));
-        let mut at = 0;
-        let results = batch.iter().map(|(tag, pairs)| {
-            let shed = shed(&tag);
-            let spots = if shed {
-                &[][..]
-            } else {
+impl Engine {
+    /// Evaluates every check of `batch` and appends the CHECKED answer to `dst`.
+    pub fn answer(
+        &self,
+        id: RequestId,
+        batch: &CheckBatch,
+        verb: Verb,
+        gate: &Gate<'_>,
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        self.in_frame(verb, gate, batch.len(), |evaluation| {
+            let mut spots = Spots::new();
+            batch
+                .iter()
+                .for_each(|pairs| evaluation.prefetch(pairs, &mut spots));
+            let mut at = 0;
+            let results = batch.iter().map(|pairs| {
+                let spots = &spots[at..at + pairs.len()];
                 at += pairs.len();
-                &spots[at - pairs.len()..at]
-            };
-            let fresh = || {
-                if shed {
-                    shared.shedder.count(tag.priority);
-                    shared.metrics.errors.count(ErrorCode::Shed);
-                    CheckResult::Error(ErrorCode::Shed)
-                } else {
-                    evaluation.check(pairs, spots)
-                }
-            };
-            if tag.idempotency.is_none() {
-                return fresh();
-            }
-            let scope = shared.retries.scope(owner, pairs);
-            let answered =
-                shared
-                    .retries
-                    .once(tag.idempotency, scope, || shared.clock.now(), fresh);
-            if answered == Answered::Refused {
-                shared.metrics.errors.count(ErrorCode::IdempotencyKeyReused);
-            }
-            answered.result()
-        });
-        encode_checked(id, results, dst)
-    })
-}
-
-/// One frame of `checks` checks: its evaluation (the rules and the time
-/// every check of it sees) handed to `encode`, then, for CHECK and PEEK
-/// frames, the frame's batch size and latency observed.
-fn in_frame(
-    shared: &Shared,
-    verb: Verb,
-    gate: &Gate<'_>,
-    checks: usize,
-    encode: impl FnOnce(&Evaluation<'_>) -> Result<(), EncodeError>,
-) -> Result<(), EncodeError> {
-    let started = Instant::now();
-    let rules = shared.rules.current();
-    let evaluation = Evaluation {
-        shared,
-        rules: &rules,
-        now: shared.clock.now(),
-        verb,
-        gate,
-        inline: Tally::default(),
-    };
-    let encoded = encode(&evaluation);
-    evaluation.inline.add_to(shared.metrics.checks.inline());
-    if let Verb::Check(_) = verb {
-        let metrics = &shared.metrics.checks;
-        metrics.batch_size.observe(checks as f64);
-        metrics.latency.observe(started.elapsed().as_secs_f64());
+                evaluation.check(pairs, spots)
+            });
+            encode_checked(id, results, dst)
+        })
     }
-    encoded
-}
 
-/// One check outside a frame, for the drop-in front ends: resolved,
-/// evaluated, counted and its denial recorded exactly as one check of a
-/// CHECK (or, with [`Mode::Peek`], PEEK) frame, at `now` and under `rules`
-/// (the frame's latency and batch size are not observed: there is none).
-pub(super) fn check_one(
-    shared: &Shared,
-    rules: &RuleSet,
-    now: Nanos,
-    pairs: &[Pair],
-    mode: Mode,
-) -> CheckResult {
-    let spots: Spots = pairs.iter().map(|p| shared.store.spot(&p.key)).collect();
-    let evaluation = Evaluation {
-        shared,
-        rules,
-        now,
-        verb: Verb::Check(mode),
-        // The front ends route by CLUSTER SLOTS (the same topology as
-        // TOPOLOGY) and are not redirected key by key.
-        gate: &Gate::All,
-        inline: Tally::default(),
-    };
-    let result = evaluation.check(pairs, &spots);
-    evaluation.inline.add_to(shared.metrics.checks.inline());
-    result
-}
+    /// Evaluates a CHECK2 and appends the CHECKED answer to `dst`. A check
+    /// with an idempotency key the server remembers gets its remembered answer
+    /// (before any shedding: answering it costs a lookup); otherwise it is shed
+    /// when `backlog` (the connection's unanswered request bytes behind this
+    /// frame) is over its priority's bound, or else evaluated as CHECK would.
+    pub fn answer_tagged(
+        &self,
+        id: RequestId,
+        batch: &TaggedBatch,
+        owner: Owner,
+        backlog: usize,
+        gate: &Gate<'_>,
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        let verb = Verb::Check(Mode::Charge);
+        self.in_frame(verb, gate, batch.len(), |evaluation| {
+            // Checks the shedder will refuse are neither located nor fetched
+            // (whether it refuses one depends on its priority and `backlog`
+            // only, both fixed for the frame).
+            let shed = |tag: &CheckTag| self.shedder.over(tag.priority, backlog);
+            let mut spots = Spots::new();
+            batch
+                .iter()
+                .filter(|(tag, _)| !shed(tag))
+                .for_each(|(_, pairs)| evaluation.prefetch(pairs, &mut spots));
+            let mut at = 0;
+            let results = batch.iter().map(|(tag, pairs)| {
+                let shed = shed(&tag);
+                let spots = if shed {
+                    &[][..]
+                } else {
+                    at += pairs.len();
+                    &spots[at - pairs.len()..at]
+                };
+                let fresh = || {
+                    if shed {
+                        self.shedder.count(tag.priority);
+                        self.errors.count(ErrorCode::Shed);
+                        CheckResult::Error(ErrorCode::Shed)
+                    } else {
+                        evaluation.check(pairs, spots)
+                    }
+                };
+                if tag.idempotency.is_none() {
+                    return fresh();
+                }
+                let scope = self.retries.scope(owner, pairs);
+                let answered =
+                    self.retries
+                        .once(tag.idempotency, scope, || self.clock.now(), fresh);
+                if answered == Answered::Refused {
+                    self.errors.count(ErrorCode::IdempotencyKeyReused);
+                }
+                answered.result()
+            });
+            encode_checked(id, results, dst)
+        })
+    }
 
-/// Frees the leases of a RELEASE and appends the RELEASED answer to `dst`.
-pub(super) fn release(
-    shared: &Shared,
-    id: RequestId,
-    leases: &[LeaseRef],
-    dst: &mut BytesMut,
-) -> Result<(), EncodeError> {
-    let now = shared.clock.now();
-    let released = leases
-        .iter()
-        .filter(|l| shared.store.release(&l.key, l.lease, now))
-        .count();
-    // At most max_batch (a u16), so this fits.
-    encode_response(id, &Response::Released(released as u32), dst)
+    /// One frame of `checks` checks: its evaluation (the rules and the time
+    /// every check of it sees) handed to `encode`, then, for CHECK and PEEK
+    /// frames, the frame's batch size and latency observed.
+    fn in_frame(
+        &self,
+        verb: Verb,
+        gate: &Gate<'_>,
+        checks: usize,
+        encode: impl FnOnce(&Evaluation<'_>) -> Result<(), EncodeError>,
+    ) -> Result<(), EncodeError> {
+        let started = Instant::now();
+        let rules = self.rules.current();
+        let evaluation = Evaluation {
+            engine: self,
+            rules: &rules,
+            now: self.clock.now(),
+            verb,
+            gate,
+            inline: Tally::default(),
+        };
+        let encoded = encode(&evaluation);
+        evaluation.inline.add_to(self.metrics.inline());
+        if let Verb::Check(_) = verb {
+            let metrics = &self.metrics;
+            metrics.batch_size.observe(checks as f64);
+            metrics.latency.observe(started.elapsed().as_secs_f64());
+        }
+        encoded
+    }
+
+    /// One check outside a frame, for the drop-in front ends: resolved,
+    /// evaluated, counted and its denial recorded exactly as one check of a
+    /// CHECK (or, with [`Mode::Peek`], PEEK) frame, at `now` and under `rules`
+    /// (the frame's latency and batch size are not observed: there is none).
+    pub fn check_one(
+        &self,
+        rules: &RuleSet,
+        now: Nanos,
+        pairs: &[Pair],
+        mode: Mode,
+    ) -> CheckResult {
+        let spots: Spots = pairs.iter().map(|p| self.store.spot(&p.key)).collect();
+        let evaluation = Evaluation {
+            engine: self,
+            rules,
+            now,
+            verb: Verb::Check(mode),
+            // The front ends route by CLUSTER SLOTS (the same topology as
+            // TOPOLOGY) and are not redirected key by key.
+            gate: &Gate::All,
+            inline: Tally::default(),
+        };
+        let result = evaluation.check(pairs, &spots);
+        evaluation.inline.add_to(self.metrics.inline());
+        result
+    }
+
+    /// Frees the leases of a RELEASE and appends the RELEASED answer to `dst`.
+    pub fn release(
+        &self,
+        id: RequestId,
+        leases: &[LeaseRef],
+        dst: &mut BytesMut,
+    ) -> Result<(), EncodeError> {
+        let now = self.clock.now();
+        let released = leases
+            .iter()
+            .filter(|l| self.store.release(&l.key, l.lease, now))
+            .count();
+        // At most max_batch (a u16), so this fits.
+        encode_response(id, &Response::Released(released as u32), dst)
+    }
 }
 
 /// The evaluation of one frame's checks: the rules and the time every
 /// check of it sees.
 struct Evaluation<'a> {
-    shared: &'a Shared,
+    engine: &'a Engine,
     rules: &'a RuleSet,
     now: Nanos,
     verb: Verb,
@@ -280,7 +281,7 @@ impl Evaluation<'_> {
     /// the table entries they will touch (see `Store::prefetch`), so a
     /// frame's checks wait on memory together.
     fn prefetch(&self, pairs: &[Pair], spots: &mut Spots) {
-        let store = &self.shared.store;
+        let store = &self.engine.store;
         for pair in pairs {
             let spot = store.spot(&pair.key);
             spots.push(spot);
@@ -299,13 +300,13 @@ impl Evaluation<'_> {
     fn check(&self, pairs: &[Pair], spots: &[Spot]) -> CheckResult {
         if pairs.first().is_some_and(|p| self.gate.moving(&p.key)) {
             // Nobody admits a moving slot; nothing is charged.
-            self.shared.metrics.errors.count(ErrorCode::TryAgain);
+            self.engine.errors.count(ErrorCode::TryAgain);
             return CheckResult::Error(ErrorCode::TryAgain);
         }
         // Global rules matter only on a node in a region, and only to pairs
         // naming a rule.
         let regions = self
-            .shared
+            .engine
             .node
             .regions()
             .filter(|_| pairs.iter().any(|p| matches!(p.limit, LimitRef::Rule(_))));
@@ -339,7 +340,7 @@ impl Evaluation<'_> {
                 self.inline.count(rule.map(|r| &r.counters), outcome);
                 if outcome == Outcome::Denied {
                     if let Some(pair) = pairs.get(usize::from(decision.pair)) {
-                        self.shared.throttled.record(&pair.key, self.now);
+                        self.engine.throttled.record(&pair.key, self.now);
                     }
                 }
                 CheckResult::Decision(decision)
@@ -354,7 +355,7 @@ impl Evaluation<'_> {
                     });
                     self.offer(events, pair, rule, Outcome::Refused, None, Some(code));
                 }
-                self.shared.metrics.errors.count(code);
+                self.engine.errors.count(code);
                 CheckResult::Error(code)
             }
         }
@@ -363,7 +364,7 @@ impl Evaluation<'_> {
     /// The events sink, for charging checks only (a PEEK decides nothing).
     fn events(&self) -> Option<&Events> {
         match self.verb {
-            Verb::Check(Mode::Charge) => self.shared.events.as_ref(),
+            Verb::Check(Mode::Charge) => self.engine.events.as_ref(),
             _ => None,
         }
     }
@@ -407,7 +408,7 @@ impl Evaluation<'_> {
         spots: &[Spot],
         mode: Mode,
     ) -> Result<Decision, ErrorCode> {
-        match self.shared.store.check_at(pairs, spots, self.now, mode) {
+        match self.engine.store.check_at(pairs, spots, self.now, mode) {
             CheckResult::Decision(d) => Ok(d),
             CheckResult::Error(code) => Err(code),
         }
@@ -460,7 +461,7 @@ impl Evaluation<'_> {
         spots: &[Spot],
         returned: &mut Returned,
     ) -> Decided<'_> {
-        let store = &self.shared.store;
+        let store = &self.engine.store;
         let result = if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
             store.refund_returning(pairs, spots, self.now, returned)
         } else {
