@@ -45,7 +45,7 @@ use crate::events::{self, Events, Outcome};
 use crate::node::Gate;
 use crate::rules::{Rule, RuleSet};
 use crate::slot::Slot;
-use crate::store::{Mode, Returned, Spot};
+use crate::store::{Mode, ResolvedPair, Returned, Spot};
 use bytes::BytesMut;
 use smallvec::SmallVec;
 use std::time::Instant;
@@ -242,9 +242,12 @@ struct Evaluation<'a> {
 /// used again by the checks.
 type Spots = SmallVec<[Spot; 32]>;
 
-/// A check's pairs with their rules resolved to inline limits, and the rule
-/// of each (None: inline).
-type Resolved<'r> = (SmallVec<[Pair; 4]>, SmallVec<[Option<&'r Rule>; 4]>);
+/// A check's pairs as the store takes them (rules resolved to their
+/// limits), and the rule of each (None: inline).
+type Resolved<'p, 'r> = (
+    SmallVec<[ResolvedPair<'p>; 4]>,
+    SmallVec<[Option<&'r Rule>; 4]>,
+);
 
 /// How a check ended, for counting.
 enum Decided<'r> {
@@ -404,26 +407,27 @@ impl Evaluation<'_> {
 
     fn store_check(
         &self,
-        pairs: &[Pair],
+        checks: &[ResolvedPair<'_>],
         spots: &[Spot],
         mode: Mode,
     ) -> Result<Decision, ErrorCode> {
-        match self.engine.store.check_at(pairs, spots, self.now, mode) {
+        match self.engine.store.check_at(checks, spots, self.now, mode) {
             CheckResult::Decision(d) => Ok(d),
             CheckResult::Error(code) => Err(code),
         }
     }
 
-    /// The pairs with their rules resolved to inline limits (`cost` 0 taking
-    /// the rule's default), and the rule of each; UnknownRule for a name the
-    /// frame's rules do not have.
-    fn resolve(&self, pairs: &[Pair]) -> Result<Resolved<'_>, ErrorCode> {
-        let mut resolved: SmallVec<[Pair; 4]> = SmallVec::with_capacity(pairs.len());
+    /// The pairs as the store takes them: inline limits as they are, rule
+    /// names resolved to their rule's limit (`cost` 0 taking the rule's
+    /// default), and the rule of each (None: inline); UnknownRule for a
+    /// name the frame's rules do not have. Keys are borrowed, not copied.
+    fn resolve<'p>(&self, pairs: &'p [Pair]) -> Result<Resolved<'p, '_>, ErrorCode> {
+        let mut checks: SmallVec<[ResolvedPair<'p>; 4]> = SmallVec::with_capacity(pairs.len());
         let mut rules: SmallVec<[Option<&Rule>; 4]> = SmallVec::with_capacity(pairs.len());
         for pair in pairs {
             match &pair.limit {
-                LimitRef::Inline(_) => {
-                    resolved.push(pair.clone());
+                LimitRef::Inline(limit) => {
+                    checks.push(ResolvedPair::new(&pair.key, *limit, pair.cost));
                     rules.push(None);
                 }
                 LimitRef::Rule(name) => {
@@ -431,20 +435,17 @@ impl Evaluation<'_> {
                         .rules
                         .get(name.as_bytes())
                         .ok_or(ErrorCode::UnknownRule)?;
-                    resolved.push(Pair {
-                        key: pair.key.clone(),
-                        limit: LimitRef::Inline(rule.limit),
-                        cost: if pair.cost == 0 {
-                            rule.default_cost()
-                        } else {
-                            pair.cost
-                        },
-                    });
+                    let cost = if pair.cost == 0 {
+                        rule.default_cost()
+                    } else {
+                        pair.cost
+                    };
+                    checks.push(ResolvedPair::new(&pair.key, rule.limit, cost));
                     rules.push(Some(rule));
                 }
             }
         }
-        Ok((resolved, rules))
+        Ok((checks, rules))
     }
 
     /// A REFUND check: resolved like a CHECK, then refunded as one group
@@ -461,14 +462,12 @@ impl Evaluation<'_> {
         spots: &[Spot],
         returned: &mut Returned,
     ) -> Decided<'_> {
-        let store = &self.engine.store;
-        let result = if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
-            store.refund_returning(pairs, spots, self.now, returned)
-        } else {
-            match self.resolve(pairs) {
-                Ok((resolved, _)) => store.refund_returning(&resolved, spots, self.now, returned),
-                Err(code) => CheckResult::Error(code),
+        let result = match self.resolve(pairs) {
+            Ok((checks, _)) => {
+                let store = &self.engine.store;
+                store.refund_returning(&checks, spots, self.now, returned)
             }
+            Err(code) => CheckResult::Error(code),
         };
         match result {
             CheckResult::Decision(d) => Decided::Refunded(d),
@@ -476,116 +475,121 @@ impl Evaluation<'_> {
         }
     }
 
+    /// A CHECK or PEEK check: resolved, then one group for the store, or,
+    /// when a pair names a shadow rule, two ([`Self::evaluate_shadow`]).
     fn evaluate(&self, pairs: &[Pair], spots: &[Spot], mode: Mode) -> Decided<'_> {
-        if pairs.iter().all(|p| matches!(p.limit, LimitRef::Inline(_))) {
-            return match self.store_check(pairs, spots, mode) {
-                Ok(decision) => Decided::decision(decision, None),
-                Err(code) => Decided::Error(code),
-            };
-        }
-
         // Resolve names against this frame's rules; unknown names first.
-        let (resolved, rules) = match self.resolve(pairs) {
+        let (checks, rules) = match self.resolve(pairs) {
             Ok(r) => r,
             Err(code) => return Decided::Error(code),
         };
-        let is_shadow = |i: usize| rules[i].is_some_and(Rule::shadow);
-        if !(0..pairs.len()).any(is_shadow) {
-            // Resolved pairs keep their keys and order: the same spots.
-            return match self.store_check(&resolved, spots, mode) {
-                Ok(decision) => Decided::decision(decision, rules[usize::from(decision.pair)]),
-                Err(code) => Decided::Error(code),
-            };
+        if rules.iter().any(|r| r.is_some_and(Rule::shadow)) {
+            return self.evaluate_shadow(&checks, &rules, spots, mode);
         }
+        // Resolved pairs keep their keys and order: the same spots.
+        match self.store_check(&checks, spots, mode) {
+            Ok(decision) => Decided::decision(decision, rules[usize::from(decision.pair)]),
+            Err(code) => Decided::Error(code),
+        }
+    }
 
-        // Shadow mode: the slot rule and the one-lease rule hold for the
-        // whole group (each part alone would pass them), then the enforced
-        // pairs decide, then the shadow pairs are evaluated as a group of
-        // their own.
-        let slot = Slot::of(&resolved[0].key);
-        if resolved[1..].iter().any(|p| Slot::of(&p.key) != slot) {
+    /// Shadow mode: the slot rule and the one-lease rule hold for the whole
+    /// group (each part alone would pass them), then the enforced pairs
+    /// decide, then the shadow pairs are evaluated as a group of their own.
+    fn evaluate_shadow<'r>(
+        &self,
+        checks: &[ResolvedPair<'_>],
+        rules: &[Option<&'r Rule>],
+        spots: &[Spot],
+        mode: Mode,
+    ) -> Decided<'r> {
+        let slot = Slot::of(checks[0].key);
+        if checks[1..].iter().any(|c| Slot::of(c.key) != slot) {
             return Decided::Error(ErrorCode::CrossSlot);
         }
-        let concurrency = resolved
+        let concurrency = checks
             .iter()
-            .filter(|p| {
-                matches!(&p.limit, LimitRef::Inline(l) if l.algorithm == Algorithm::Concurrency)
-            })
+            .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
             .count();
         if concurrency > 1 {
             return Decided::Error(ErrorCode::InvalidLimit);
         }
+        let is_shadow = |i: usize| rules[i].is_some_and(Rule::shadow);
         let (shadow_idx, enforced_idx): (SmallVec<[usize; 4]>, SmallVec<[usize; 4]>) =
-            (0..pairs.len()).partition(|&i| is_shadow(i));
-        let subset = |idx: &[usize]| -> (SmallVec<[Pair; 4]>, SmallVec<[Spot; 4]>) {
-            let pairs = idx.iter().map(|&i| resolved[i].clone()).collect();
-            (pairs, idx.iter().map(|&i| spots[i]).collect())
-        };
-        // Decisions of a part describe its pairs by their index in the part.
-        let remap = |mut d: Decision, idx: &[usize]| {
-            let i = idx[usize::from(d.pair)];
-            d.pair = i as u8;
-            (d, rules[i])
+            (0..checks.len()).partition(|&i| is_shadow(i));
+        // One part of the group: its checks, their spots; its decision
+        // describes its pairs by their index in the part.
+        let part = |idx: &[usize]| {
+            let checks: SmallVec<[ResolvedPair<'_>; 4]> = idx.iter().map(|&i| checks[i]).collect();
+            let spots: SmallVec<[Spot; 4]> = idx.iter().map(|&i| spots[i]).collect();
+            self.store_check(&checks, &spots, mode).map(|mut d| {
+                let i = idx[usize::from(d.pair)];
+                d.pair = i as u8;
+                (d, rules[i])
+            })
         };
 
         let enforced = if enforced_idx.is_empty() {
             None
         } else {
-            let (pairs, spots) = subset(&enforced_idx);
-            match self.store_check(&pairs, &spots, mode) {
+            match part(&enforced_idx) {
                 Err(code) => return Decided::Error(code),
-                Ok(d) => {
-                    let (decision, rule) = remap(d, &enforced_idx);
-                    if !decision.allowed {
-                        return Decided::decision(decision, rule);
-                    }
-                    Some((decision, rule))
+                Ok((decision, rule)) if !decision.allowed => {
+                    return Decided::decision(decision, rule)
                 }
+                Ok(decided) => Some(decided),
             }
         };
-        let (pairs, spots) = subset(&shadow_idx);
-        let shadow = match self.store_check(&pairs, &spots, mode) {
-            Ok(d) => remap(d, &shadow_idx),
+        match part(&shadow_idx) {
+            Ok(shadow) => merge_shadow(enforced, shadow),
             Err(code) => {
                 // Unreachable with validated rules and checked slots; the
                 // enforced answer stands if there is one.
                 tracing::error!(code = %code, "shadow pairs could not be evaluated");
-                return match enforced {
+                match enforced {
                     Some((decision, rule)) => Decided::decision(decision, rule),
                     None => Decided::Error(code),
-                };
+                }
             }
-        };
-        match (enforced, shadow) {
-            // A would-be denial, but the enforced pairs hold a lease: their
-            // decision and its lease are the answer (status 3), the shadow
-            // denial is counted only.
-            (Some((e, _)), (s, rule)) if !s.allowed && e.lease.is_some() => Decided::Decision {
-                decision: e,
-                rule,
-                shadow_denied: true,
-            },
-            (_, (mut d, rule)) if !d.allowed => {
-                d.allowed = true;
-                d.shadow_denied = true;
-                d.lease = None;
-                Decided::decision(d, rule)
-            }
-            // Both passed: the pair with the least remaining, ties to the
-            // lower index (as for any group), with the lease either part
-            // acquired (at most one: the group has one concurrency pair).
-            (Some(e), s) => {
-                let lease = e.0.lease.or(s.0.lease);
-                let (mut decision, rule) = if (s.0.remaining, s.0.pair) < (e.0.remaining, e.0.pair)
-                {
-                    s
-                } else {
-                    e
-                };
-                decision.lease = lease;
-                Decided::decision(decision, rule)
-            }
-            (None, (decision, rule)) => Decided::decision(decision, rule),
         }
+    }
+}
+
+/// A decision and the rule it is counted under (None: inline).
+type Ruled<'r> = (Decision, Option<&'r Rule>);
+
+/// The answer of a check with shadow rules, from its enforced part's
+/// decision (None: it has no enforced pairs; allowed, else it was the
+/// answer) and its shadow part's.
+fn merge_shadow<'r>(enforced: Option<Ruled<'r>>, shadow: Ruled<'r>) -> Decided<'r> {
+    match (enforced, shadow) {
+        // A would-be denial, but the enforced pairs hold a lease: their
+        // decision and its lease are the answer (status 3), the shadow
+        // denial is counted only.
+        (Some((e, _)), (s, rule)) if !s.allowed && e.lease.is_some() => Decided::Decision {
+            decision: e,
+            rule,
+            shadow_denied: true,
+        },
+        (_, (mut d, rule)) if !d.allowed => {
+            d.allowed = true;
+            d.shadow_denied = true;
+            d.lease = None;
+            Decided::decision(d, rule)
+        }
+        // Both passed: the pair with the least remaining, ties to the
+        // lower index (as for any group), with the lease either part
+        // acquired (at most one: the group has one concurrency pair).
+        (Some(e), s) => {
+            let lease = e.0.lease.or(s.0.lease);
+            let (mut decision, rule) = if (s.0.remaining, s.0.pair) < (e.0.remaining, e.0.pair) {
+                s
+            } else {
+                e
+            };
+            decision.lease = lease;
+            Decided::decision(decision, rule)
+        }
+        (None, (decision, rule)) => Decided::decision(decision, rule),
     }
 }

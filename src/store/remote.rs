@@ -144,9 +144,8 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Drained, Mode, StoreConfig};
-    use bytes::Bytes;
-    use tollgate_protocol::{Algorithm, CheckResult, Pair};
+    use crate::store::{Drained, Mode, ResolvedPair, StoreConfig};
+    use tollgate_protocol::{Algorithm, CheckResult};
 
     const MS: u64 = 1_000_000;
     const S: u64 = 1_000 * MS;
@@ -161,8 +160,8 @@ mod tests {
     }
 
     fn remaining(store: &Store, key: &str, limit: Limit, now: Nanos) -> u64 {
-        let pair = Pair::inline(Bytes::copy_from_slice(key.as_bytes()), limit, 1);
-        match store.check(&[pair], now, Mode::Peek) {
+        let check = ResolvedPair::new(key.as_bytes(), limit, 1);
+        match store.check(&[check], now, Mode::Peek) {
             CheckResult::Decision(d) => d.remaining,
             CheckResult::Error(e) => panic!("{e}"),
         }
@@ -193,9 +192,9 @@ mod tests {
                 .unwrap());
             assert_eq!(remaining(&s, &key, l, now), 5, "{l:?}");
             // Local checks add to it.
-            let pair = Pair::inline(Bytes::from(key.clone().into_bytes()), l, 2);
+            let check = ResolvedPair::new(key.as_bytes(), l, 2);
             assert!(
-                matches!(s.check(&[pair], now, Mode::Charge), CheckResult::Decision(d) if d.allowed)
+                matches!(s.check(&[check], now, Mode::Charge), CheckResult::Decision(d) if d.allowed)
             );
             assert_eq!(remaining(&s, &key, l, now), 3);
             // A refund made there gives units back here.

@@ -119,19 +119,19 @@ mod tests {
 
     #[test]
     fn a_token_bucket_of_the_same_key_is_left_alone() {
-        use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair};
+        use crate::store::ResolvedPair;
+        use tollgate_protocol::{Algorithm, CheckResult, Limit};
         let store = Store::new(StoreConfig::default());
-        let pair = Pair {
-            key: bytes::Bytes::from_static(b"k"),
-            limit: Limit {
+        let pair = ResolvedPair::new(
+            b"k",
+            Limit {
                 algorithm: Algorithm::TokenBucket,
                 count: 1,
                 period_ms: 1000,
                 burst: 1,
-            }
-            .into(),
-            cost: 1,
-        };
+            },
+            1,
+        );
         let now = 1_000_000_000;
         assert!(matches!(
             store.check(&[pair], now, crate::store::Mode::Charge),

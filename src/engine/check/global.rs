@@ -23,7 +23,7 @@ use super::{Decided, Evaluation};
 use crate::engine::{Engine, Privilege};
 use crate::node::regions::Regions;
 use crate::rules::Rule;
-use crate::store::{Mode, Returned, Spot};
+use crate::store::{Mode, ResolvedPair, Returned, Spot};
 use bytes::{BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 use tollgate_protocol::{CheckResult, Decision, LimitRef, Pair, RuleName};
@@ -69,24 +69,21 @@ impl<'a> Evaluation<'a> {
     /// The check of the pair's ceiling key in `mode` (None: the store
     /// refused it, e.g. full; the ceiling then does not deny).
     fn ceiling(&self, regions: &Regions, pair: &Pair, rule: &Rule, mode: Mode) -> Option<Decision> {
-        let ceiling = Pair::inline(
-            ceiling_key(&pair.key),
-            regions.ceiling(&rule.limit),
-            Self::units(pair, rule),
-        );
+        let key = ceiling_key(&pair.key);
+        let limit = regions.ceiling(&rule.limit);
+        let ceiling = ResolvedPair::new(&key, limit, Self::units(pair, rule));
         match self.engine.store.check(&[ceiling], self.now, mode) {
             CheckResult::Decision(d) => Some(d),
             CheckResult::Error(_) => None,
         }
     }
 
-    /// Refunds `ceiling` (a ceiling key's pair); the units it gave back.
-    fn ceiling_refund(&self, ceiling: Pair) -> u64 {
+    /// Refunds `ceiling` (a ceiling key's check); the units it gave back.
+    fn ceiling_refund(&self, ceiling: ResolvedPair<'_>) -> u64 {
         let store = &self.engine.store;
-        let pairs = [ceiling];
-        let spots = [store.spot(&pairs[0].key)];
+        let spots = [store.spot(ceiling.key)];
         let mut returned = Returned::new();
-        match store.refund_returning(&pairs, &spots, self.now, &mut returned) {
+        match store.refund_returning(&[ceiling], &spots, self.now, &mut returned) {
             CheckResult::Decision(_) => returned.first().copied().unwrap_or(0),
             CheckResult::Error(_) => 0,
         }
@@ -163,9 +160,12 @@ impl<'a> Evaluation<'a> {
                 }
                 // At most the pair's cost, a u32.
                 let asked = u32::try_from(units).unwrap_or(u32::MAX);
-                let ceiling =
-                    Pair::inline(ceiling_key(&pair.key), regions.ceiling(&rule.limit), asked);
-                let own = self.ceiling_refund(ceiling);
+                let key = ceiling_key(&pair.key);
+                let own = self.ceiling_refund(ResolvedPair::new(
+                    &key,
+                    regions.ceiling(&rule.limit),
+                    asked,
+                ));
                 let units = units.min(own);
                 if units > 0 {
                     regions.record(&pair.key, name, rule.global(), 0, units, self.now);

@@ -298,11 +298,12 @@ impl Run {
                 }
             }
         }
+        let checks = checks(pairs);
         let got = match (op, spotted) {
-            (GroupOp::Check(mode), true) => self.store.check_at(pairs, &spots, now, mode),
-            (GroupOp::Check(mode), false) => self.store.check(pairs, now, mode),
-            (GroupOp::Refund, true) => self.store.refund_at(pairs, &spots, now),
-            (GroupOp::Refund, false) => self.store.refund(pairs, now),
+            (GroupOp::Check(mode), true) => self.store.check_at(&checks, &spots, now, mode),
+            (GroupOp::Check(mode), false) => self.store.check(&checks, now, mode),
+            (GroupOp::Refund, true) => self.store.refund_at(&checks, &spots, now),
+            (GroupOp::Refund, false) => self.store.refund(&checks, now),
         };
         let full = CheckResult::Error(ErrorCode::StoreFull);
         if !(self.setup.may_be_full() && may_add && got == full) {
