@@ -148,6 +148,13 @@ impl Engine {
         self.store.remove(key, now)
     }
 
+    /// RESET: drops every state of each of `keys`; how many had one.
+    pub fn reset(&self, keys: &[bytes::Bytes]) -> u32 {
+        let now = self.clock.now();
+        // At most max_batch keys (a u16), so this fits.
+        keys.iter().filter(|k| self.store.remove(k, now)).count() as u32
+    }
+
     /// Whether `key` holds a live state (RESP EXISTS).
     pub fn holds(&self, key: &[u8], now: Nanos) -> bool {
         !self.store.entries(key, now).is_empty()

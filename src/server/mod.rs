@@ -1,5 +1,5 @@
 //! The network server: accept loop, connection tasks (the ports over the
-//! check engine, `crate::engine`), shutdown.
+//! check engine, `crate::engine`), shutdown (`run.rs`).
 //!
 //! [`Server::run`] takes an already bound listener and a [`CancellationToken`],
 //! so tests bind port 0 and drive shutdown themselves. Invariants:
@@ -55,6 +55,7 @@ mod envoy;
 mod frontend;
 mod listener;
 mod resp;
+mod run;
 mod scrape;
 mod status_page;
 mod tls;
@@ -69,22 +70,17 @@ use crate::events::Publisher;
 use crate::node::Membership;
 use crate::node::Supervisor;
 use crate::rules::{LoadError, Rules};
-use admin::AdminState;
-use admin_guard::RequestGuard;
-use admission::{Admission, Answer};
-use auth::{AdminAuth, Authenticator};
+use admission::Admission;
+use auth::Authenticator;
 use budget::Budget;
 use conn_metrics::ConnMetrics;
-use frontend::accept_loop;
 use frontend::FrontendMetrics;
 use prometheus::Registry;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tollgate_protocol::{ClusterTopology, ServerLimits};
 
 pub use listener::bind;
@@ -134,6 +130,19 @@ pub(crate) struct Metrics {
     pub frontends: FrontendMetrics,
     /// The most throttled keys, refreshed when `/metrics` is scraped.
     pub throttled_keys: scrape::ThrottledKeysMetric,
+}
+
+impl Metrics {
+    fn register(registry: &Registry, config: &ServerConfig) -> prometheus::Result<Self> {
+        Ok(Self {
+            conns: ConnMetrics::register(registry)?,
+            frontends: FrontendMetrics::register(registry, &resp::command_names())?,
+            throttled_keys: scrape::ThrottledKeysMetric::register(
+                registry,
+                config.admin.throttled_metric_keys,
+            )?,
+        })
+    }
 }
 
 /// Where the server stands in its shutdown.
@@ -234,17 +243,7 @@ impl Server {
         #[cfg(not(feature = "cluster"))]
         let advertise = Self::advertise(&config);
         let registry = Registry::new();
-        let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
-            (Some(cert), Some(key)) => {
-                Some(Arc::new(crate::tls::Tls::load(crate::tls::TlsPaths {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    client_ca: config.tls.tls_client_ca.clone(),
-                    ca: config.tls.tls_ca.clone(),
-                })?))
-            }
-            _ => None,
-        };
+        let tls = Self::load_tls(&config)?;
         let tls_reloader = tls
             .as_ref()
             .map(|t| TlsReloader::register(t.clone(), &registry))
@@ -262,14 +261,7 @@ impl Server {
             sweeper,
             publisher,
         } = Engine::build(&config, setup, &registry)?;
-        let metrics = Metrics {
-            conns: ConnMetrics::register(&registry)?,
-            frontends: FrontendMetrics::register(&registry, &resp::command_names())?,
-            throttled_keys: scrape::ThrottledKeysMetric::register(
-                &registry,
-                config.admin.throttled_metric_keys,
-            )?,
-        };
+        let metrics = Metrics::register(&registry, &config)?;
         let network = &config.network;
         let admission = Arc::new(Admission::register(
             network.max_connections,
@@ -307,6 +299,20 @@ impl Server {
             tls: tls_reloader,
             publisher,
         })
+    }
+
+    /// The certificates of every port (None: plain TCP).
+    fn load_tls(config: &ServerConfig) -> Result<Option<Arc<crate::tls::Tls>>, StartError> {
+        let (Some(cert), Some(key)) = (&config.tls.tls_cert, &config.tls.tls_key) else {
+            return Ok(None);
+        };
+        let tls = crate::tls::Tls::load(crate::tls::TlsPaths {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: config.tls.tls_client_ca.clone(),
+            ca: config.tls.tls_ca.clone(),
+        })?;
+        Ok(Some(Arc::new(tls)))
     }
 
     /// Where the node says it is reached until its listener is bound.
@@ -382,148 +388,6 @@ impl Server {
                 .to_string(),
             ));
         }
-        Ok(())
-    }
-
-    /// Serves `listener` until `shutdown` is cancelled, then drains.
-    pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
-        self.check_exposure(&listener)?;
-        let Self {
-            config,
-            shared,
-            supervisor,
-            sweeper,
-            registry,
-            admin,
-            admission,
-            resp,
-            envoy,
-            tls,
-            publisher,
-        } = self;
-        if let Ok(addr) = listener.local_addr() {
-            shared.engine.node().set_advertise(addr.to_string());
-        }
-        // Events outlive the connections (their last decisions are sent),
-        // so they have their own stop signal, given after the drain.
-        let events_stop = CancellationToken::new();
-        let grace = config.network.shutdown_grace;
-        let publisher = publisher.map(|p| {
-            tokio::spawn(p.run(
-                shared.engine.node().status().addr,
-                events_stop.clone(),
-                grace,
-            ))
-        });
-        let tracker = TaskTracker::new();
-        tracker.spawn(sweeper.run(shutdown.clone()));
-        tracker.spawn(supervisor.run(shutdown.clone()));
-        if let Some(exchange) = shared.engine.node().exchange(shutdown.clone()) {
-            tracker.spawn(exchange);
-        }
-        if !config.rules.poll.is_zero() {
-            tracker.spawn(crate::rules::watch::watch(
-                shared.engine.rules().clone(),
-                config.rules.poll,
-                shutdown.clone(),
-            ));
-        }
-        if let Some(tls) = tls.filter(|_| !config.tls.tls_poll.is_zero()) {
-            tracker.spawn(tls.watch(config.tls.tls_poll, shutdown.clone()));
-        }
-        // The admin server outlives the drain (readyz says "draining"), so
-        // it has its own stop signal, given after the connections are done.
-        let admin_stop = CancellationToken::new();
-        let guard = RequestGuard::new(config.admin.admin_allowed_hosts.clone(), &registry)
-            .map_err(io::Error::other)?;
-        let admin_state = Arc::new(AdminState {
-            shared: shared.clone(),
-            registry,
-            serving: AtomicBool::new(false),
-            max_log_entries: config.store.max_log_entries,
-            auth: AdminAuth::new(&config.auth),
-            guard,
-            max_memory: config.store.max_memory,
-            status_refresh: config.admin.status_refresh,
-        });
-        let admin = admin.map(|l| {
-            let acceptor = shared.tls.clone();
-            tokio::spawn(admin_listener::serve(
-                l,
-                acceptor,
-                admin_state.clone(),
-                admin_stop.clone(),
-            ))
-        });
-        // Release: pairs with the Acquire in readyz, after the set-up above.
-        admin_state.serving.store(true, Ordering::Release);
-
-        let grace = config.network.shutdown_grace;
-        // The drop-in front ends are admitted with the protocol port's
-        // connections: one `--max-connections` and per-address cap for all.
-        if let Some(l) = resp {
-            tracker.spawn(resp::serve(
-                l,
-                shared.clone(),
-                admission.clone(),
-                tracker.clone(),
-                shutdown.clone(),
-            ));
-        }
-        #[cfg(feature = "envoy")]
-        if let Some(l) = envoy {
-            tracker.spawn(envoy::serve(
-                l,
-                shared.clone(),
-                admission.clone(),
-                shutdown.clone(),
-            ));
-        }
-        #[cfg(not(feature = "envoy"))]
-        drop(envoy);
-        let serving = shared.clone();
-        accept_loop(
-            listener,
-            admission,
-            shared.clone(),
-            Answer::Protocol,
-            shutdown.clone(),
-            |stream, peer, ticket| {
-                tracker.spawn(connection::serve(stream, peer, serving.clone(), ticket));
-                std::future::ready(())
-            },
-        )
-        .await;
-
-        tracing::info!(connections = shared.metrics.conns.open.get(), "draining");
-        let lifecycle = &shared.lifecycle;
-        lifecycle.draining.cancel();
-        tracker.close();
-        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
-            tracing::warn!(
-                remaining = tracker.len(),
-                "shutdown grace period over, closing remaining connections"
-            );
-            lifecycle.abort.cancel();
-            tracker.wait().await;
-        }
-        // No request is served any more: a cluster node gives up its lease
-        // now, so a standby takes over without waiting for it to expire.
-        shared.engine.node().leave().await;
-        events_stop.cancel();
-        if let Some(publisher) = publisher {
-            // The publisher bounds its own drain by the grace period.
-            if tokio::time::timeout(grace * 2, publisher).await.is_err() {
-                tracing::warn!("decision events publisher did not stop in time");
-            }
-        }
-        admin_stop.cancel();
-        if let Some(admin) = admin {
-            if tokio::time::timeout(grace, admin).await.is_err() {
-                tracing::warn!("admin server did not stop in time");
-            }
-        }
-        tracing::info!("stopped");
         Ok(())
     }
 }

@@ -22,14 +22,7 @@ impl Connection {
     pub(super) fn replication(&mut self, id: RequestId, request: ReplRequest) -> Flow {
         let shared = self.shared.clone();
         let node = shared.engine.node();
-        let control = match &request {
-            ReplRequest::Replicate { .. } => Some("REPLICATE"),
-            ReplRequest::Promote => Some("PROMOTE"),
-            ReplRequest::Handoff { .. } => Some("HANDOFF"),
-            ReplRequest::Status { announce: Some(_) } => Some("a STATUS announce"),
-            ReplRequest::Status { announce: None } | ReplRequest::Ack { .. } => None,
-        };
-        if let (Some(what), false) = (control, self.privilege == Privilege::Node) {
+        if let (Some(what), false) = (node_only(&request), self.privilege == Privilege::Node) {
             tracing::warn!(
                 peer = %self.peer, client = %self.client_name, request = what, privilege = ?self.privilege,
                 "node-to-node request from a client or region connection refused"
@@ -203,5 +196,17 @@ impl Connection {
             request,
             Request::Usage(_) | Request::Ping | Request::Hello { .. } | Request::NodeChallenge
         )
+    }
+}
+
+/// The name of a request only another node of the cluster may send (None:
+/// any connection may).
+fn node_only(request: &ReplRequest) -> Option<&'static str> {
+    match request {
+        ReplRequest::Replicate { .. } => Some("REPLICATE"),
+        ReplRequest::Promote => Some("PROMOTE"),
+        ReplRequest::Handoff { .. } => Some("HANDOFF"),
+        ReplRequest::Status { announce: Some(_) } => Some("a STATUS announce"),
+        ReplRequest::Status { announce: None } | ReplRequest::Ack { .. } => None,
     }
 }

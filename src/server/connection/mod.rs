@@ -418,18 +418,9 @@ impl Connection {
             return Flow::Continue;
         }
         let shared = &*self.shared;
-        let access = match &request {
-            Request::Check(_)
-            | Request::Check2(_)
-            | Request::Refund(_)
-            | Request::Release(_)
-            | Request::Reset(_) => Some(Access::Write),
-            Request::Peek(_) => Some(Access::Read),
-            _ => None,
-        };
         // The node admits the access, then its gate screens the request's
         // slots (cluster mode: MOVED, TryAgain; PROTOCOL.md §14).
-        let gate = match access.map(|a| shared.engine.node().admit(a)) {
+        let gate = match access_of(&request).map(|a| shared.engine.node().admit(a)) {
             None => Gate::All,
             Some(Ok(gate)) => gate,
             Some(Err(refusal)) => {
@@ -478,9 +469,8 @@ impl Connection {
                 &mut self.wbuf,
             ),
             Request::Reset(keys) => {
-                let now = shared.engine.now();
-                let removed = keys.iter().filter(|k| shared.engine.remove(k, now)).count();
-                encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
+                let removed = shared.engine.reset(&keys);
+                encode_response(id, &Response::ResetDone(removed), &mut self.wbuf)
             }
             Request::Refund(batch) => {
                 shared
@@ -580,5 +570,20 @@ impl From<WriteError> for ConnError {
             WriteError::Io(e) => Self::Io(e),
             WriteError::Timeout(t) => Self::WriteTimeout(t),
         }
+    }
+}
+
+/// What a request asks of the node: to write (a charge, a refund, a
+/// release, a reset), to read (a peek), or nothing it admits (handshake,
+/// control, node requests).
+fn access_of(request: &Request) -> Option<Access> {
+    match request {
+        Request::Check(_)
+        | Request::Check2(_)
+        | Request::Refund(_)
+        | Request::Release(_)
+        | Request::Reset(_) => Some(Access::Write),
+        Request::Peek(_) => Some(Access::Read),
+        _ => None,
     }
 }

@@ -23,13 +23,13 @@
 //!   pipeline is).
 
 use super::cluster;
+use super::counter::{counter, incr};
 use super::multi::Multi;
 use super::parse::Args;
 use super::reply::Reply;
 use super::table::{self, Cmd, Spec, SCRIPTING, TABLE};
 use super::throttle::Throttle;
 use crate::clock::Nanos;
-use crate::engine::window_of;
 use crate::node::Refusal;
 use crate::rules::RuleSet;
 use crate::server::frontend::on_port;
@@ -208,38 +208,13 @@ impl Session {
             },
             Cmd::Throttle => throttle(ctx, args, reply),
             Cmd::Incr | Cmd::IncrBy => incr(ctx, spec.cmd, args, later, reply),
-            Cmd::Expire | Cmd::PExpire => {
-                let Some(ttl) = ttl_arg(arg(2), spec.cmd == Cmd::Expire) else {
-                    return reply.error("ERR value is not an integer or out of range");
-                };
-                match ctx.shared.engine.expire(arg(1), ttl, ctx.now) {
-                    Ok(n) => reply.int(n),
-                    Err(e) => reply.error(&e.to_string()),
-                }
-            }
-            Cmd::Get => match ctx.shared.engine.get(arg(1), ctx.now) {
-                Ok(Some(n)) => reply.bulk(n.to_string().as_bytes()),
-                Ok(None) => reply.null(),
-                Err(e) => reply.error(&e.to_string()),
-            },
-            Cmd::Ttl => reply.int(ctx.shared.engine.ttl(arg(1), ctx.now)),
-            Cmd::PTtl => reply.int(ctx.shared.engine.pttl(arg(1), ctx.now)),
-            Cmd::Del => {
-                let engine = &ctx.shared.engine;
-                let n = args[1..]
-                    .iter()
-                    .filter(|k| engine.remove(k, ctx.now))
-                    .count();
-                reply.int(n as i64);
-            }
-            Cmd::Exists => {
-                let engine = &ctx.shared.engine;
-                let n = args[1..]
-                    .iter()
-                    .filter(|k| engine.holds(k, ctx.now))
-                    .count();
-                reply.int(n as i64);
-            }
+            Cmd::Expire
+            | Cmd::PExpire
+            | Cmd::Get
+            | Cmd::Ttl
+            | Cmd::PTtl
+            | Cmd::Del
+            | Cmd::Exists => counter(ctx, spec.cmd, args, reply),
             Cmd::Cluster => cluster::cluster(ctx, &args[1..], reply),
             Cmd::ReadOnly | Cmd::ReadWrite => reply.simple("OK"),
         }
@@ -460,7 +435,7 @@ pub(super) fn refused(refusal: &Refusal, port: u16) -> String {
 }
 
 /// The checks every key-taking command makes of its key.
-fn key_error(ctx: &Ctx, key: &[u8]) -> Option<String> {
+pub(super) fn key_error(ctx: &Ctx, key: &[u8]) -> Option<String> {
     let max = usize::from(ctx.shared.limits.max_key_len);
     if key.is_empty() {
         Some("ERR empty key: Tollgate keys are 1 or more bytes".to_owned())
@@ -494,53 +469,6 @@ fn throttle(ctx: &Ctx, args: &Args, reply: &mut Reply) {
             reply.error(&format!("ERR {code}"));
         }
     }
-}
-
-fn incr(ctx: &Ctx, cmd: Cmd, args: &Args, later: &[Args], reply: &mut Reply) {
-    let key = &args[1];
-    if let Some(e) = key_error(ctx, key) {
-        return reply.error(&e);
-    }
-    let amount = match cmd {
-        Cmd::IncrBy => match std::str::from_utf8(&args[2])
-            .ok()
-            .and_then(|s| s.parse::<u32>().ok())
-        {
-            Some(n) if n > 0 => n,
-            _ => {
-                return reply
-                    .error("ERR Tollgate counters only count up: INCRBY takes 1 to 4294967295")
-            }
-        },
-        _ => 1,
-    };
-    match ctx
-        .shared
-        .engine
-        .incr(key, amount, window_in_sight(ctx, key, later), ctx.now)
-    {
-        Ok(n) => reply.int(n as i64),
-        Err(e) => reply.error(&e.to_string()),
-    }
-}
-
-/// The window a new counter of `key` gets: the TTL of the first EXPIRE or
-/// PEXPIRE of `key` among the commands after it, else the default.
-fn window_in_sight(ctx: &Ctx, key: &[u8], later: &[Args]) -> Nanos {
-    later
-        .iter()
-        .filter(|a| a.len() >= 3 && &a[1][..] == key)
-        .find_map(|a| {
-            let seconds = a[0].eq_ignore_ascii_case(b"expire");
-            if !seconds && !a[0].eq_ignore_ascii_case(b"pexpire") {
-                return None;
-            }
-            ttl_arg(&a[2], seconds).filter(|&ms| ms > 0)
-        })
-        .map_or(
-            ctx.shared.frontends.resp_counter_window.as_nanos() as Nanos,
-            window_of,
-        )
 }
 
 /// COMMAND [COUNT | DOCS | INFO name...]: the table, for clients that
@@ -583,11 +511,4 @@ fn info(ctx: &Ctx) -> String {
         env!("CARGO_PKG_VERSION"),
         ctx.port
     )
-}
-
-/// The TTL argument of EXPIRE (seconds) or PEXPIRE (milliseconds), in
-/// milliseconds; None when it is not an integer.
-fn ttl_arg(arg: &[u8], seconds: bool) -> Option<i64> {
-    let n: i64 = std::str::from_utf8(arg).ok()?.parse().ok()?;
-    Some(if seconds { n.saturating_mul(1000) } else { n })
 }

@@ -11,7 +11,8 @@
 //!   -> parse.rs: complete commands, bounded -> commands.rs: a
 //!      batch of them answered in order (auth, node admission, MULTI)
 //!        CL.THROTTLE        -> throttle.rs: token bucket via Engine::check_one
-//!        INCR/EXPIRE/GET... -> engine/counter.rs: fixed window counter (Store::update)
+//!        INCR/EXPIRE/GET... -> counter.rs -> engine/counter.rs: fixed window
+//!                              counters (Store::update)
 //!        CLUSTER SLOTS ...  -> cluster.rs: the node's topology
 //!   -> reply.rs (RESP2/RESP3) -> one write per batch
 //! ```
@@ -31,6 +32,7 @@
 mod buffer;
 mod cluster;
 mod commands;
+mod counter;
 mod multi;
 mod parse;
 mod reply;
