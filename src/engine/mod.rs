@@ -14,10 +14,13 @@
 //!
 //! The engine owns the store, the rules, the clock, the node handle, the
 //! decision events, the list of throttled keys, the retry memory, the
-//! shedder and the check path's metrics. A port holds the engine through
-//! its `Shared` and knows no store or algorithm type: what it needs of
-//! them beyond a check (DEL, EXISTS, the RESP counters, a key's usage for
-//! the admin API, the store's figures) is wrapped here.
+//! shedder and the check path's metrics (`build.rs` makes them from the
+//! settings). A port holds the engine through its `Shared` and knows no
+//! store or algorithm type: what it needs of them beyond a check (RESET,
+//! DEL, EXISTS, the RESP counters in `counter.rs`, a key's usage for the
+//! admin API in `inspect.rs`, the store's figures) is wrapped here. The
+//! sweeper (`sweeper.rs`) keeps the store's expired keys and gauges in
+//! check beside it.
 //!
 //! Layering: `server -> engine -> node -> store -> algorithm`; the engine
 //! also uses rules, events, throttled and clock, and never a port.

@@ -299,15 +299,17 @@ impl Store {
             now,
             op,
         } = *group;
-        let keys = pairs.iter().map(|p| p.key);
+        let written = pairs
+            .iter()
+            .zip(&after)
+            .zip(hashes)
+            .filter_map(|((p, e), &hash)| e.as_ref().map(|e| (p.key, e, hash)));
         if op == Op::Check(Mode::Peek) {
             // A peek answers what the check would: StoreFull when the check
             // could not take its new keys (nothing is evicted for a peek).
-            return self
-                .make_room(tables, keys, &after, hashes, now, Room::Ask)
-                .1;
+            return self.make_room(tables, written, now, Mode::Peek).1;
         }
-        let (evicted, room) = self.make_room(tables, keys, &after, hashes, now, Room::Make);
+        let (evicted, room) = self.make_room(tables, written, now, Mode::Charge);
         if evicted > 0 {
             // Evicted keys are not in any log: the standby gets the
             // whole stripe (evictions come in batches of 1/8 of it),
@@ -391,22 +393,22 @@ impl Store {
         verdict.decision.to_wire(0)
     }
 
-    /// Before a charge adds keys, keeps the stripe within its memory share
-    /// (see `Tables::make_room`). A refusal is `StoreFull` and, like every
-    /// error, charges nothing. Returns how many live entries were evicted,
-    /// refused or not (the caller records them for the standby either
-    /// way), and whether the room was made.
-    /// With [`Room::Ask`] (a peek) it only answers whether the charge would
-    /// be refused: expired entries may go, live ones never, and nothing is
-    /// counted.
+    /// Before a write adds keys (`written`: each key, the entry it is to
+    /// hold, its hash), keeps the stripe within its memory share
+    /// (`Tables::make_room`, for each place the keys go to). A refusal is
+    /// `StoreFull` and, like every error, charges nothing. Returns how many
+    /// live entries were evicted, refused or not (the caller records them
+    /// for the standby either way), and whether the room was made.
+    /// With [`Mode::Peek`] it only answers whether the charge would be
+    /// refused: expired entries may go, live ones never, and nothing is
+    /// counted ([`Mode::Charge`]: a charge, a refund or an update, which
+    /// all write).
     pub(super) fn make_room<'k>(
         &self,
         tables: &mut Tables,
-        keys: impl Iterator<Item = &'k [u8]> + Clone,
-        after: &[Option<Entry>],
-        hashes: &[u64],
+        written: impl Iterator<Item = (&'k [u8], &'k Entry, u64)> + Clone,
         now: Nanos,
-        room: Room,
+        mode: Mode,
     ) -> (usize, Result<(), ErrorCode>) {
         if self.stripe_budget == usize::MAX {
             return (0, Ok(()));
@@ -414,8 +416,7 @@ impl Store {
         let mut evicted = 0;
         for place in Place::ALL {
             let (mut new, mut heap) = (0, 0);
-            for ((key, entry), &hash) in keys.clone().zip(after).zip(hashes) {
-                let Some(entry) = entry else { continue };
+            for (key, entry, hash) in written.clone() {
                 if Place::of(key, entry) == place && tables.is_new(hash, key, entry) {
                     new += 1;
                     heap += StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
@@ -427,9 +428,9 @@ impl Store {
                 (new, heap),
                 (self.stripe_budget, self.on_full),
                 now,
-                room == Room::Ask,
+                mode == Mode::Peek,
             );
-            if room == Room::Ask {
+            if mode == Mode::Peek {
                 if !made.granted {
                     return (0, Err(ErrorCode::StoreFull));
                 }
@@ -446,13 +447,6 @@ impl Store {
         }
         (evicted, Ok(()))
     }
-}
-
-/// Whether a charge makes room for its new keys or only asks if it could.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Room {
-    Make,
-    Ask,
 }
 
 /// Whether two pairs of the group name one key with two different

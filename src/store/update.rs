@@ -9,9 +9,8 @@
 //! live state the key holds in the table of non-bucket states (None: none
 //! or expired) and says what to keep.
 
-use super::group::Room;
 use super::tables::Table;
-use super::{Entry, Locked, Store};
+use super::{Entry, Locked, Mode, Store};
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use tollgate_protocol::ErrorCode;
@@ -55,15 +54,8 @@ impl Store {
         // Room for a new key, or for a state moving to another table (a
         // counter written over a leaky bucket); `make_room` counts only
         // what adds an entry.
-        let after = [Some(entry.clone())];
-        let (evicted, room) = self.make_room(
-            tables,
-            std::iter::once(key),
-            &after,
-            &[hash],
-            now,
-            Room::Make,
-        );
+        let written = std::iter::once((key, &entry, hash));
+        let (evicted, room) = self.make_room(tables, written, now, Mode::Charge);
         if evicted > 0 {
             // Refused or not, the standby must hear of them.
             self.record_eviction(stripe, changes);

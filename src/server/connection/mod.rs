@@ -48,7 +48,7 @@ pub(super) use write::{write_out, WriteError};
 use crate::engine::{Mode, Privilege, Verb};
 use crate::node::{Access, Gate, Handover, Refusal};
 use crate::server::admission::Ticket;
-use crate::server::budget::{ReadBuffer, Room};
+use crate::server::budget::ReadBuffer;
 use crate::server::conn_metrics::OpenConnection;
 use crate::server::Shared;
 use crate::tls::Socket;
@@ -273,7 +273,7 @@ impl Connection {
             self.flush().await?;
 
             let (deadline, on_timeout) = self.read_deadline(opened);
-            if let Room::Short(needed) = self.rbuf.make_room() {
+            if let Err(needed) = self.rbuf.room_to_read() {
                 // Read nothing more until the frame has memory: its bytes
                 // wait in the kernel.
                 tokio::select! {
@@ -542,7 +542,7 @@ impl Connection {
             }
             self.flush().await?;
             // A frame still waiting for memory is not answered.
-            if self.rbuf.make_room() != Room::Ready {
+            if self.rbuf.room_to_read().is_err() {
                 break;
             }
             tokio::select! {

@@ -182,7 +182,7 @@ impl Connection {
             }
             let (deadline, on_timeout) = self.read_deadline(opened);
             let shared = self.shared.clone();
-            if let Err(lacking) = self.rbuf.make_room() {
+            if let Err(lacking) = self.rbuf.room_to_read() {
                 if !self.wait_for_memory(lacking, deadline).await? {
                     return Ok(());
                 }
@@ -343,7 +343,7 @@ impl Connection {
             if !more {
                 return Ok(());
             }
-            if self.rbuf.make_room().is_err() {
+            if self.rbuf.room_to_read().is_err() {
                 // No memory for the rest of a long command: end here.
                 break;
             }

@@ -2,7 +2,7 @@
 
 use super::*;
 use bytes::Bytes;
-use tollgate_protocol::{Algorithm, CheckResult, Decision, ErrorCode, Limit, Pair};
+use tollgate_protocol::{Algorithm, CheckResult, Decision, ErrorCode, Limit};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000 * MS;
@@ -31,18 +31,6 @@ fn sw(key: &str, count: u64, period_ms: u64, cost: u32) -> ResolvedPair<'_> {
         },
         cost,
     )
-}
-
-/// Inline pairs (the model's, generated as the wire's) as the store takes
-/// them.
-fn checks(pairs: &[Pair]) -> Vec<ResolvedPair<'_>> {
-    pairs
-        .iter()
-        .map(|p| match &p.limit {
-            tollgate_protocol::LimitRef::Inline(limit) => ResolvedPair::new(&p.key, *limit, p.cost),
-            tollgate_protocol::LimitRef::Rule(_) => unreachable!("the store takes no rule names"),
-        })
-        .collect()
 }
 
 fn decided(r: CheckResult) -> Decision {

@@ -222,10 +222,10 @@ impl Replicated {
         let store = &self.primary;
         match op {
             Op::Check { pairs, mode, .. } => {
-                store.check(&checks(pairs), now, *mode);
+                store.check(&resolved(pairs), now, *mode);
             }
             Op::Refund { pairs, .. } => {
-                store.refund(&checks(pairs), now);
+                store.refund(&resolved(pairs), now);
             }
             Op::Release { key, pick } => {
                 let lease = lease_of(store, key, now, usize::from(*pick));
@@ -313,7 +313,7 @@ impl Replicated {
     /// peeks: the primary's cap may refuse a new key the standby, with no
     /// cap, takes; then there is nothing to compare).
     fn failover(&self, pairs: &[Pair]) -> Result<(), TestCaseError> {
-        let checks = checks(pairs);
+        let checks = resolved(pairs);
         let primary = self.primary.check(&checks, self.now, Mode::Peek);
         let standby = self.standby.check(&checks, self.now, Mode::Peek);
         let full = CheckResult::Error(ErrorCode::StoreFull);
