@@ -3,9 +3,9 @@
 //!
 //! ```text
 //!  frame -> rules.current() (once) -> per check:
-//!     all pairs inline ----------------------------> store.check(pairs)
-//!     named rules: resolve (UnknownRule) -> no shadow -> store.check(resolved)
-//!                                        -> shadow    -> slots, one lease, then
+//!     resolve: ResolvedPair per pair (UnknownRule)
+//!       -> no shadow -> store.check(resolved)
+//!       -> shadow    -> slots, one lease, then
 //!         enforced pairs as a group (deny / error ends it), then
 //!         shadow pairs as a group (a denial becomes allowed + shadow_denied,
 //!         unless the enforced pairs hold a lease: then their decision stands)
@@ -22,8 +22,10 @@
 //! ```
 //!
 //! The common check (inline limits, or rules without shadow) calls the store
-//! once, exactly as before rules existed. Resolving a rule costs one hash
-//! lookup by name and copies nothing but reference-counted key handles.
+//! once, exactly as before rules existed. The store takes only resolved
+//! pairs (`store::ResolvedPair`: the key borrowed from the frame, a limit,
+//! a cost): resolving an inline pair copies its limit, a rule's pair costs
+//! one hash lookup by name; no key is copied or reference-counted.
 //! Metric handles are resolved when rules are loaded, so counting a decision
 //! is one atomic add; decisions of inline limits are tallied by the frame
 //! and added once per frame; latency and batch size are observed once per
