@@ -9,10 +9,9 @@
 //! and straight after the fill.
 //! Reads /proc/self/statm, so Linux only. Nothing is asserted.
 
-use bytes::Bytes;
 use tollgate::huge_pages::HugePages;
-use tollgate::store::{Mode, Store, StoreConfig};
-use tollgate_protocol::{Algorithm, Limit, Pair};
+use tollgate::store::{Mode, ResolvedPair, Store, StoreConfig};
+use tollgate_protocol::{Algorithm, Limit};
 
 /// The server binary's allocator (src/main.rs), so that resident bytes are
 /// what `tollgate serve` would hold.
@@ -70,12 +69,7 @@ fn measure(keys: usize, algorithm: Algorithm) {
         key.clear();
         // 16 bytes: "rl:{" + 8 hex digits + "}:ab".
         key.extend_from_slice(format!("rl:{{{i:08x}}}:ab").as_bytes());
-        let pair = Pair {
-            key: Bytes::copy_from_slice(&key),
-            limit: limit.into(),
-            cost: 1,
-        };
-        store.check(std::slice::from_ref(&pair), now, Mode::Charge);
+        store.check(&[ResolvedPair::new(&key, limit, 1)], now, Mode::Charge);
     }
     let filled = rss_bytes();
     settle();

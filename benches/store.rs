@@ -23,9 +23,9 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
-use tollgate::store::{Full, Mode, Store, StoreConfig};
+use tollgate::store::{Full, Mode, ResolvedPair, Store, StoreConfig};
 use tollgate::throttled::TopThrottled;
-use tollgate_protocol::{Algorithm, Limit, Pair};
+use tollgate_protocol::{Algorithm, Limit, LimitRef, Pair};
 
 const KEYS: usize = 1_000_000;
 
@@ -51,6 +51,14 @@ fn timed(run: impl FnOnce()) -> Duration {
         let start = Instant::now();
         run();
         start.elapsed()
+    }
+}
+
+/// A pair as the store takes it (the benches' pairs are all inline).
+fn as_check(pair: &Pair) -> ResolvedPair<'_> {
+    match pair.limit {
+        LimitRef::Inline(limit) => ResolvedPair::new(&pair.key, limit, pair.cost),
+        LimitRef::Rule(_) => unreachable!("the benches' limits are inline"),
     }
 }
 
@@ -115,7 +123,11 @@ fn check(c: &mut Criterion) {
                     timed(|| {
                         for _ in 0..iters {
                             now += 1_000;
-                            black_box(store.check(black_box(&hot[..1]), now, Mode::Charge));
+                            black_box(store.check(
+                                black_box(&[as_check(&hot[0])]),
+                                now,
+                                Mode::Charge,
+                            ));
                         }
                     })
                 })
@@ -124,7 +136,7 @@ fn check(c: &mut Criterion) {
             let store = Store::new(StoreConfig::default());
             let many = make(algorithm, KEYS);
             for p in &many {
-                store.check(std::slice::from_ref(p), now, Mode::Charge);
+                store.check(&[as_check(p)], now, Mode::Charge);
             }
             let mut i = 0usize;
             group.bench_function(BenchmarkId::new(many_name, algorithm.name()), |b| {
@@ -135,7 +147,7 @@ fn check(c: &mut Criterion) {
                             // cache-unfriendly order.
                             i = (i + 7_919) % KEYS;
                             now += 1_000;
-                            let pair = std::slice::from_ref(&many[i]);
+                            let pair = &[as_check(&many[i])];
                             black_box(store.check(pair, now, Mode::Charge));
                         }
                     })
@@ -164,7 +176,7 @@ fn rewrite(c: &mut Criterion) {
                     for _ in 0..iters {
                         i = (i + 1) % keys.len();
                         now += 2_000_000;
-                        let pair = std::slice::from_ref(&keys[i]);
+                        let pair = &[as_check(&keys[i])];
                         black_box(store.check(pair, now, Mode::Charge));
                     }
                 })
@@ -184,7 +196,7 @@ fn check_two_threads(c: &mut Criterion) {
     let many = pairs(algorithm, KEYS);
     let store = Store::new(StoreConfig::default());
     for p in &many {
-        store.check(std::slice::from_ref(p), 1, Mode::Charge);
+        store.check(&[as_check(p)], 1, Mode::Charge);
     }
     for (name, keys) in [("hot_key", &hot), ("1M_keys", &many)] {
         group.bench_function(BenchmarkId::new(name, algorithm.name()), |b| {
@@ -199,7 +211,7 @@ fn check_two_threads(c: &mut Criterion) {
                                     i = (i + 7_919) % keys.len();
                                     let now = 2_000_000_000 + n * 1_000;
                                     black_box(store.check(
-                                        std::slice::from_ref(&keys[i]),
+                                        &[as_check(&keys[i])],
                                         now,
                                         Mode::Charge,
                                     ));
@@ -245,7 +257,7 @@ fn at_the_cap(c: &mut Criterion) {
     let mut held = Vec::new();
     for p in (0..100_000).map(|i| keyed("user", i)) {
         if let tollgate_protocol::CheckResult::Decision(_) =
-            store.check(std::slice::from_ref(&p), now, Mode::Charge)
+            store.check(&[as_check(&p)], now, Mode::Charge)
         {
             held.push(p);
         }
@@ -260,7 +272,7 @@ fn at_the_cap(c: &mut Criterion) {
                     for _ in 0..iters {
                         i = (i + 7_919) % keys.len();
                         t += 1_000;
-                        let pair = std::slice::from_ref(&keys[i]);
+                        let pair = &[as_check(&keys[i])];
                         black_box(store.check(pair, t, Mode::Charge));
                     }
                 })

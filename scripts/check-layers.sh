@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # The server crate's imports point one way:
 #
-#   cli -> server -> node -> store -> algorithm
-#                 \-> rules --------------------^
-#                    node -> cluster (etcd control plane) -> store
-#                    node -> config (plain settings; the node builds the
-#                            store's and the control plane's from them)
+#   cli -> server -> engine -> node -> store -> algorithm
+#                           \-> rules --------------------^
+#                              node -> cluster (etcd control plane) -> store
+#                              node -> config (plain settings; the node builds
+#                                      the store's and the control plane's
+#                                      from them)
+#   server: the ports, which reach the store and the algorithms only through
+#    the engine.
 #   cli: the commands; it may reach any module, and no module reaches it.
 #   admin_client: the admin API's HTTP client, for cli (and the tests);
 #    over tls only, and no module but cli reaches it.
 #   (clock, slot, sync, units, throttled, tls, huge_pages, log_text: leaves
 #    that import no layer;
-#    events: a leaf the server feeds, which config describes)
+#    events: a leaf the engine feeds, which config describes)
 #
 # Each row below names a layer (a folder or file under src/) and the crate
 # modules it must never reach. A file breaks the rule when it names one of
@@ -23,15 +26,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-LEAVES="algorithm store node server cli config rules throttled admin_client cluster events log_text"
+LEAVES="algorithm store node engine server cli config rules throttled admin_client cluster events log_text"
 RULES=(
-  "src/algorithm   store node server cli config rules throttled admin_client"
-  "src/store       node server cli config rules throttled admin_client"
-  "src/config      store cluster node server cli rules admin_client"
-  "src/node        server cli rules admin_client"
-  "src/cluster     node server cli config rules throttled admin_client"
-  "src/rules       store node server cli config throttled admin_client"
-  "src/server      cli admin_client"
+  "src/algorithm   store node engine server cli config rules throttled admin_client"
+  "src/store       node engine server cli config rules throttled admin_client"
+  "src/config      store cluster node engine server cli rules admin_client"
+  "src/node        engine server cli rules admin_client"
+  "src/cluster     node engine server cli config rules throttled admin_client"
+  "src/rules       store node engine server cli config throttled admin_client"
+  "src/engine      server cli admin_client"
+  "src/server      store algorithm cli admin_client"
   "src/cli         -"
   "src/admin_client.rs $LEAVES"
   "src/log_text.rs $LEAVES"

@@ -2,22 +2,10 @@
 //!
 //! # Layout
 //!
-//! A CHECK's path (docs/ARCHITECTURE.md names the module of each step):
-//!
-//! ```text
-//!  socket -> server (accept, connection) -> codec (tollgate-protocol)
-//!         -> node: may this node serve it? (one atomic load; else NotPrimary)
-//!         -> server::check: rules and now, once per frame
-//!         -> store: Slot -> Stripe lock -> algorithm (pure) -> Decision
-//!         -> codec -> socket (responses coalesced into one write)
-//! ```
-//!
-//! Imports point one way (`scripts/check-layers.sh` keeps them so):
-//!
-//! ```text
-//!  cli -> server -> node -> config -> store -> algorithm
-//!            \-> rules ------------------------^
-//! ```
+//! A CHECK goes socket -> server (a port) -> engine (rules, once per frame)
+//! -> store -> algorithm, and imports point the same way
+//! (`scripts/check-layers.sh` keeps them so). The diagrams of both, each
+//! step named by its module, are in docs/ARCHITECTURE.md (the one copy).
 //!
 //! - [`sync`]: the only source of locks and atomics (loom under `tollgate_loom`);
 //! - [`clock`]: server time (wall-clock anchored, monotonic), injected everywhere;
@@ -39,6 +27,9 @@
 //! - [`config`]: the settings by section, flags and the config file;
 //! - `node`: who is primary (roles and epochs behind a role source; pair
 //!   mode today) and the replication to a standby;
+//! - `engine`: the check engine (rule resolution, shadow rules, global
+//!   limits, retries, shedding, decision events, check metrics) behind one
+//!   `Engine` the ports call;
 //! - [`server`] (with its admin HTTP API) and [`cli`]: the network server
 //!   and the binary's commands; [`admin_client`] for the CLI.
 //! - `cluster` (feature `cluster`): the etcd control plane of cluster
@@ -62,6 +53,7 @@ pub mod clock;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod config;
+mod engine;
 pub mod events;
 pub mod huge_pages;
 pub mod log_text;

@@ -8,29 +8,27 @@
 //! restart resyncs the whole store again.
 #![cfg(tollgate_loom)]
 
-use bytes::Bytes;
 use loom::sync::Arc;
 use loom::thread;
 use std::collections::HashMap;
-use tollgate::store::{Drained, Entry, Mode, Store, StoreConfig};
-use tollgate_protocol::{Algorithm, Limit, Pair};
+use tollgate::store::{Drained, Entry, Mode, ResolvedPair, Store, StoreConfig};
+use tollgate_protocol::{Algorithm, Limit};
 
 const NOW: u64 = 1_000_000_000;
 /// Keys in different slots, so with two stripes they may land apart.
 const KEYS: [&str; 2] = ["a", "b"];
 
-fn charge(key: &'static str) -> Pair {
-    Pair {
-        key: Bytes::from_static(key.as_bytes()),
-        limit: Limit {
+fn charge(key: &'static str) -> ResolvedPair<'static> {
+    ResolvedPair::new(
+        key.as_bytes(),
+        Limit {
             algorithm: Algorithm::TokenBucket,
             count: 1,
             period_ms: 1000,
             burst: 10,
-        }
-        .into(),
-        cost: 1,
-    }
+        },
+        1,
+    )
 }
 
 fn store() -> Arc<Store> {

@@ -10,12 +10,11 @@
 //! final state.
 #![cfg(tollgate_loom)]
 
-use bytes::Bytes;
 use loom::sync::Arc;
 use loom::thread;
 use std::collections::HashMap;
-use tollgate::store::{Drained, Entry, Full, Mode, Store, StoreConfig};
-use tollgate_protocol::{Algorithm, CheckResult, ErrorCode, Limit, Pair};
+use tollgate::store::{Drained, Entry, Full, Mode, ResolvedPair, Store, StoreConfig};
+use tollgate_protocol::{Algorithm, CheckResult, ErrorCode, Limit};
 
 const NOW: u64 = 1_000_000_000;
 /// What a table of three token buckets with short keys reserves: four
@@ -25,18 +24,17 @@ const NOW: u64 = 1_000_000_000;
 const ROOM_FOR_THREE: usize = 4 * 25;
 const KEYS: [&str; 4] = ["{t}old1", "{t}old2", "{t}new1", "{t}new2"];
 
-fn charge(key: &'static str) -> Pair {
-    Pair {
-        key: Bytes::from_static(key.as_bytes()),
-        limit: Limit {
+fn charge(key: &'static str) -> ResolvedPair<'static> {
+    ResolvedPair::new(
+        key.as_bytes(),
+        Limit {
             algorithm: Algorithm::TokenBucket,
             count: 1,
             period_ms: 60_000,
             burst: 5,
-        }
-        .into(),
-        cost: 1,
-    }
+        },
+        1,
+    )
 }
 
 fn store(on_full: Full) -> Arc<Store> {

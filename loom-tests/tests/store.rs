@@ -1,26 +1,24 @@
 //! Models of the store under concurrent checks.
 #![cfg(tollgate_loom)]
 
-use bytes::Bytes;
 use loom::sync::Arc;
 use loom::thread;
-use tollgate::store::{Mode, Store, StoreConfig};
-use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair};
+use tollgate::store::{Mode, ResolvedPair, Store, StoreConfig};
+use tollgate_protocol::{Algorithm, CheckResult, Limit};
 
 const NOW: u64 = 1_000_000_000;
 
-fn pair(key: &'static str, burst: u64) -> Pair {
-    Pair {
-        key: Bytes::from_static(key.as_bytes()),
-        limit: Limit {
+fn pair(key: &'static str, burst: u64) -> ResolvedPair<'static> {
+    ResolvedPair::new(
+        key.as_bytes(),
+        Limit {
             algorithm: Algorithm::TokenBucket,
             count: 1,
             period_ms: 1000,
             burst,
-        }
-        .into(),
-        cost: 1,
-    }
+        },
+        1,
+    )
 }
 
 fn allowed(r: CheckResult) -> bool {
@@ -36,18 +34,17 @@ fn store() -> Arc<Store> {
 }
 
 /// A concurrency limit of `count` in flight, leases living 30 s.
-fn slots(key: &'static str, count: u64) -> Pair {
-    Pair {
-        key: Bytes::from_static(key.as_bytes()),
-        limit: Limit {
+fn slots(key: &'static str, count: u64) -> ResolvedPair<'static> {
+    ResolvedPair::new(
+        key.as_bytes(),
+        Limit {
             algorithm: Algorithm::Concurrency,
             count,
             period_ms: 30_000,
             burst: 0,
-        }
-        .into(),
-        cost: 1,
-    }
+        },
+        1,
+    )
 }
 
 fn lease(r: CheckResult) -> Option<u64> {

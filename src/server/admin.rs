@@ -27,7 +27,7 @@
 use super::admin_guard::RequestGuard;
 use super::auth::AdminAuth;
 use super::Shared;
-use crate::algorithm::Policy;
+use crate::engine::{Inspected, Usage};
 use crate::node::status;
 use crate::rules::{EditError, ReloadError, ReloadSource};
 use crate::slot::Slot;
@@ -159,12 +159,12 @@ async fn require_token(
 /// `max(every epoch it knows) + 1` (a primary stays as it is).
 async fn promote(AxumState(state): AppState) -> Response {
     tracing::info!("promotion requested through the admin API");
-    match state.shared.node.promote() {
+    match state.shared.engine.node().promote() {
         Ok((epoch, was_primary)) => Json(json!({
             "role": "primary",
             "epoch": epoch,
             "was_primary": was_primary,
-            "addr": state.shared.node.status().addr,
+            "addr": state.shared.engine.node().status().addr,
         }))
         .into_response(),
         Err(refusal) => error(StatusCode::CONFLICT, refusal),
@@ -178,13 +178,13 @@ fn error(status: StatusCode, message: impl std::fmt::Display) -> Response {
 /// Role, epoch, offsets and replication counters (what `tollgate status`
 /// prints).
 async fn replication(AxumState(state): AppState) -> Response {
-    Json(status::to_json(&state.shared.node.status())).into_response()
+    Json(status::to_json(&state.shared.engine.node().status())).into_response()
 }
 
 /// Cluster mode: this node's place (shard, role, epoch, lease) and the
 /// routing table it serves from; 404 outside a cluster.
 async fn cluster(AxumState(state): AppState) -> Response {
-    match state.shared.node.cluster_json() {
+    match state.shared.engine.node().cluster_json() {
         Some(v) => Json(v).into_response(),
         None => error(
             StatusCode::NOT_FOUND,
@@ -197,8 +197,8 @@ async fn cluster(AxumState(state): AppState) -> Response {
 /// ceiling is in force (404 on a node in no region).
 async fn regions(AxumState(state): AppState) -> Response {
     let shared = &state.shared;
-    match shared.node.regions() {
-        Some(regions) => Json(regions.status(shared.clock.now())).into_response(),
+    match shared.engine.node().regions() {
+        Some(regions) => Json(regions.status(shared.engine.now())).into_response(),
         None => error(
             StatusCode::NOT_FOUND,
             "this node is in no region (--region): it has no global limits",
@@ -225,14 +225,15 @@ async fn readyz(AxumState(state): AppState) -> Response {
     if !state.serving.load(Ordering::Acquire) {
         return error(StatusCode::SERVICE_UNAVAILABLE, "starting");
     }
-    Json(json!({ "status": "ready", "rules": state.shared.rules.current().len() })).into_response()
+    Json(json!({ "status": "ready", "rules": state.shared.engine.rules().current().len() }))
+        .into_response()
 }
 
 async fn metrics(AxumState(state): AppState) -> Response {
     use prometheus::Encoder;
     let encoder = prometheus::TextEncoder::new();
     let mut out = Vec::new();
-    state.shared.node.refresh_metrics();
+    state.shared.engine.node().refresh_metrics();
     state.shared.metrics.throttled_keys.refresh(&state.shared);
     if let Err(e) = encoder.encode(&state.registry.gather(), &mut out) {
         return error(StatusCode::INTERNAL_SERVER_ERROR, e);
@@ -246,11 +247,11 @@ async fn metrics(AxumState(state): AppState) -> Response {
 
 async fn list_rules(AxumState(state): AppState) -> Response {
     let shared = &state.shared;
-    let set = shared.rules.current();
+    let set = shared.engine.rules().current();
     let rules: Vec<_> = set.sorted().into_iter().map(|r| &r.spec).collect();
     Json(json!({
-        "source": shared.rules.path().map(|p| p.display().to_string()),
-        "last_reload": shared.rules.status(),
+        "source": shared.engine.rules().path().map(|p| p.display().to_string()),
+        "last_reload": shared.engine.rules().status(),
         "rules": rules,
     }))
     .into_response()
@@ -265,7 +266,7 @@ async fn get_rule(
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    match shared.rules.current().get(name.as_bytes()) {
+    match shared.engine.rules().current().get(name.as_bytes()) {
         Some(rule) => Json(&rule.spec).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no rule named {name:?}")),
     }
@@ -281,7 +282,7 @@ async fn put_rule(
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    match shared.rules.put(&name, &body).await {
+    match shared.engine.rules().put(&name, &body).await {
         Ok((created, rule)) => {
             let status = if created {
                 StatusCode::CREATED
@@ -311,7 +312,7 @@ async fn delete_rule(
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    if shared.rules.delete(&name).await {
+    if shared.engine.rules().delete(&name).await {
         Json(json!({ "deleted": name })).into_response()
     } else {
         error(StatusCode::NOT_FOUND, format!("no rule named {name:?}"))
@@ -320,18 +321,18 @@ async fn delete_rule(
 
 async fn reload(AxumState(state): AppState) -> Response {
     let shared = &state.shared;
-    match shared.rules.reload(ReloadSource::AdminApi).await {
+    match shared.engine.rules().reload(ReloadSource::AdminApi).await {
         Ok(n) => Json(json!({
             "status": "reloaded",
             "rules": n,
-            "source": shared.rules.path().map(|p| p.display().to_string()),
+            "source": shared.engine.rules().path().map(|p| p.display().to_string()),
         }))
         .into_response(),
         Err(e @ ReloadError::NoFile) => error(StatusCode::CONFLICT, e),
         Err(e) => {
             let mut body = json!({
                 "error": e.to_string(),
-                "rules_in_force": shared.rules.current().len(),
+                "rules_in_force": shared.engine.rules().current().len(),
             });
             if let ReloadError::Invalid { path, error } = &e {
                 body["file"] = json!(path);
@@ -374,35 +375,21 @@ async fn limits(
             format!("keys are 1 to {max_key_len} bytes"),
         );
     }
-    let rules = shared.rules.current();
+    let rules = shared.engine.rules().current();
     if let Some(name) = &only {
         if rules.get(name.as_bytes()).is_none() {
             return error(StatusCode::NOT_FOUND, format!("no rule named {name:?}"));
         }
     }
-    let now = shared.clock.now();
-    // A key holds at most a token bucket and one state of another
-    // algorithm; each is read as every rule of its algorithm would see it.
-    let entries = shared.store.entries(&key, now);
-    let mut usage = Vec::new();
-    for entry in &entries {
-        let algorithm = entry.state.algorithm();
-        for rule in rules.sorted() {
-            if rule.limit.algorithm != algorithm
-                || only.as_deref().is_some_and(|n| n != rule.name())
-            {
-                continue;
-            }
-            // Rules are validated at load; an error here cannot happen.
-            let Ok(policy) = Policy::from_limit_with(&rule.limit, state.max_log_entries) else {
-                continue;
-            };
-            // Cost 0: what is available now, nothing taken, nothing stored.
-            let d = policy
-                .evaluate(Some(&entry.state), now, 0)
-                .decision
-                .to_wire(0);
-            usage.push(json!({
+    let now = shared.engine.now();
+    let (entries, usage) =
+        shared
+            .engine
+            .inspect(&key, &rules, only.as_deref(), state.max_log_entries, now);
+    let usage: Vec<Value> = usage
+        .iter()
+        .map(|Usage { rule, decision: d }| {
+            json!({
                 "rule": rule.name(),
                 "shadow": rule.shadow(),
                 "limit": d.limit,
@@ -412,12 +399,12 @@ async fn limits(
                 "retry_after_ms": if d.allowed { Some(0) }
                     else if d.retry_after_ms == RETRY_NEVER { None }
                     else { Some(d.retry_after_ms) },
-            }));
-        }
-    }
-    let state_json = |e: &crate::store::Entry| {
+            })
+        })
+        .collect();
+    let state_json = |e: &Inspected| {
         json!({
-            "algorithm": e.state.algorithm().name(),
+            "algorithm": e.algorithm.name(),
             "expires_in_ms": e.expires_at.saturating_sub(now).div_ceil(crate::clock::NANOS_PER_MS),
         })
     };
@@ -463,9 +450,9 @@ async fn throttled(
         Ok(Query(q)) => q.top.unwrap_or(10),
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
     };
-    let sketch = &shared.throttled;
+    let sketch = shared.engine.throttled();
     let keys: Vec<Value> = sketch
-        .top(top.min(sketch.capacity()), shared.clock.now())
+        .top(top.min(sketch.capacity()), shared.engine.now())
         .into_iter()
         .map(|t| {
             let mut v = json!({

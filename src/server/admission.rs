@@ -327,7 +327,7 @@ async fn answer_and_close(
     let mut frame = BytesMut::new();
     match answer {
         Answer::Protocol => {
-            shared.metrics.errors.count(ErrorCode::TooManyConnections);
+            shared.engine.errors().count(ErrorCode::TooManyConnections);
             let error = Response::Error {
                 code: ErrorCode::TooManyConnections,
                 message: why.to_string(),

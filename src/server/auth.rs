@@ -64,19 +64,7 @@ impl Secrets {
     }
 }
 
-/// What a connection may do, by what its HELLO proved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Privilege {
-    /// Checks and the rest of the client protocol; read-only STATUS.
-    Client,
-    /// A region peer that proved the region secret: USAGE and PING only,
-    /// so a region cannot replicate from, promote or hand states to
-    /// another region's nodes.
-    Region,
-    /// Also replication, PROMOTE, HANDOFF, STATUS announces and USAGE:
-    /// another node of this cluster.
-    Node,
-}
+pub(crate) use crate::engine::Privilege;
 
 /// Why a HELLO was refused (AuthFailed); the message the client reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -168,15 +168,6 @@ impl Held {
     }
 }
 
-/// What a read buffer needs before the next read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Room {
-    /// There is room: read.
-    Ready,
-    /// The frame at the front needs this many more bytes of the budget.
-    Short(usize),
-}
-
 /// One connection's read buffer; what it holds of the budget is given
 /// back when it drops.
 pub(crate) struct ReadBuffer {
@@ -221,7 +212,9 @@ impl ReadBuffer {
     /// Makes room for the next read (call after the complete frames are
     /// taken): the initial buffer for small frames, exactly the frame for
     /// a larger one while the budget allows, which is then taken from it.
-    pub fn make_room(&mut self) -> Room {
+    /// Err: the frame at the front needs this many more bytes of the
+    /// budget; nothing was allocated.
+    pub fn room_to_read(&mut self) -> Result<(), usize> {
         let want = self.front_frame();
         let len = self.buf.len();
         if want <= INITIAL {
@@ -230,7 +223,7 @@ impl ReadBuffer {
                 // one and its budget released.
                 self.budget.give_back(std::mem::take(&mut self.held));
                 self.reallocate(INITIAL);
-                return Room::Ready;
+                return Ok(());
             }
             // Room for the rest of the frame, and for more behind it when
             // the initial buffer has it (pipelined requests).
@@ -242,26 +235,26 @@ impl ReadBuffer {
             if self.buf.capacity() - len < spare && !self.buf.try_reclaim(spare) {
                 self.reallocate(INITIAL);
             }
-            return Room::Ready;
+            return Ok(());
         }
         let needed = want - INITIAL;
         if self.buf.capacity() >= want && self.held >= needed {
-            return Room::Ready;
+            return Ok(());
         }
         if needed > self.held {
             if !self.budget.try_take(needed - self.held) {
-                return Room::Short(needed - self.held);
+                return Err(needed - self.held);
             }
         } else {
             self.budget.give_back(self.held - needed);
         }
         self.held = needed;
         self.reallocate(want);
-        Room::Ready
+        Ok(())
     }
 
     /// Waits until the budget has `n` bytes free or `deadline` passes
-    /// (false); does not take them ([`make_room`](Self::make_room) will).
+    /// (false); does not take them ([`room_to_read`](Self::room_to_read) will).
     pub async fn wait_for(budget: &Budget, n: usize, deadline: tokio::time::Instant) -> bool {
         loop {
             let released = budget.released.notified();
@@ -322,7 +315,7 @@ mod tests {
         let mut r = ReadBuffer::new(b.clone());
         header(&mut r, 100);
         assert!(!r.decodable(5, 1 << 20), "incomplete");
-        assert_eq!(r.make_room(), Room::Ready);
+        assert_eq!(r.room_to_read(), Ok(()));
         assert_eq!(b.used(), 0);
         assert!(r.buf.capacity() >= INITIAL);
         r.buf.put_bytes(0, 99);
@@ -335,14 +328,14 @@ mod tests {
         let mut r = ReadBuffer::new(b.clone());
         let len = 100_000;
         header(&mut r, len);
-        assert_eq!(r.make_room(), Room::Ready);
+        assert_eq!(r.room_to_read(), Ok(()));
         let frame = frame_size(len);
         assert_eq!(r.buf.capacity(), frame);
         assert_eq!(b.used(), frame - INITIAL);
         // The frame arrives and is taken; what follows is small again.
         r.buf.put_bytes(0, frame - 5);
         let _taken = r.buf.split_to(frame);
-        assert_eq!(r.make_room(), Room::Ready);
+        assert_eq!(r.room_to_read(), Ok(()));
         assert_eq!(b.used(), 0);
         assert_eq!(r.buf.capacity(), INITIAL);
     }
@@ -352,14 +345,14 @@ mod tests {
         let b = budget(64 * 1024);
         let mut a = ReadBuffer::new(b.clone());
         header(&mut a, 60_000);
-        assert_eq!(a.make_room(), Room::Ready);
+        assert_eq!(a.room_to_read(), Ok(()));
         let mut c = ReadBuffer::new(b.clone());
         header(&mut c, 60_000);
-        assert_eq!(c.make_room(), Room::Short(frame_size(60_000) - INITIAL));
+        assert_eq!(c.room_to_read(), Err(frame_size(60_000) - INITIAL));
         assert_eq!(c.buf.capacity(), INITIAL, "nothing allocated");
         drop(a);
         assert_eq!(b.used(), 0);
-        assert_eq!(c.make_room(), Room::Ready);
+        assert_eq!(c.room_to_read(), Ok(()));
     }
 
     #[test]
@@ -379,7 +372,7 @@ mod tests {
         let b = budget(64 * 1024);
         let mut a = ReadBuffer::new(b.clone());
         header(&mut a, 60_000);
-        assert_eq!(a.make_room(), Room::Ready);
+        assert_eq!(a.room_to_read(), Ok(()));
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
         let waiter = {
             let b = b.clone();

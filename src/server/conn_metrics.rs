@@ -1,41 +1,8 @@
-//! The metric handles of the protocol port's connections: errors answered
-//! by code, connections open and accepted, failed TLS handshakes.
+//! The metric handles of the protocol port's connections: connections
+//! open and accepted, failed TLS handshakes (errors answered are counted
+//! by the engine's `ErrorCounters`).
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
-use tollgate_protocol::ErrorCode;
-
-/// Errors answered, by code: every ERROR frame and every per-check error
-/// (`tollgate_protocol_errors_total{code}`). One pre-resolved handle per
-/// known code, indexed by wire value, so counting is one atomic add.
-#[derive(Debug, Clone)]
-pub(crate) struct ErrorCounters {
-    by_wire: Vec<IntCounter>,
-    unknown: IntCounter,
-}
-
-impl ErrorCounters {
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
-        let vec = IntCounterVec::new(
-            Opts::new(
-                "tollgate_protocol_errors_total",
-                "Errors answered (ERROR frames and per-check errors), by code.",
-            ),
-            &["code"],
-        )?;
-        registry.register(Box::new(vec.clone()))?;
-        let by_wire = ErrorCode::KNOWN
-            .iter()
-            .map(|c| vec.with_label_values(&[c.name()]))
-            .collect();
-        let unknown = vec.with_label_values(&["Unknown"]);
-        Ok(Self { by_wire, unknown })
-    }
-
-    pub fn count(&self, code: ErrorCode) {
-        let i = usize::from(code.to_wire()).wrapping_sub(1);
-        self.by_wire.get(i).unwrap_or(&self.unknown).inc();
-    }
-}
+use prometheus::{IntCounter, IntGauge, Registry};
 
 /// Connections served now and accepted in all.
 #[derive(Debug, Clone)]

@@ -1,4 +1,5 @@
-//! The network server: accept loop, connection tasks, sweeper, shutdown.
+//! The network server: accept loop, connection tasks (the ports over the
+//! check engine, `crate::engine`), shutdown (`run.rs`).
 //!
 //! [`Server::run`] takes an already bound listener and a [`CancellationToken`],
 //! so tests bind port 0 and drive shutdown themselves. Invariants:
@@ -23,12 +24,14 @@
 //! - the node's supervisor (`crate::node`) runs beside the listener for
 //!   the server's whole life; a connection that sends REPLICATE is handed
 //!   over to it whole (socket and unread bytes);
-//! - a connection sees only what it needs (`Shared`): its settings, the
-//!   store, the clock, the rules, its metric handles and the node handle;
+//! - a connection sees only what it needs (`Shared`): its settings, its
+//!   metric handles and the engine (`crate::engine`: the store, the clock,
+//!   the rules, the node handle), which decides every check; no port
+//!   reaches the store or an algorithm but through it;
 //! - protected mode: `run` refuses a listener bound beyond loopback that
 //!   asks for no credentials, unless `--insecure` (the same check as the
 //!   settings', on the address actually bound);
-//! - decision events (`--events`) are queued by the check path without
+//! - decision events (`--events`) are queued by the engine without
 //!   waiting; their publisher starts with the server and sends what is
 //!   queued after the connections have drained;
 //! - with TLS configured every port speaks only TLS, and the certificates
@@ -45,58 +48,46 @@ mod admin_listener;
 mod admission;
 mod auth;
 mod budget;
-mod check;
 mod conn_metrics;
 mod connection;
-mod dedup;
 #[cfg(feature = "envoy")]
 mod envoy;
 mod frontend;
 mod listener;
 mod resp;
+mod run;
 mod scrape;
-mod shed;
 mod status_page;
-mod sweeper;
 mod tls;
 
 use crate::clock::{Clock, MonotonicClock};
 use crate::config::{
     protected_mode, ConfigError, Exposure, FrontendSettings, NetworkSettings, ServerConfig,
 };
-use crate::events::{EventMetrics, Events, Publisher};
+use crate::engine::{BuildError, Built, Engine, Setup, Store, Sweeper};
+use crate::events::Publisher;
 #[cfg(feature = "cluster")]
 use crate::node::Membership;
-use crate::node::{Node, NodeParts, Supervisor};
+use crate::node::Supervisor;
 use crate::rules::{LoadError, Rules};
-use crate::store::Store;
-use crate::throttled::TopThrottled;
-use admin::AdminState;
-use admin_guard::RequestGuard;
-use admission::{Admission, Answer};
-use auth::{AdminAuth, Authenticator};
+use admission::Admission;
+use auth::Authenticator;
 use budget::Budget;
-use check::CheckMetrics;
-use conn_metrics::{ConnMetrics, ErrorCounters};
-use dedup::{DedupMetrics, RetryMemory};
-use frontend::accept_loop;
+use conn_metrics::ConnMetrics;
 use frontend::FrontendMetrics;
 use prometheus::Registry;
-use shed::Shedder;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use sweeper::{KeyMetrics, Sweeper};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tollgate_protocol::{ClusterTopology, ServerLimits};
 
 pub use listener::bind;
 pub use tls::{TlsReloadSource, TlsReloader};
 
-/// What every connection task shares.
+/// What every connection task shares: the transport's settings and
+/// state, and the engine that decides the checks.
 pub(crate) struct Shared {
     /// Timeouts of the protocol port.
     pub network: NetworkSettings,
@@ -113,24 +104,12 @@ pub(crate) struct Shared {
     /// Cap on a sliding log's or a concurrency limit's count (inline
     /// limits of the front ends are validated against it).
     pub max_log_entries: u64,
-    pub store: Arc<Store>,
     /// Memory for frames larger than a connection's own read buffer.
     pub budget: Arc<Budget>,
-    pub clock: Arc<dyn Clock>,
-    /// The named rules in force; swapped whole on reload.
-    pub rules: Arc<Rules>,
     pub metrics: Metrics,
-    /// Keys denied most recently, for `GET /v1/throttled`.
-    pub throttled: TopThrottled,
-    /// Decision events (`--events`); None when off.
-    pub events: Option<Events>,
-    /// Who is primary; refusals, status, handovers.
-    pub node: Node,
-    /// CHECK2 answers by idempotency key (safe retries).
-    pub retries: RetryMemory,
-    /// CHECK2 shedding by priority under a connection's backlog.
-    pub shedder: Shedder,
     pub lifecycle: Lifecycle,
+    /// The store, the rules, the clock, the node: everything that decides.
+    pub engine: Engine,
 }
 
 impl Shared {
@@ -138,7 +117,7 @@ impl Shared {
     /// CLUSTER SLOTS) with: the cluster's routing table, or outside a
     /// cluster one shard owning every slot (PROTOCOL.md §14).
     pub fn topology(&self) -> ClusterTopology {
-        self.node.topology()
+        self.engine.node().topology()
     }
 }
 
@@ -147,12 +126,23 @@ type ExposureOf = fn(&ServerConfig, SocketAddr) -> Exposure;
 
 /// The metric handles connections bump.
 pub(crate) struct Metrics {
-    pub checks: CheckMetrics,
     pub conns: ConnMetrics,
-    pub errors: ErrorCounters,
     pub frontends: FrontendMetrics,
     /// The most throttled keys, refreshed when `/metrics` is scraped.
     pub throttled_keys: scrape::ThrottledKeysMetric,
+}
+
+impl Metrics {
+    fn register(registry: &Registry, config: &ServerConfig) -> prometheus::Result<Self> {
+        Ok(Self {
+            conns: ConnMetrics::register(registry)?,
+            frontends: FrontendMetrics::register(registry, &resp::command_names())?,
+            throttled_keys: scrape::ThrottledKeysMetric::register(
+                registry,
+                config.admin.throttled_metric_keys,
+            )?,
+        })
+    }
 }
 
 /// Where the server stands in its shutdown.
@@ -189,7 +179,7 @@ pub struct Server {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("rules: {0}")]
-    Rules(#[from] LoadError),
+    Rules(LoadError),
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
     #[cfg(feature = "cluster")]
@@ -198,7 +188,17 @@ pub enum StartError {
     #[error("TLS: {0}")]
     Tls(#[from] crate::tls::TlsError),
     #[error("events: {0}")]
-    Events(#[from] crate::events::EventsError),
+    Events(crate::events::EventsError),
+}
+
+impl From<BuildError> for StartError {
+    fn from(e: BuildError) -> Self {
+        match e {
+            BuildError::Rules(e) => Self::Rules(e),
+            BuildError::Metrics(e) => Self::Metrics(e),
+            BuildError::Events(e) => Self::Events(e),
+        }
+    }
 }
 
 impl Server {
@@ -242,96 +242,26 @@ impl Server {
         };
         #[cfg(not(feature = "cluster"))]
         let advertise = Self::advertise(&config);
-        let store = Arc::new(Store::new(config.store_config()));
         let registry = Registry::new();
-        let checks = CheckMetrics::register(&registry)?;
-        let rules = Rules::load(
-            config.rules.file.clone(),
-            config.store.max_log_entries,
-            checks.checks.clone(),
-            &registry,
-        )?;
-        let metrics = Metrics {
-            checks,
-            conns: ConnMetrics::register(&registry)?,
-            errors: ErrorCounters::register(&registry)?,
-            frontends: FrontendMetrics::register(&registry, &resp::command_names())?,
-            throttled_keys: scrape::ThrottledKeysMetric::register(
-                &registry,
-                config.admin.throttled_metric_keys,
-            )?,
-        };
-        let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
-            (Some(cert), Some(key)) => {
-                Some(Arc::new(crate::tls::Tls::load(crate::tls::TlsPaths {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                    client_ca: config.tls.tls_client_ca.clone(),
-                    ca: config.tls.tls_ca.clone(),
-                })?))
-            }
-            _ => None,
-        };
+        let tls = Self::load_tls(&config)?;
         let tls_reloader = tls
             .as_ref()
             .map(|t| TlsReloader::register(t.clone(), &registry))
             .transpose()?;
-        let sweeper = Sweeper {
-            store: store.clone(),
-            clock: clock.clone(),
-            metrics: KeyMetrics::register(&registry)?,
-            interval: config.store.sweep_interval,
-            stripes: config.store.sweep_stripes,
-            max_memory: config.store.max_memory,
+        let setup = Setup {
+            clock,
+            tls: tls.clone(),
+            advertise,
+            #[cfg(feature = "cluster")]
+            cluster,
         };
-        let (node, supervisor) = Node::new(
-            NodeParts {
-                settings: config.replication.clone(),
-                // Without a cluster secret (only with --insecure) the
-                // client token, if any, gets this node through HELLO.
-                credentials: crate::node::Credentials {
-                    cluster: config.auth.cluster_secret.clone(),
-                    region: config.auth.region_secret.clone(),
-                    region_peers: config.auth.region_peer_secrets(),
-                    token: config.auth.auth_token.clone(),
-                },
-                tls: tls.clone(),
-                limits: config.limits.server_limits(),
-                advertise,
-                store: store.clone(),
-                clock: clock.clone(),
-                regions: crate::node::regions::RegionConfig::from_settings(
-                    &config.regions,
-                    config.limits.max_frame,
-                ),
-                #[cfg(feature = "cluster")]
-                cluster,
-            },
-            &registry,
-        )?;
-        let overload = &config.overload;
-        let retries = RetryMemory::new(
-            overload.dedup_window,
-            overload.dedup_capacity,
-            DedupMetrics::register(&registry)?,
-        );
-        let shedder = Shedder::new(
-            overload.shed_low_backlog,
-            overload.shed_normal_backlog,
-            &registry,
-        )?;
-        let event_metrics = EventMetrics::register(&registry)?;
-        let (events, publisher) = match config.events.config() {
-            Some(c) => {
-                let (events, publisher) = crate::events::channel(c, event_metrics)?;
-                (Some(events), Some(publisher))
-            }
-            None => (None, None),
-        };
-        let throttled = TopThrottled::new(
-            config.admin.throttled_keys,
-            config.admin.throttled_window.as_nanos() as u64,
-        );
+        let Built {
+            engine,
+            supervisor,
+            sweeper,
+            publisher,
+        } = Engine::build(&config, setup, &registry)?;
+        let metrics = Metrics::register(&registry, &config)?;
         let network = &config.network;
         let admission = Arc::new(Admission::register(
             network.max_connections,
@@ -348,20 +278,13 @@ impl Server {
             frontends: config.frontends.clone(),
             resp_max_arg_len: config.resp_max_arg_len(),
             max_log_entries: config.store.max_log_entries,
-            store,
             budget,
-            clock,
-            rules: Arc::new(rules),
             metrics,
-            throttled,
-            events,
-            node,
-            retries,
-            shedder,
             lifecycle: Lifecycle {
                 draining: CancellationToken::new(),
                 abort: CancellationToken::new(),
             },
+            engine,
         });
         Ok(Self {
             config,
@@ -376,6 +299,20 @@ impl Server {
             tls: tls_reloader,
             publisher,
         })
+    }
+
+    /// The certificates of every port (None: plain TCP).
+    fn load_tls(config: &ServerConfig) -> Result<Option<Arc<crate::tls::Tls>>, StartError> {
+        let (Some(cert), Some(key)) = (&config.tls.tls_cert, &config.tls.tls_key) else {
+            return Ok(None);
+        };
+        let tls = crate::tls::Tls::load(crate::tls::TlsPaths {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: config.tls.tls_client_ca.clone(),
+            ca: config.tls.tls_ca.clone(),
+        })?;
+        Ok(Some(Arc::new(tls)))
     }
 
     /// Where the node says it is reached until its listener is bound.
@@ -409,12 +346,12 @@ impl Server {
 
     /// The store, for inspection (tests).
     pub fn store(&self) -> Arc<Store> {
-        self.shared.store.clone()
+        self.shared.engine.store().clone()
     }
 
     /// The rules, to reload them (the CLI's SIGHUP handler, tests).
     pub fn rules(&self) -> Arc<Rules> {
-        self.shared.rules.clone()
+        self.shared.engine.rules().clone()
     }
 
     /// The certificates, to reload them (the CLI's SIGHUP handler, tests);
@@ -451,143 +388,6 @@ impl Server {
                 .to_string(),
             ));
         }
-        Ok(())
-    }
-
-    /// Serves `listener` until `shutdown` is cancelled, then drains.
-    pub async fn run(self, listener: TcpListener, shutdown: CancellationToken) -> io::Result<()> {
-        self.check_exposure(&listener)?;
-        let Self {
-            config,
-            shared,
-            supervisor,
-            sweeper,
-            registry,
-            admin,
-            admission,
-            resp,
-            envoy,
-            tls,
-            publisher,
-        } = self;
-        if let Ok(addr) = listener.local_addr() {
-            shared.node.set_advertise(addr.to_string());
-        }
-        // Events outlive the connections (their last decisions are sent),
-        // so they have their own stop signal, given after the drain.
-        let events_stop = CancellationToken::new();
-        let grace = config.network.shutdown_grace;
-        let publisher = publisher
-            .map(|p| tokio::spawn(p.run(shared.node.status().addr, events_stop.clone(), grace)));
-        let tracker = TaskTracker::new();
-        tracker.spawn(sweeper.run(shutdown.clone()));
-        tracker.spawn(supervisor.run(shutdown.clone()));
-        if let Some(exchange) = shared.node.exchange(shutdown.clone()) {
-            tracker.spawn(exchange);
-        }
-        if !config.rules.poll.is_zero() {
-            tracker.spawn(crate::rules::watch::watch(
-                shared.rules.clone(),
-                config.rules.poll,
-                shutdown.clone(),
-            ));
-        }
-        if let Some(tls) = tls.filter(|_| !config.tls.tls_poll.is_zero()) {
-            tracker.spawn(tls.watch(config.tls.tls_poll, shutdown.clone()));
-        }
-        // The admin server outlives the drain (readyz says "draining"), so
-        // it has its own stop signal, given after the connections are done.
-        let admin_stop = CancellationToken::new();
-        let guard = RequestGuard::new(config.admin.admin_allowed_hosts.clone(), &registry)
-            .map_err(io::Error::other)?;
-        let admin_state = Arc::new(AdminState {
-            shared: shared.clone(),
-            registry,
-            serving: AtomicBool::new(false),
-            max_log_entries: config.store.max_log_entries,
-            auth: AdminAuth::new(&config.auth),
-            guard,
-            max_memory: config.store.max_memory,
-            status_refresh: config.admin.status_refresh,
-        });
-        let admin = admin.map(|l| {
-            let acceptor = shared.tls.clone();
-            tokio::spawn(admin_listener::serve(
-                l,
-                acceptor,
-                admin_state.clone(),
-                admin_stop.clone(),
-            ))
-        });
-        // Release: pairs with the Acquire in readyz, after the set-up above.
-        admin_state.serving.store(true, Ordering::Release);
-
-        let grace = config.network.shutdown_grace;
-        // The drop-in front ends are admitted with the protocol port's
-        // connections: one `--max-connections` and per-address cap for all.
-        if let Some(l) = resp {
-            tracker.spawn(resp::serve(
-                l,
-                shared.clone(),
-                admission.clone(),
-                tracker.clone(),
-                shutdown.clone(),
-            ));
-        }
-        #[cfg(feature = "envoy")]
-        if let Some(l) = envoy {
-            tracker.spawn(envoy::serve(
-                l,
-                shared.clone(),
-                admission.clone(),
-                shutdown.clone(),
-            ));
-        }
-        #[cfg(not(feature = "envoy"))]
-        drop(envoy);
-        let serving = shared.clone();
-        accept_loop(
-            listener,
-            admission,
-            shared.clone(),
-            Answer::Protocol,
-            shutdown.clone(),
-            |stream, peer, ticket| {
-                tracker.spawn(connection::serve(stream, peer, serving.clone(), ticket));
-                std::future::ready(())
-            },
-        )
-        .await;
-
-        tracing::info!(connections = shared.metrics.conns.open.get(), "draining");
-        let lifecycle = &shared.lifecycle;
-        lifecycle.draining.cancel();
-        tracker.close();
-        if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
-            tracing::warn!(
-                remaining = tracker.len(),
-                "shutdown grace period over, closing remaining connections"
-            );
-            lifecycle.abort.cancel();
-            tracker.wait().await;
-        }
-        // No request is served any more: a cluster node gives up its lease
-        // now, so a standby takes over without waiting for it to expire.
-        shared.node.leave().await;
-        events_stop.cancel();
-        if let Some(publisher) = publisher {
-            // The publisher bounds its own drain by the grace period.
-            if tokio::time::timeout(grace * 2, publisher).await.is_err() {
-                tracing::warn!("decision events publisher did not stop in time");
-            }
-        }
-        admin_stop.cancel();
-        if let Some(admin) = admin {
-            if tokio::time::timeout(grace, admin).await.is_err() {
-                tracing::warn!("admin server did not stop in time");
-            }
-        }
-        tracing::info!("stopped");
         Ok(())
     }
 }

@@ -37,8 +37,8 @@ impl ThrottledKeysMetric {
         if self.top == 0 {
             return;
         }
-        let sketch = &shared.throttled;
-        for t in sketch.top(self.top.min(sketch.capacity()), shared.clock.now()) {
+        let sketch = shared.engine.throttled();
+        for t in sketch.top(self.top.min(sketch.capacity()), shared.engine.now()) {
             let key = match std::str::from_utf8(&t.key) {
                 Ok(s) => s.to_owned(),
                 Err(_) => t.key.escape_ascii().to_string(),

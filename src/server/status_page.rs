@@ -84,16 +84,17 @@ impl RuleRow {
 /// and moving slots.
 fn cluster_topology(shared: &Shared) -> Option<ClusterTopology> {
     shared
-        .node
+        .engine
+        .node()
         .cluster_json()
         .is_some()
-        .then(|| shared.node.topology())
+        .then(|| shared.engine.node().topology())
 }
 
 fn snapshot(state: &AdminState) -> Snapshot {
     let shared = &state.shared;
-    let now = shared.clock.now();
-    let rules = shared.rules.current();
+    let now = shared.engine.now();
+    let rules = shared.engine.rules().current();
     let mut rows: Vec<RuleRow> = rules
         .sorted()
         .into_iter()
@@ -114,25 +115,26 @@ fn snapshot(state: &AdminState) -> Snapshot {
             "(in the request)".to_owned(),
             false,
         )
-        .counted(shared.metrics.checks.inline()),
+        .counted(shared.engine.metrics().inline()),
     );
-    let sketch = &shared.throttled;
+    let sketch = shared.engine.throttled();
     let throttled = sketch
         .top(STATUS_TOP_KEYS.min(sketch.capacity()), now)
         .into_iter()
         .map(|t| (printable_key(&t.key), t.denied))
         .collect();
+    let store = shared.engine.store_figures();
     Snapshot {
-        node: shared.node.status(),
+        node: shared.engine.node().status(),
         cluster: cluster_topology(shared),
         rules: rows,
         throttled,
         throttled_window_ms: sketch.window() / NANOS_PER_MS,
-        keys: shared.store.len(),
-        memory: shared.store.memory_bytes(),
+        keys: store.keys,
+        memory: store.memory,
         max_memory: state.max_memory,
-        evicted: shared.store.evicted(),
-        refused: shared.store.refused(),
+        evicted: store.evicted,
+        refused: store.refused,
     }
 }
 

@@ -354,8 +354,8 @@ fn live_entries(tables: &Tables, now: Nanos) -> Vec<(StoredKey, Entry)> {
 mod tests {
     use super::*;
     use crate::algorithm::State;
-    use crate::store::{Mode, StoreConfig};
-    use tollgate_protocol::{Algorithm, Limit, LimitRef, Pair};
+    use crate::store::{Mode, ResolvedPair, StoreConfig};
+    use tollgate_protocol::{Algorithm, Limit};
 
     const S: u64 = 1_000_000_000;
 
@@ -367,30 +367,30 @@ mod tests {
         })
     }
 
-    fn tb(key: &str) -> Pair {
-        Pair {
-            key: Bytes::copy_from_slice(key.as_bytes()),
-            limit: LimitRef::Inline(Limit {
+    fn tb(key: &str) -> ResolvedPair<'_> {
+        ResolvedPair::new(
+            key.as_bytes(),
+            Limit {
                 algorithm: Algorithm::TokenBucket,
                 count: 10,
                 period_ms: 1000,
                 burst: 10,
-            }),
-            cost: 1,
-        }
+            },
+            1,
+        )
     }
 
-    fn fw(key: &str) -> Pair {
-        Pair {
-            key: Bytes::copy_from_slice(key.as_bytes()),
-            limit: LimitRef::Inline(Limit {
+    fn fw(key: &str) -> ResolvedPair<'_> {
+        ResolvedPair::new(
+            key.as_bytes(),
+            Limit {
                 algorithm: Algorithm::FixedWindow,
                 count: 10,
                 period_ms: 1000,
                 burst: 0,
-            }),
-            cost: 1,
-        }
+            },
+            1,
+        )
     }
 
     fn stripe_of(store: &Store, key: &str) -> usize {

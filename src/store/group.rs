@@ -1,4 +1,5 @@
-//! Evaluating one check: an atomic group of (key, limit, cost) pairs; and
+//! Evaluating one check: an atomic group of (key, limit, cost) pairs
+//! ([`ResolvedPair`]: limits resolved, rule names are the engine's business); and
 //! the other writes a client makes: refunds (a check's shape, giving units
 //! back) and lease releases.
 //!
@@ -21,7 +22,24 @@ use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::Ordering;
 use smallvec::SmallVec;
-use tollgate_protocol::{CheckResult, ErrorCode, LimitRef, Pair};
+use tollgate_protocol::{CheckResult, ErrorCode, Limit};
+
+/// One pair of a check as the store takes it: a key, the limit it is
+/// checked against (an inline limit, or the limit of the rule the caller
+/// resolved), and its cost. It borrows its key: building one copies
+/// nothing but the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResolvedPair<'a> {
+    pub key: &'a [u8],
+    pub limit: Limit,
+    pub cost: u32,
+}
+
+impl<'a> ResolvedPair<'a> {
+    pub fn new(key: &'a [u8], limit: Limit, cost: u32) -> Self {
+        Self { key, limit, cost }
+    }
+}
 
 /// Whether a passing check is charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +64,7 @@ enum Op {
 
 impl Store {
     /// Evaluates one check (an atomic group when it has several pairs).
-    pub fn check(&self, pairs: &[Pair], now: Nanos, mode: Mode) -> CheckResult {
+    pub fn check(&self, pairs: &[ResolvedPair<'_>], now: Nanos, mode: Mode) -> CheckResult {
         let spots = self.spots(pairs);
         self.run_group(pairs, &spots, now, Op::Check(mode), None)
     }
@@ -54,13 +72,19 @@ impl Store {
     /// [`Store::check`] of pairs whose spots the caller already has
     /// (`spots[i]` is `pairs[i]`'s, from [`Store::spot`]): the slot and the
     /// hash of each key are not computed again.
-    pub fn check_at(&self, pairs: &[Pair], spots: &[Spot], now: Nanos, mode: Mode) -> CheckResult {
+    pub fn check_at(
+        &self,
+        pairs: &[ResolvedPair<'_>],
+        spots: &[Spot],
+        now: Nanos,
+        mode: Mode,
+    ) -> CheckResult {
         self.run_group(pairs, spots, now, Op::Check(mode), None)
     }
 
     /// The spot of every pair's key.
-    fn spots(&self, pairs: &[Pair]) -> SmallVec<[Spot; 4]> {
-        pairs.iter().map(|p| self.spot(&p.key)).collect()
+    fn spots(&self, pairs: &[ResolvedPair<'_>]) -> SmallVec<[Spot; 4]> {
+        pairs.iter().map(|p| self.spot(p.key)).collect()
     }
 
     /// Gives each pair's `cost` back to its key, atomically for the group,
@@ -68,14 +92,14 @@ impl Store {
     /// Never beyond a full bucket or empty windows; a key without state is
     /// left alone (answered as full). A concurrency pair is refused with
     /// InvalidLimit: leases are given back with [`Store::release`].
-    pub fn refund(&self, pairs: &[Pair], now: Nanos) -> CheckResult {
+    pub fn refund(&self, pairs: &[ResolvedPair<'_>], now: Nanos) -> CheckResult {
         let spots = self.spots(pairs);
         self.run_group(pairs, &spots, now, Op::Refund, None)
     }
 
     /// [`Store::refund`] of pairs whose spots the caller already has (as
     /// for [`Store::check_at`]).
-    pub fn refund_at(&self, pairs: &[Pair], spots: &[Spot], now: Nanos) -> CheckResult {
+    pub fn refund_at(&self, pairs: &[ResolvedPair<'_>], spots: &[Spot], now: Nanos) -> CheckResult {
         self.run_group(pairs, spots, now, Op::Refund, None)
     }
 
@@ -84,7 +108,7 @@ impl Store {
     /// refund beyond what a key holds returns only what it holds).
     pub fn refund_returning(
         &self,
-        pairs: &[Pair],
+        pairs: &[ResolvedPair<'_>],
         spots: &[Spot],
         now: Nanos,
         returned: &mut Returned,
@@ -119,7 +143,7 @@ impl Store {
 
     fn run_group(
         &self,
-        pairs: &[Pair],
+        pairs: &[ResolvedPair<'_>],
         spots: &[Spot],
         now: Nanos,
         op: Op,
@@ -127,10 +151,7 @@ impl Store {
     ) -> CheckResult {
         assert_eq!(pairs.len(), spots.len(), "one spot per pair");
         debug_assert!(
-            pairs
-                .iter()
-                .zip(spots)
-                .all(|(p, &s)| s == self.spot(&p.key)),
+            pairs.iter().zip(spots).all(|(p, &s)| s == self.spot(p.key)),
             "spots of other keys"
         );
         match self.evaluate_group(pairs, spots, now, op, returned) {
@@ -141,11 +162,11 @@ impl Store {
 
     fn evaluate_group(
         &self,
-        pairs: &[Pair],
+        pairs: &[ResolvedPair<'_>],
         spots: &[Spot],
         now: Nanos,
         op: Op,
-        mut returned: Option<&mut Returned>,
+        returned: Option<&mut Returned>,
     ) -> Result<tollgate_protocol::Decision, ErrorCode> {
         let first = spots.first().ok_or(ErrorCode::Malformed)?;
         if pairs.len() > usize::from(u8::MAX) {
@@ -181,22 +202,61 @@ impl Store {
         if clashing_states(pairs, &policies) {
             return Err(ErrorCode::InvalidLimit);
         }
-
         let hashes: SmallVec<[u64; 4]> = spots.iter().map(|s| s.hash).collect();
+        let group = Group {
+            pairs,
+            policies: &policies,
+            hashes: &hashes,
+            now,
+            op,
+        };
         let stripe = self.stripe(slot);
         let mut locked = stripe.lock();
-        let super::Locked { tables, changes } = &mut *locked;
-        let mut decisions: SmallVec<[Decision; 4]> = SmallVec::new();
+        let (decisions, after) = self.evaluate_pairs(&mut locked.tables, &group, returned)?;
+        let all_allowed = decisions.iter().all(|d| d.allowed);
+        let written = if all_allowed {
+            self.write_group(stripe, &mut locked, &group, after)
+        } else {
+            Ok(())
+        };
+        drop(locked);
+        written?;
+        let mut decision = summarize(&decisions, all_allowed);
+        // A lease exists only once its acquire was charged.
+        decision.lease = match op {
+            Op::Check(Mode::Charge) if all_allowed => decisions.iter().find_map(|d| d.lease),
+            _ => None,
+        };
+        Ok(decision)
+    }
+
+    /// Evaluates each pair of `group` against the state left by the pairs
+    /// before it (a key may appear twice in a group), under the stripe's
+    /// lock: the decision of each, and the entry each leaves behind.
+    fn evaluate_pairs(
+        &self,
+        tables: &mut Tables,
+        group: &Group<'_, '_>,
+        mut returned: Option<&mut Returned>,
+    ) -> Result<(Decisions, Afters), ErrorCode> {
+        let Group {
+            pairs,
+            policies,
+            hashes,
+            now,
+            op,
+        } = *group;
+        let mut decisions = Decisions::new();
         // The entry each pair leaves behind, seen by a later pair on the same key.
-        let mut after: SmallVec<[Option<Entry>; 4]> = SmallVec::new();
-        for (i, (pair, policy)) in pairs.iter().zip(&policies).enumerate() {
+        let mut after = Afters::new();
+        for (i, (pair, policy)) in pairs.iter().zip(policies).enumerate() {
             let table = table_for(policy);
             let earlier = (0..i)
                 .rev()
                 .find(|&j| pairs[j].key == pair.key && table_for(&policies[j]) == table);
             let current = match earlier {
                 Some(j) => after[j].clone(),
-                None => tables.live(table, hashes[i], &pair.key, now, &self.expired_on_access),
+                None => tables.live(table, hashes[i], pair.key, now, &self.expired_on_access),
             };
             let state = current.as_ref().map(|e| &e.state);
             let verdict = match op {
@@ -218,64 +278,86 @@ impl Store {
             });
             decisions.push(verdict.decision);
         }
+        Ok((decisions, after))
+    }
 
-        let all_allowed = decisions.iter().all(|d| d.allowed);
-        let writes = matches!(op, Op::Check(Mode::Charge) | Op::Refund);
-        if all_allowed && !writes {
+    /// The end of a group whose every pair passed, under the stripe's
+    /// lock: a peek only asks whether its new keys would fit; a charge or
+    /// a refund makes room for them and writes what each pair left behind.
+    fn write_group(
+        &self,
+        stripe: &super::Stripe,
+        locked: &mut super::Locked,
+        group: &Group<'_, '_>,
+        after: Afters,
+    ) -> Result<(), ErrorCode> {
+        let super::Locked { tables, changes } = locked;
+        let Group {
+            pairs,
+            policies,
+            hashes,
+            now,
+            op,
+        } = *group;
+        let written = pairs
+            .iter()
+            .zip(&after)
+            .zip(hashes)
+            .filter_map(|((p, e), &hash)| e.as_ref().map(|e| (p.key, e, hash)));
+        if op == Op::Check(Mode::Peek) {
             // A peek answers what the check would: StoreFull when the check
             // could not take its new keys (nothing is evicted for a peek).
-            let keys = pairs.iter().map(|p| &p.key[..]);
-            let (_, room) = self.make_room(tables, keys, &after, &hashes, now, Room::Ask);
-            room?;
+            return self.make_room(tables, written, now, Mode::Peek).1;
         }
-        if all_allowed && writes {
-            let keys = pairs.iter().map(|p| &p.key[..]);
-            let (evicted, room) = self.make_room(tables, keys, &after, &hashes, now, Room::Make);
-            if evicted > 0 {
-                // Evicted keys are not in any log: the standby gets the
-                // whole stripe (evictions come in batches of 1/8 of it),
-                // also when the check is refused after all.
-                self.record_eviction(stripe, changes);
-            }
-            room?;
-            for (((pair, entry), &hash), policy) in
-                pairs.iter().zip(after).zip(&hashes).zip(&policies)
-            {
-                let Some(entry) = entry else { continue };
-                if entry.expires_at <= now {
-                    // Refunded back to nothing: nothing left to keep.
-                    tables.remove(table_for(policy), hash, &pair.key);
-                } else {
-                    tables.put_hinted(&self.hasher, hash, &pair.key, entry, policy.window());
-                }
-                // Under the lock already held: no extra lock per check.
-                self.record_change(stripe, changes, &pair.key);
-            }
+        let (evicted, room) = self.make_room(tables, written, now, Mode::Charge);
+        if evicted > 0 {
+            // Evicted keys are not in any log: the standby gets the
+            // whole stripe (evictions come in batches of 1/8 of it),
+            // also when the check is refused after all.
+            self.record_eviction(stripe, changes);
         }
-        drop(locked);
-        let mut decision = summarize(&decisions, all_allowed);
-        // A lease exists only once its acquire was charged.
-        decision.lease = match op {
-            Op::Check(Mode::Charge) if all_allowed => decisions.iter().find_map(|d| d.lease),
-            _ => None,
-        };
-        Ok(decision)
+        room?;
+        for (((pair, entry), &hash), policy) in pairs.iter().zip(after).zip(hashes).zip(policies) {
+            let Some(entry) = entry else { continue };
+            if entry.expires_at <= now {
+                // Refunded back to nothing: nothing left to keep.
+                tables.remove(table_for(policy), hash, pair.key);
+            } else {
+                tables.put_hinted(&self.hasher, hash, pair.key, entry, policy.window());
+            }
+            // Under the lock already held: no extra lock per check.
+            self.record_change(stripe, changes, pair.key);
+        }
+        Ok(())
     }
 }
 
+/// One group under evaluation: its pairs, their policies and hashes, the
+/// time, and what is done to them.
+struct Group<'g, 'k> {
+    pairs: &'g [ResolvedPair<'k>],
+    policies: &'g [Policy],
+    hashes: &'g [u64],
+    now: Nanos,
+    op: Op,
+}
+
+/// The decision of each pair of a group.
+type Decisions = SmallVec<[Decision; 4]>;
+
+/// The entry each pair of a group leaves behind (None: none, or the key's
+/// unchanged).
+type Afters = SmallVec<[Option<Entry>; 4]>;
+
 impl Store {
     /// The policy of one pair, or why the group is refused: a cost of 0 or
-    /// an invalid limit is InvalidLimit, a rule name UnknownRule.
-    fn policy_of(&self, pair: &Pair) -> Result<Policy, ErrorCode> {
+    /// an invalid limit is InvalidLimit.
+    fn policy_of(&self, pair: &ResolvedPair<'_>) -> Result<Policy, ErrorCode> {
         if pair.cost == 0 {
             return Err(ErrorCode::InvalidLimit);
         }
-        // Named rules are resolved to inline limits by the caller (the
-        // server's rule set); the store holds no configuration.
-        let LimitRef::Inline(limit) = &pair.limit else {
-            return Err(ErrorCode::UnknownRule);
-        };
-        Policy::from_limit_with(limit, self.max_log_entries).map_err(|_| ErrorCode::InvalidLimit)
+        Policy::from_limit_with(&pair.limit, self.max_log_entries)
+            .map_err(|_| ErrorCode::InvalidLimit)
     }
 
     /// The common case, a single token-bucket pair with no memory cap: one
@@ -283,7 +365,7 @@ impl Store {
     /// general path (the store tests run through both).
     fn check_one_bucket(
         &self,
-        pair: &Pair,
+        pair: &ResolvedPair<'_>,
         policy: &Policy,
         spot: Spot,
         now: Nanos,
@@ -297,7 +379,7 @@ impl Store {
         let verdict = tables.bucket_in_place(
             &self.hasher,
             hash,
-            &pair.key,
+            pair.key,
             now,
             charge,
             &self.expired_on_access,
@@ -305,28 +387,28 @@ impl Store {
         );
         if charge && verdict.decision.allowed {
             // Under the lock already held, as on the general path.
-            self.record_change(stripe, changes, &pair.key);
+            self.record_change(stripe, changes, pair.key);
         }
         drop(locked);
         verdict.decision.to_wire(0)
     }
 
-    /// Before a charge adds keys, keeps the stripe within its memory share
-    /// (see `Tables::make_room`). A refusal is `StoreFull` and, like every
-    /// error, charges nothing. Returns how many live entries were evicted,
-    /// refused or not (the caller records them for the standby either
-    /// way), and whether the room was made.
-    /// With [`Room::Ask`] (a peek) it only answers whether the charge would
-    /// be refused: expired entries may go, live ones never, and nothing is
-    /// counted.
+    /// Before a write adds keys (`written`: each key, the entry it is to
+    /// hold, its hash), keeps the stripe within its memory share
+    /// (`Tables::make_room`, for each place the keys go to). A refusal is
+    /// `StoreFull` and, like every error, charges nothing. Returns how many
+    /// live entries were evicted, refused or not (the caller records them
+    /// for the standby either way), and whether the room was made.
+    /// With [`Mode::Peek`] it only answers whether the charge would be
+    /// refused: expired entries may go, live ones never, and nothing is
+    /// counted ([`Mode::Charge`]: a charge, a refund or an update, which
+    /// all write).
     pub(super) fn make_room<'k>(
         &self,
         tables: &mut Tables,
-        keys: impl Iterator<Item = &'k [u8]> + Clone,
-        after: &[Option<Entry>],
-        hashes: &[u64],
+        written: impl Iterator<Item = (&'k [u8], &'k Entry, u64)> + Clone,
         now: Nanos,
-        room: Room,
+        mode: Mode,
     ) -> (usize, Result<(), ErrorCode>) {
         if self.stripe_budget == usize::MAX {
             return (0, Ok(()));
@@ -334,8 +416,7 @@ impl Store {
         let mut evicted = 0;
         for place in Place::ALL {
             let (mut new, mut heap) = (0, 0);
-            for ((key, entry), &hash) in keys.clone().zip(after).zip(hashes) {
-                let Some(entry) = entry else { continue };
+            for (key, entry, hash) in written.clone() {
                 if Place::of(key, entry) == place && tables.is_new(hash, key, entry) {
                     new += 1;
                     heap += StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
@@ -347,9 +428,9 @@ impl Store {
                 (new, heap),
                 (self.stripe_budget, self.on_full),
                 now,
-                room == Room::Ask,
+                mode == Mode::Peek,
             );
-            if room == Room::Ask {
+            if mode == Mode::Peek {
                 if !made.granted {
                     return (0, Err(ErrorCode::StoreFull));
                 }
@@ -368,19 +449,12 @@ impl Store {
     }
 }
 
-/// Whether a charge makes room for its new keys or only asks if it could.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Room {
-    Make,
-    Ask,
-}
-
 /// Whether two pairs of the group name one key with two different
 /// algorithms other than the token bucket. A key holds one token bucket and
 /// one state of any other algorithm, so the second pair's state would
 /// replace the first's and the first charge would be lost: such a group is
 /// refused (InvalidLimit) instead. Groups are small (`max_group`).
-fn clashing_states(pairs: &[Pair], policies: &[Policy]) -> bool {
+fn clashing_states(pairs: &[ResolvedPair<'_>], policies: &[Policy]) -> bool {
     let others = || {
         pairs
             .iter()

@@ -100,7 +100,8 @@ impl Store {
                 continue;
             }
             if tables.is_new(hash, &write.key, &merged) {
-                let room = self.room_for(tables, changes, stripe, &write.key, &merged, now);
+                let room =
+                    self.room_for((tables, changes), stripe, (&write.key, hash), &merged, now);
                 if let Err(AbsorbError::StoreFull) = room {
                     if changed {
                         self.record_change(stripe, changes, &write.key);

@@ -35,7 +35,7 @@ use tollgate_protocol::Algorithm;
 
 use changes::ChangeLog;
 pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
-pub use group::{Mode, Returned};
+pub use group::{Mode, ResolvedPair, Returned};
 pub use key::StoredKey;
 pub use merge::MergeRefused;
 pub use remote::{AbsorbError, RemoteUsage};

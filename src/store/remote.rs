@@ -13,12 +13,10 @@
 //! charges what it is given (the regions layer applies each report once).
 
 use super::group::table_for;
-use super::tables::Place;
-use super::{Entry, Locked, Store, StoredKey};
+use super::{Entry, Locked, Mode, Store};
 use crate::algorithm::{InvalidLimit, Policy};
 use crate::clock::Nanos;
 use crate::slot::Slot;
-use crate::sync::Ordering;
 use tollgate_protocol::Limit;
 
 /// One key's usage under one limit, made in another region since its
@@ -91,7 +89,7 @@ impl Store {
         match entry {
             Some(entry) => {
                 if tables.is_new(hash, key, &entry) {
-                    self.room_for(tables, changes, stripe, key, &entry, now)?;
+                    self.room_for((tables, changes), stripe, (key, hash), &entry, now)?;
                 }
                 tables.put(&self.hasher, hash, key, entry);
             }
@@ -104,49 +102,31 @@ impl Store {
     }
 
     /// Makes room for a new key's `entry` within the stripe's memory share,
-    /// as a check adding a key would (evicting or refusing by policy).
-    /// Also what a HANDOFF's merge of a new key asks (`merge.rs`).
+    /// as a check adding a key would ([`Store::make_room`]: evicting or
+    /// refusing by policy). Also what a HANDOFF's merge of a new key asks
+    /// (`merge.rs`).
     pub(super) fn room_for(
         &self,
-        tables: &mut super::Tables,
-        changes: &mut super::ChangeLog,
+        (tables, changes): (&mut super::Tables, &mut super::ChangeLog),
         stripe: &super::Stripe,
-        key: &[u8],
+        (key, hash): (&[u8], u64),
         entry: &Entry,
         now: Nanos,
     ) -> Result<(), AbsorbError> {
-        if self.stripe_budget == usize::MAX {
-            return Ok(());
-        }
-        let heap = StoredKey::new(key).heap_bytes() + entry.state.heap_bytes();
-        let room = tables.make_room(
-            &self.hasher,
-            Place::of(key, entry),
-            (1, heap),
-            (self.stripe_budget, self.on_full),
-            now,
-            false,
-        );
-        // Relaxed: statistics.
-        self.evicted
-            .fetch_add(room.evicted as u64, Ordering::Relaxed);
-        if room.evicted > 0 {
+        let written = std::iter::once((key, entry, hash));
+        let (evicted, room) = self.make_room(tables, written, now, Mode::Charge);
+        if evicted > 0 {
             self.record_eviction(stripe, changes);
         }
-        if !room.granted {
-            self.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(AbsorbError::StoreFull);
-        }
-        Ok(())
+        room.map_err(|_| AbsorbError::StoreFull)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Drained, Mode, StoreConfig};
-    use bytes::Bytes;
-    use tollgate_protocol::{Algorithm, CheckResult, Pair};
+    use crate::store::{Drained, Mode, ResolvedPair, StoreConfig};
+    use tollgate_protocol::{Algorithm, CheckResult};
 
     const MS: u64 = 1_000_000;
     const S: u64 = 1_000 * MS;
@@ -161,8 +141,8 @@ mod tests {
     }
 
     fn remaining(store: &Store, key: &str, limit: Limit, now: Nanos) -> u64 {
-        let pair = Pair::inline(Bytes::copy_from_slice(key.as_bytes()), limit, 1);
-        match store.check(&[pair], now, Mode::Peek) {
+        let check = ResolvedPair::new(key.as_bytes(), limit, 1);
+        match store.check(&[check], now, Mode::Peek) {
             CheckResult::Decision(d) => d.remaining,
             CheckResult::Error(e) => panic!("{e}"),
         }
@@ -193,9 +173,9 @@ mod tests {
                 .unwrap());
             assert_eq!(remaining(&s, &key, l, now), 5, "{l:?}");
             // Local checks add to it.
-            let pair = Pair::inline(Bytes::from(key.clone().into_bytes()), l, 2);
+            let check = ResolvedPair::new(key.as_bytes(), l, 2);
             assert!(
-                matches!(s.check(&[pair], now, Mode::Charge), CheckResult::Decision(d) if d.allowed)
+                matches!(s.check(&[check], now, Mode::Charge), CheckResult::Decision(d) if d.allowed)
             );
             assert_eq!(remaining(&s, &key, l, now), 3);
             // A refund made there gives units back here.

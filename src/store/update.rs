@@ -9,9 +9,8 @@
 //! live state the key holds in the table of non-bucket states (None: none
 //! or expired) and says what to keep.
 
-use super::group::Room;
 use super::tables::Table;
-use super::{Entry, Locked, Store};
+use super::{Entry, Locked, Mode, Store};
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use tollgate_protocol::ErrorCode;
@@ -55,15 +54,8 @@ impl Store {
         // Room for a new key, or for a state moving to another table (a
         // counter written over a leaky bucket); `make_room` counts only
         // what adds an entry.
-        let after = [Some(entry.clone())];
-        let (evicted, room) = self.make_room(
-            tables,
-            std::iter::once(key),
-            &after,
-            &[hash],
-            now,
-            Room::Make,
-        );
+        let written = std::iter::once((key, &entry, hash));
+        let (evicted, room) = self.make_room(tables, written, now, Mode::Charge);
         if evicted > 0 {
             // Refused or not, the standby must hear of them.
             self.record_eviction(stripe, changes);
@@ -119,19 +111,19 @@ mod tests {
 
     #[test]
     fn a_token_bucket_of_the_same_key_is_left_alone() {
-        use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair};
+        use crate::store::ResolvedPair;
+        use tollgate_protocol::{Algorithm, CheckResult, Limit};
         let store = Store::new(StoreConfig::default());
-        let pair = Pair {
-            key: bytes::Bytes::from_static(b"k"),
-            limit: Limit {
+        let pair = ResolvedPair::new(
+            b"k",
+            Limit {
                 algorithm: Algorithm::TokenBucket,
                 count: 1,
                 period_ms: 1000,
                 burst: 1,
-            }
-            .into(),
-            cost: 1,
-        };
+            },
+            1,
+        );
         let now = 1_000_000_000;
         assert!(matches!(
             store.check(&[pair], now, crate::store::Mode::Charge),

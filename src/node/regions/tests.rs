@@ -2,9 +2,9 @@
 //! skipped, the ceiling limit, and when a region counts as cut off.
 
 use super::*;
-use crate::store::{Mode, StoreConfig};
+use crate::store::{Mode, ResolvedPair, StoreConfig};
 use std::sync::Arc;
-use tollgate_protocol::{Algorithm, CheckResult, Pair, UsageEntry};
+use tollgate_protocol::{Algorithm, CheckResult, UsageEntry};
 
 const MS: u64 = 1_000_000;
 const T0: Nanos = 1_000_000 * MS;
@@ -55,8 +55,8 @@ fn report(region: &str, session: u64, seq: u64, charged: u64, rule: &str) -> Usa
 }
 
 fn remaining(r: &Regions) -> u64 {
-    let pair = Pair::inline(Bytes::from_static(b"k"), bucket(), 1);
-    match r.store.check(&[pair], T0, Mode::Peek) {
+    let check = ResolvedPair::new(b"k", bucket(), 1);
+    match r.store.check(&[check], T0, Mode::Peek) {
         CheckResult::Decision(d) => d.remaining,
         CheckResult::Error(e) => panic!("{e}"),
     }

@@ -9,7 +9,7 @@ fn the_example_rules_file_loads() {
     assert_eq!(rules.len(), 9);
     for algorithm in tollgate_protocol::Algorithm::ALL {
         assert!(
-            rules.iter().any(|r| r.algorithm.wire() == algorithm),
+            rules.iter().any(|r| r.algorithm == algorithm),
             "no {} rule",
             algorithm.name()
         );

@@ -32,30 +32,35 @@ const RESERVED_NAMES: [&str; 2] = [INLINE_LABEL, "reload"];
 /// Largest rules file read, in bytes.
 pub const MAX_RULES_FILE_LEN: u64 = 1 << 20;
 
-/// Algorithm names in rules files (the CLI's `--algorithm` names, the
-/// protocol's [`Algorithm::name`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum AlgorithmName {
-    #[default]
-    TokenBucket,
-    SlidingWindow,
-    FixedWindow,
-    SlidingLog,
-    LeakyBucket,
-    Concurrency,
-}
+/// `algorithm` in rules files and PUT bodies: the wire algorithm by its
+/// name ([`Algorithm::name`], the CLI's `--algorithm` names), token-bucket
+/// when left out.
+mod algorithm_name {
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+    use tollgate_protocol::Algorithm;
 
-impl AlgorithmName {
-    pub fn wire(self) -> Algorithm {
-        match self {
-            Self::TokenBucket => Algorithm::TokenBucket,
-            Self::SlidingWindow => Algorithm::SlidingWindow,
-            Self::FixedWindow => Algorithm::FixedWindow,
-            Self::SlidingLog => Algorithm::SlidingLog,
-            Self::LeakyBucket => Algorithm::LeakyBucket,
-            Self::Concurrency => Algorithm::Concurrency,
-        }
+    /// Every name, in the order an unknown one's error lists them.
+    pub(super) const NAMES: &[&str] = &[
+        "token-bucket",
+        "sliding-window",
+        "fixed-window",
+        "sliding-log",
+        "leaky-bucket",
+        "concurrency",
+    ];
+
+    pub fn serialize<S: Serializer>(algorithm: &Algorithm, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(algorithm.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Algorithm, D::Error> {
+        let name = String::deserialize(d)?;
+        Algorithm::from_name(&name).ok_or_else(|| D::Error::unknown_variant(&name, NAMES))
+    }
+
+    pub fn token_bucket() -> Algorithm {
+        Algorithm::TokenBucket
     }
 }
 
@@ -97,8 +102,8 @@ pub struct RuleSpec {
     pub name: String,
     /// `token-bucket` (default), `sliding-window`, `fixed-window`,
     /// `sliding-log`, `leaky-bucket` or `concurrency`.
-    #[serde(default)]
-    pub algorithm: AlgorithmName,
+    #[serde(default = "algorithm_name::token_bucket", with = "algorithm_name")]
+    pub algorithm: Algorithm,
     /// Sustained rate, `COUNT/PERIOD`: `100/s`, `5000/min`, `50/10s`. For
     /// `concurrency`, `N/TTL`: at most N in flight, each lease living TTL
     /// unless released (`8/30s`).
@@ -191,7 +196,7 @@ impl RuleSpec {
         if self.default_cost == 0 {
             return Err(RuleError::ZeroCost { name: name() });
         }
-        let algorithm = self.algorithm.wire();
+        let algorithm = self.algorithm;
         // The one reading of rule fields, shared with clients that fetch
         // the rule table (PROTOCOL.md §5 numbers, as `tollgate check` builds
         // them from the same flags).

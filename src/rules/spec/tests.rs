@@ -142,11 +142,6 @@ rules:
             (Algorithm::Concurrency, 8, 30_000, 0),
         ]
     );
-    // The names are the protocol's.
-    for r in &rules {
-        let wire = r.algorithm.wire();
-        assert_eq!(Algorithm::from_name(wire.name()), Some(wire));
-    }
 }
 
 #[test]
@@ -245,5 +240,22 @@ fn global_rules_list_valid_regions_and_a_shareable_algorithm() {
             "rules:\n  - name: g\n    algorithm: {algorithm}\n    rate: 5/s\n    global: [us]\n"
         ));
         assert!(e.reason.contains("cannot be global"), "{algorithm}: {e}");
+    }
+}
+
+#[test]
+fn every_algorithm_has_its_name_in_rules_files() {
+    let mut names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+    let mut listed = algorithm_name::NAMES.to_vec();
+    names.sort_unstable();
+    listed.sort_unstable();
+    assert_eq!(names, listed);
+    for algorithm in Algorithm::ALL {
+        let yaml = format!(
+            "rules:\n  - {{name: a, rate: 1/s, algorithm: {}}}\n",
+            algorithm.name()
+        );
+        let specs = parse(&yaml).expect("a known name");
+        assert_eq!(specs[0].algorithm, algorithm);
     }
 }

@@ -11,8 +11,7 @@
 //! like any other request.
 
 use super::{Connection, Flow, Replicate};
-use crate::server::auth::Privilege;
-use crate::server::check;
+use crate::engine::{Privilege, UsageError};
 use tollgate_protocol::{
     ErrorCode, ReplRequest, ReplResponse, Request, RequestId, Response, UsageReport, NONCE_LEN,
     PROTOCOL_VERSION,
@@ -22,15 +21,8 @@ impl Connection {
     /// REPLICATE, REPL_ACK, PROMOTE, STATUS, HANDOFF.
     pub(super) fn replication(&mut self, id: RequestId, request: ReplRequest) -> Flow {
         let shared = self.shared.clone();
-        let node = &shared.node;
-        let control = match &request {
-            ReplRequest::Replicate { .. } => Some("REPLICATE"),
-            ReplRequest::Promote => Some("PROMOTE"),
-            ReplRequest::Handoff { .. } => Some("HANDOFF"),
-            ReplRequest::Status { announce: Some(_) } => Some("a STATUS announce"),
-            ReplRequest::Status { announce: None } | ReplRequest::Ack { .. } => None,
-        };
-        if let (Some(what), false) = (control, self.privilege == Privilege::Node) {
+        let node = shared.engine.node();
+        if let (Some(what), false) = (node_only(&request), self.privilege == Privilege::Node) {
             tracing::warn!(
                 peer = %self.peer, client = %self.client_name, request = what, privilege = ?self.privilege,
                 "node-to-node request from a client or region connection refused"
@@ -153,9 +145,9 @@ impl Connection {
         self.privilege = privilege;
         // A peer region's own secret: the connection speaks for it alone.
         self.usage_region = region;
-        self.owner = self.shared.retries.owner(privilege, given);
+        self.owner = self.shared.engine.owner(privilege, given);
         self.client_name = client_name;
-        let greeting = self.shared.node.greeting();
+        let greeting = self.shared.engine.node().greeting();
         let hello = Response::HelloOk {
             version: PROTOCOL_VERSION,
             role: greeting.role,
@@ -186,10 +178,12 @@ impl Connection {
     /// refused.
     pub(super) fn usage(&mut self, id: RequestId, report: &UsageReport) -> Flow {
         let shared = &*self.shared;
-        match check::receive_usage(shared, self.privilege, &mut self.usage_region, report) {
+        let own_secret = shared.auth.region_has_own_secret(&report.region);
+        let engine = &shared.engine;
+        match engine.receive_usage(self.privilege, own_secret, &mut self.usage_region, report) {
             Ok(ack) => self.respond(id, &Response::UsageOk(ack)),
-            Err(check::UsageError::Node(refusal)) => self.refuse(id, &refusal),
-            Err(check::UsageError::Error(code, message)) => self.error(id, code, &message),
+            Err(UsageError::Node(refusal)) => self.refuse(id, &refusal),
+            Err(UsageError::Error(code, message)) => self.error(id, code, &message),
         }
         Flow::Continue
     }
@@ -202,5 +196,17 @@ impl Connection {
             request,
             Request::Usage(_) | Request::Ping | Request::Hello { .. } | Request::NodeChallenge
         )
+    }
+}
+
+/// The name of a request only another node of the cluster may send (None:
+/// any connection may).
+fn node_only(request: &ReplRequest) -> Option<&'static str> {
+    match request {
+        ReplRequest::Replicate { .. } => Some("REPLICATE"),
+        ReplRequest::Promote => Some("PROMOTE"),
+        ReplRequest::Handoff { .. } => Some("HANDOFF"),
+        ReplRequest::Status { announce: Some(_) } => Some("a STATUS announce"),
+        ReplRequest::Status { announce: None } | ReplRequest::Ack { .. } => None,
     }
 }

@@ -45,14 +45,12 @@ mod write;
 use wait::Woke;
 pub(super) use write::{write_out, WriteError};
 
+use crate::engine::{Mode, Privilege, Verb};
 use crate::node::{Access, Gate, Handover, Refusal};
 use crate::server::admission::Ticket;
-use crate::server::auth::Privilege;
-use crate::server::budget::{ReadBuffer, Room};
-use crate::server::check::{self, Verb};
+use crate::server::budget::ReadBuffer;
 use crate::server::conn_metrics::OpenConnection;
 use crate::server::Shared;
-use crate::store::Mode;
 use crate::tls::Socket;
 use bytes::BytesMut;
 use std::net::SocketAddr;
@@ -129,7 +127,7 @@ struct Connection {
     usage_region: Option<String>,
     /// Whom this connection's remembered CHECK2 answers belong to (what
     /// its HELLO authenticated with).
-    owner: crate::server::dedup::Owner,
+    owner: crate::engine::Owner,
     /// The nonce of this connection's NODE_CHALLENGE, which its HELLO must
     /// prove a node secret over.
     challenge: Option<[u8; tollgate_protocol::NONCE_LEN]>,
@@ -242,7 +240,7 @@ async fn hand_over(mut conn: Connection, r: Replicate) {
     let shared = conn.shared;
     tokio::select! {
         _ = shared.lifecycle.draining.cancelled() => {}
-        taken = shared.node.hand_over(handover) => {
+        taken = shared.engine.node().hand_over(handover) => {
             if !taken {
                 tracing::debug!(peer = %conn.peer, "replication task gone; connection dropped");
             }
@@ -275,7 +273,7 @@ impl Connection {
             self.flush().await?;
 
             let (deadline, on_timeout) = self.read_deadline(opened);
-            if let Room::Short(needed) = self.rbuf.make_room() {
+            if let Err(needed) = self.rbuf.room_to_read() {
                 // Read nothing more until the frame has memory: its bytes
                 // wait in the kernel.
                 tokio::select! {
@@ -420,18 +418,9 @@ impl Connection {
             return Flow::Continue;
         }
         let shared = &*self.shared;
-        let access = match &request {
-            Request::Check(_)
-            | Request::Check2(_)
-            | Request::Refund(_)
-            | Request::Release(_)
-            | Request::Reset(_) => Some(Access::Write),
-            Request::Peek(_) => Some(Access::Read),
-            _ => None,
-        };
         // The node admits the access, then its gate screens the request's
         // slots (cluster mode: MOVED, TryAgain; PROTOCOL.md §14).
-        let gate = match access.map(|a| shared.node.admit(a)) {
+        let gate = match access_of(&request).map(|a| shared.engine.node().admit(a)) {
             None => Gate::All,
             Some(Ok(gate)) => gate,
             Some(Err(refusal)) => {
@@ -457,28 +446,21 @@ impl Connection {
             // Outside a cluster: one shard owning every slot (PROTOCOL.md §14).
             Request::Topology => encode_response(
                 id,
-                &Response::Topology(shared.node.topology()),
+                &Response::Topology(shared.engine.node().topology()),
                 &mut self.wbuf,
             ),
-            Request::Check(batch) => check::answer(
-                shared,
-                id,
-                &batch,
-                Verb::Check(Mode::Charge),
-                &gate,
-                &mut self.wbuf,
-            ),
-            Request::Peek(batch) => check::answer(
-                shared,
-                id,
-                &batch,
-                Verb::Check(Mode::Peek),
-                &gate,
-                &mut self.wbuf,
-            ),
+            Request::Check(batch) => {
+                shared
+                    .engine
+                    .answer(id, &batch, Verb::Check(Mode::Charge), &gate, &mut self.wbuf)
+            }
+            Request::Peek(batch) => {
+                shared
+                    .engine
+                    .answer(id, &batch, Verb::Check(Mode::Peek), &gate, &mut self.wbuf)
+            }
             // Backlog for shedding: bytes received behind it, not answered.
-            Request::Check2(batch) => check::answer_tagged(
-                shared,
+            Request::Check2(batch) => shared.engine.answer_tagged(
                 id,
                 &batch,
                 self.owner,
@@ -487,14 +469,15 @@ impl Connection {
                 &mut self.wbuf,
             ),
             Request::Reset(keys) => {
-                let now = shared.clock.now();
-                let removed = keys.iter().filter(|k| shared.store.remove(k, now)).count();
-                encode_response(id, &Response::ResetDone(removed as u32), &mut self.wbuf)
+                let removed = shared.engine.reset(&keys);
+                encode_response(id, &Response::ResetDone(removed), &mut self.wbuf)
             }
             Request::Refund(batch) => {
-                check::answer(shared, id, &batch, Verb::Refund, &gate, &mut self.wbuf)
+                shared
+                    .engine
+                    .answer(id, &batch, Verb::Refund, &gate, &mut self.wbuf)
             }
-            Request::Release(leases) => check::release(shared, id, &leases, &mut self.wbuf),
+            Request::Release(leases) => shared.engine.release(id, &leases, &mut self.wbuf),
             Request::Usage(report) => return self.usage(id, &report),
         };
         // Unreachable with batches bounded by max_batch; answered, not panicked.
@@ -525,7 +508,7 @@ impl Connection {
     }
 
     fn error(&mut self, id: RequestId, code: ErrorCode, message: &str) {
-        self.shared.metrics.errors.count(code);
+        self.shared.engine.errors().count(code);
         let response = Response::Error {
             code,
             message: message.to_owned(),
@@ -559,7 +542,7 @@ impl Connection {
             }
             self.flush().await?;
             // A frame still waiting for memory is not answered.
-            if self.rbuf.make_room() != Room::Ready {
+            if self.rbuf.room_to_read().is_err() {
                 break;
             }
             tokio::select! {
@@ -587,5 +570,20 @@ impl From<WriteError> for ConnError {
             WriteError::Io(e) => Self::Io(e),
             WriteError::Timeout(t) => Self::WriteTimeout(t),
         }
+    }
+}
+
+/// What a request asks of the node: to write (a charge, a refund, a
+/// release, a reset), to read (a peek), or nothing it admits (handshake,
+/// control, node requests).
+fn access_of(request: &Request) -> Option<Access> {
+    match request {
+        Request::Check(_)
+        | Request::Check2(_)
+        | Request::Refund(_)
+        | Request::Release(_)
+        | Request::Reset(_) => Some(Access::Write),
+        Request::Peek(_) => Some(Access::Read),
+        _ => None,
     }
 }

@@ -8,7 +8,7 @@
 //!   -> tonic (HTTP/2) -> gate.rs (token, on the headers)
 //!   -> ShouldRateLimit -> service.rs: keys screened by the node (route.rs:
 //!      cluster mode's MOVED/TryAgain), each descriptor to a named rule
-//!      -> check::check_one -> statuses + x-ratelimit-*
+//!      -> Engine::check_one -> statuses + x-ratelimit-*
 //! ```
 //!
 //! Invariants:

@@ -31,11 +31,10 @@ use super::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use super::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use super::route;
 use crate::clock::Nanos;
+use crate::engine::Mode;
 use crate::node::Access;
 use crate::rules::RuleSet;
-use crate::server::check::check_one;
 use crate::server::Shared;
-use crate::store::Mode;
 use bytes::Bytes;
 use std::sync::Arc;
 use tollgate_protocol::{Algorithm, CheckResult, Decision, Limit, LimitRef, Pair, RuleName};
@@ -76,7 +75,8 @@ impl RateLimitService for Rls {
         // The token was checked on the headers (gate.rs).
         let shared = &self.shared;
         let gate = shared
-            .node
+            .engine
+            .node()
             .admit(Access::Write)
             .map_err(|r| route::refused(&r, self.port))?;
         let request = request.into_inner();
@@ -100,8 +100,8 @@ impl RateLimitService for Rls {
             .map(|(i, d)| key_of(&request.domain, i, d, max_key))
             .collect::<Result<Vec<_>, _>>()?;
         route::screen(&gate, keys.iter().map(|k| k.as_bytes()), self.port)?;
-        let rules = shared.rules.current();
-        let now = shared.clock.now();
+        let rules = shared.engine.rules().current();
+        let now = shared.engine.now();
         let call = Call {
             shared,
             rules: &rules,
@@ -199,7 +199,11 @@ impl Call<'_> {
             },
             cost,
         };
-        let d = match check_one(self.shared, self.rules, self.now, &[pair], Mode::Charge) {
+        let d = match self
+            .shared
+            .engine
+            .check_one(self.rules, self.now, &[pair], Mode::Charge)
+        {
             CheckResult::Decision(d) => d,
             CheckResult::Error(code) => {
                 self.shared.metrics.frontends.envoy.count(None);

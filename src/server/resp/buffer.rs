@@ -47,7 +47,7 @@ impl CommandBuffer {
     /// Makes room for the next read (call after the complete commands are
     /// taken). Err: the budget lacks this many bytes for the unfinished
     /// command to grow; nothing was allocated.
-    pub fn make_room(&mut self) -> Result<(), usize> {
+    pub fn room_to_read(&mut self) -> Result<(), usize> {
         let len = self.buf.len();
         if self.held.bytes() > 0 && len + MIN_SPARE <= READ_BUFFER {
             // Back to small commands: a fresh own buffer, the large one
@@ -122,30 +122,30 @@ mod tests {
         let mut other = CommandBuffer::new(budget.clone());
         // Small commands never touch the budget.
         b.buf.put_bytes(b'x', READ_BUFFER - 2000);
-        b.make_room().unwrap();
+        b.room_to_read().unwrap();
         assert_eq!(b.held.bytes(), 0);
         // Growing past the own bytes: the capacity beyond them is held.
         b.buf.put_bytes(b'x', 1900);
-        b.make_room().unwrap();
+        b.room_to_read().unwrap();
         assert_eq!(b.buf.capacity() - READ_BUFFER, b.held.bytes());
         assert!(b.held.bytes() > 0);
-        while b.make_room().is_ok() && b.buf.len() < 200 * 1024 {
+        while b.room_to_read().is_ok() && b.buf.len() < 200 * 1024 {
             let room = b.buf.capacity() - b.buf.len();
             b.buf.put_bytes(b'x', room);
         }
         // The budget (256 KiB) runs out: refused, nothing allocated.
         let before = b.buf.capacity();
-        let lacking = b.make_room().unwrap_err();
+        let lacking = b.room_to_read().unwrap_err();
         assert!(lacking > 0);
         assert_eq!(b.buf.capacity(), before);
-        assert!(other.make_room().is_ok(), "small buffers need no budget");
+        assert!(other.room_to_read().is_ok(), "small buffers need no budget");
         // The command is taken: back to the own bytes, budget given back.
         let _command = b.buf.split();
-        b.make_room().unwrap();
+        b.room_to_read().unwrap();
         assert_eq!(b.held.bytes(), 0);
         assert_eq!(b.buf.capacity(), READ_BUFFER);
         other.buf.put_bytes(b'y', 100_000);
-        other.make_room().unwrap();
+        other.room_to_read().unwrap();
         other.clear();
         assert_eq!(other.held.bytes(), 0);
     }

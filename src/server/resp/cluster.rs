@@ -142,7 +142,7 @@ pub(super) fn info(topology: &ClusterTopology, epoch: u64) -> String {
 /// Answers `CLUSTER <sub> ...` (`args` after the name).
 pub(super) fn cluster(ctx: &Ctx, args: &[bytes::Bytes], reply: &mut Reply) {
     let sub = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
-    let status = ctx.shared.node.status();
+    let status = ctx.shared.engine.node().status();
     let topology = ctx.shared.topology();
     match (sub.as_str(), args.len()) {
         ("SLOTS", 1) => slots(&topology, ctx.port, reply),

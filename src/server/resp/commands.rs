@@ -23,7 +23,7 @@
 //!   pipeline is).
 
 use super::cluster;
-use super::counter;
+use super::counter::{counter, incr};
 use super::multi::Multi;
 use super::parse::Args;
 use super::reply::Reply;
@@ -208,38 +208,13 @@ impl Session {
             },
             Cmd::Throttle => throttle(ctx, args, reply),
             Cmd::Incr | Cmd::IncrBy => incr(ctx, spec.cmd, args, later, reply),
-            Cmd::Expire | Cmd::PExpire => {
-                let Some(ttl) = counter::ttl_arg(arg(2), spec.cmd == Cmd::Expire) else {
-                    return reply.error("ERR value is not an integer or out of range");
-                };
-                match counter::expire(ctx, arg(1), ttl) {
-                    Ok(n) => reply.int(n),
-                    Err(e) => reply.error(&e.to_string()),
-                }
-            }
-            Cmd::Get => match counter::get(ctx, arg(1)) {
-                Ok(Some(n)) => reply.bulk(n.to_string().as_bytes()),
-                Ok(None) => reply.null(),
-                Err(e) => reply.error(&e.to_string()),
-            },
-            Cmd::Ttl => reply.int(counter::ttl(ctx, arg(1))),
-            Cmd::PTtl => reply.int(counter::pttl(ctx, arg(1))),
-            Cmd::Del => {
-                let store = &ctx.shared.store;
-                let n = args[1..]
-                    .iter()
-                    .filter(|k| store.remove(k, ctx.now))
-                    .count();
-                reply.int(n as i64);
-            }
-            Cmd::Exists => {
-                let store = &ctx.shared.store;
-                let n = args[1..]
-                    .iter()
-                    .filter(|k| !store.entries(k, ctx.now).is_empty())
-                    .count();
-                reply.int(n as i64);
-            }
+            Cmd::Expire
+            | Cmd::PExpire
+            | Cmd::Get
+            | Cmd::Ttl
+            | Cmd::PTtl
+            | Cmd::Del
+            | Cmd::Exists => counter(ctx, spec.cmd, args, reply),
             Cmd::Cluster => cluster::cluster(ctx, &args[1..], reply),
             Cmd::ReadOnly | Cmd::ReadWrite => reply.simple("OK"),
         }
@@ -306,7 +281,7 @@ impl Session {
         }
         self.resp3 = version == 3;
         reply.resp3 = self.resp3;
-        let role = match ctx.shared.node.greeting().role {
+        let role = match ctx.shared.engine.node().greeting().role {
             Role::Primary => "master",
             Role::Standby => "replica",
         };
@@ -419,7 +394,8 @@ fn admitted(ctx: &Ctx, spec: &Spec, args: &Args) -> Result<(), String> {
     };
     let gate = ctx
         .shared
-        .node
+        .engine
+        .node()
         .admit(access)
         .map_err(|r| refused(&r, ctx.port))?;
     gate.screen_keys(spec.keys_of(args))
@@ -459,7 +435,7 @@ pub(super) fn refused(refusal: &Refusal, port: u16) -> String {
 }
 
 /// The checks every key-taking command makes of its key.
-fn key_error(ctx: &Ctx, key: &[u8]) -> Option<String> {
+pub(super) fn key_error(ctx: &Ctx, key: &[u8]) -> Option<String> {
     let max = usize::from(ctx.shared.limits.max_key_len);
     if key.is_empty() {
         Some("ERR empty key: Tollgate keys are 1 or more bytes".to_owned())
@@ -495,49 +471,6 @@ fn throttle(ctx: &Ctx, args: &Args, reply: &mut Reply) {
     }
 }
 
-fn incr(ctx: &Ctx, cmd: Cmd, args: &Args, later: &[Args], reply: &mut Reply) {
-    let key = &args[1];
-    if let Some(e) = key_error(ctx, key) {
-        return reply.error(&e);
-    }
-    let amount = match cmd {
-        Cmd::IncrBy => match std::str::from_utf8(&args[2])
-            .ok()
-            .and_then(|s| s.parse::<u32>().ok())
-        {
-            Some(n) if n > 0 => n,
-            _ => {
-                return reply
-                    .error("ERR Tollgate counters only count up: INCRBY takes 1 to 4294967295")
-            }
-        },
-        _ => 1,
-    };
-    match counter::incr(ctx, key, amount, window_in_sight(ctx, key, later)) {
-        Ok(n) => reply.int(n as i64),
-        Err(e) => reply.error(&e.to_string()),
-    }
-}
-
-/// The window a new counter of `key` gets: the TTL of the first EXPIRE or
-/// PEXPIRE of `key` among the commands after it, else the default.
-fn window_in_sight(ctx: &Ctx, key: &[u8], later: &[Args]) -> Nanos {
-    later
-        .iter()
-        .filter(|a| a.len() >= 3 && &a[1][..] == key)
-        .find_map(|a| {
-            let seconds = a[0].eq_ignore_ascii_case(b"expire");
-            if !seconds && !a[0].eq_ignore_ascii_case(b"pexpire") {
-                return None;
-            }
-            counter::ttl_arg(&a[2], seconds).filter(|&ms| ms > 0)
-        })
-        .map_or(
-            ctx.shared.frontends.resp_counter_window.as_nanos() as Nanos,
-            counter::window_of,
-        )
-}
-
 /// COMMAND [COUNT | DOCS | INFO name...]: the table, for clients that
 /// route by key (redis-py's RedisCluster reads it at start).
 fn command(args: &[Bytes], reply: &mut Reply) {
@@ -567,7 +500,7 @@ fn command(args: &[Bytes], reply: &mut Reply) {
 
 /// INFO: the sections clients look at (server, replication, cluster).
 fn info(ctx: &Ctx) -> String {
-    let status = ctx.shared.node.status();
+    let status = ctx.shared.engine.node().status();
     let role = match status.role {
         Role::Primary => "master",
         Role::Standby => "slave",

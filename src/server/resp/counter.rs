@@ -1,158 +1,108 @@
-//! The commands fixed-window Redis limiters send, on Tollgate's fixed
-//! window counter: `INCR`/`INCRBY` with `EXPIRE`/`PEXPIRE` (in a MULTI, a
-//! pipeline, or one after the other), `GET`, `TTL`/`PTTL`, `DEL`,
-//! `EXISTS`.
-//!
-//! ```text
-//!  INCRBY k n   -> fixed window of W on k, limit 2^48 (never denies: the
-//!                  client compares the count with its own limit), cost n;
-//!                  answers the count. W: the window k's counter has; else
-//!                  the TTL of an EXPIRE/PEXPIRE of k later in the same MULTI
-//!                  or pipelined batch; else --resp-counter-window
-//!  EXPIRE k s   -> k's counter moves into windows of s seconds (its count
-//!                  kept); 1, or 0 when k has no counter
-//!  GET k        -> the count in the current window (nil: none)
-//!  TTL/PTTL k   -> time until k's state expires (the window's end); -2: none
-//!  DEL/EXISTS   -> every state of the key (as RESET)
-//! ```
-//!
-//! Windows are the fixed window algorithm's: aligned on the server's clock
-//! (UNIX time), so a 60 s window ends on the minute, not 60 s after the
-//! first INCR; keys that carry their window's start in their name (Redis's
-//! `INCR ip:<second>` pattern) line up with them. Each operation is one
-//! [`Store::update`](crate::store::Store::update): the counter is read, the
-//! window picked from it, evaluated by the algorithm and written under one
-//! stripe lock, so concurrent INCRs and EXPIREs never lose a count.
+//! The counter commands fixed-window Redis limiters send, as RESP sees
+//! them: their arguments read, their replies written. The counters
+//! themselves (a fixed window per key, read and written under one stripe
+//! lock) are the engine's (`engine/counter.rs`, whose module docs give the
+//! commands' meaning).
 
-use super::commands::Ctx;
-use crate::algorithm::{FixedWindow, FixedWindowState, State, MAX_COUNT, MAX_PERIOD_MS};
-use crate::clock::{Nanos, NANOS_PER_MS};
-use crate::store::{Entry, Update};
-use tollgate_protocol::ErrorCode;
+use super::commands::{key_error, Ctx};
+use super::parse::Args;
+use super::reply::Reply;
+use super::table::Cmd;
+use crate::clock::Nanos;
+use crate::engine::window_of;
 
-/// Why a counter command failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum CounterError {
-    /// The key holds another algorithm's state (a sliding window, ...).
-    #[error("WRONGTYPE Operation against a key holding the wrong kind of value")]
-    WrongType,
-    #[error("ERR increment or decrement would overflow")]
-    Overflow,
-    #[error("ERR {0}")]
-    Store(ErrorCode),
-}
-
-/// A live fixed-window counter and its window length.
-fn counter(entry: Option<&Entry>) -> Result<Option<(FixedWindowState, Nanos)>, CounterError> {
-    match entry {
-        None => Ok(None),
-        Some(Entry {
-            state: State::FixedWindow(s),
-            expires_at,
-        }) => s
-            .window(*expires_at)
-            .map(|w| Some((*s, w)))
-            .ok_or(CounterError::WrongType),
-        Some(_) => Err(CounterError::WrongType),
+/// INCR/INCRBY: the count after adding to `key`'s counter (created with
+/// the window in sight of the commands `later` in the batch).
+pub(super) fn incr(ctx: &Ctx, cmd: Cmd, args: &Args, later: &[Args], reply: &mut Reply) {
+    let key = &args[1];
+    if let Some(e) = key_error(ctx, key) {
+        return reply.error(&e);
     }
-}
-
-/// INCRBY: adds `amount` to `key`'s counter and answers the count.
-/// `window` is the one to create the counter with if it has none.
-pub(super) fn incr(ctx: &Ctx, key: &[u8], amount: u32, window: Nanos) -> Result<u64, CounterError> {
-    let now = ctx.now;
-    let answer = ctx.shared.store.update(key, now, |entry| {
-        let (state, window) = match counter(entry) {
-            Err(e) => return Update::Keep(Err(e)),
-            Ok(Some((state, w))) => (Some(state), w),
-            Ok(None) => (None, window),
-        };
-        let verdict = FixedWindow::new(MAX_COUNT, window).evaluate(state, now, amount.into());
-        match verdict.state {
-            Some(State::FixedWindow(s)) if verdict.decision.allowed => Update::Write(
-                Entry {
-                    state: State::FixedWindow(s),
-                    expires_at: verdict.expires_at,
-                },
-                Ok(s.count),
-            ),
-            _ => Update::Keep(Err(CounterError::Overflow)),
-        }
-    });
-    answer.map_err(CounterError::Store)?
-}
-
-/// EXPIRE/PEXPIRE with a TTL of `ttl_ms` (<= 0 deletes the counter, as
-/// Redis does): 1 when `key` has a counter, else 0.
-pub(super) fn expire(ctx: &Ctx, key: &[u8], ttl_ms: i64) -> Result<i64, CounterError> {
-    let now = ctx.now;
-    let window = (ttl_ms > 0).then(|| window_of(ttl_ms));
-    let answer = ctx.shared.store.update(key, now, |entry| {
-        let (state, current) = match counter(entry) {
-            Err(e) => return Update::Keep(Err(e)),
-            Ok(None) => return Update::Keep(Ok(0)),
-            Ok(Some(c)) => c,
-        };
-        let Some(window) = window else {
-            // Expired at once: removed.
-            let gone = Entry {
-                state: State::FixedWindow(state),
-                expires_at: now,
-            };
-            return Update::Write(gone, Ok(1));
-        };
-        if window == current {
-            return Update::Keep(Ok(1));
-        }
-        let (moved, end) = FixedWindow::new(MAX_COUNT, window).rewindow(state, now);
-        let entry = Entry {
-            state: State::FixedWindow(moved),
-            expires_at: end,
-        };
-        Update::Write(entry, Ok(1))
-    });
-    answer.map_err(CounterError::Store)?
-}
-
-/// GET: the count of `key`'s counter in its current window.
-pub(super) fn get(ctx: &Ctx, key: &[u8]) -> Result<Option<u64>, CounterError> {
-    let answer = ctx
+    let amount = match cmd {
+        Cmd::IncrBy => match std::str::from_utf8(&args[2])
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok())
+        {
+            Some(n) if n > 0 => n,
+            _ => {
+                return reply
+                    .error("ERR Tollgate counters only count up: INCRBY takes 1 to 4294967295")
+            }
+        },
+        _ => 1,
+    };
+    match ctx
         .shared
-        .store
-        .update(key, ctx.now, |entry| Update::Keep(counter(entry)));
-    Ok(answer.map_err(CounterError::Store)??.map(|(s, _)| s.count))
-}
-
-/// PTTL: milliseconds until every state of `key` has expired (rounded
-/// up), or -2 when it has none.
-pub(super) fn pttl(ctx: &Ctx, key: &[u8]) -> i64 {
-    let now = ctx.now;
-    ctx.shared
-        .store
-        .entries(key, now)
-        .iter()
-        .map(|e| e.expires_at.saturating_sub(now).div_ceil(NANOS_PER_MS) as i64)
-        .max()
-        .unwrap_or(-2)
-}
-
-/// TTL: [`pttl`] in seconds, rounded to the nearest as Redis does.
-pub(super) fn ttl(ctx: &Ctx, key: &[u8]) -> i64 {
-    match pttl(ctx, key) {
-        ms if ms < 0 => ms,
-        ms => (ms + 500) / 1000,
+        .engine
+        .incr(key, amount, window_in_sight(ctx, key, later), ctx.now)
+    {
+        Ok(n) => reply.int(n as i64),
+        Err(e) => reply.error(&e.to_string()),
     }
 }
 
-/// A TTL in milliseconds as a window, capped at the longest window the
-/// store accepts.
-pub(super) fn window_of(ttl_ms: i64) -> Nanos {
-    (ttl_ms.max(1) as u64).min(MAX_PERIOD_MS) * NANOS_PER_MS
+/// The counter commands but INCR/INCRBY: EXPIRE/PEXPIRE, GET, TTL/PTTL,
+/// DEL, EXISTS (the engine's counters, `engine/counter.rs`).
+pub(super) fn counter(ctx: &Ctx, cmd: Cmd, args: &Args, reply: &mut Reply) {
+    let engine = &ctx.shared.engine;
+    let arg = |i: usize| -> &[u8] { &args[i] };
+    match cmd {
+        Cmd::Expire | Cmd::PExpire => {
+            let Some(ttl) = ttl_arg(arg(2), cmd == Cmd::Expire) else {
+                return reply.error("ERR value is not an integer or out of range");
+            };
+            match engine.expire(arg(1), ttl, ctx.now) {
+                Ok(n) => reply.int(n),
+                Err(e) => reply.error(&e.to_string()),
+            }
+        }
+        Cmd::Get => match engine.get(arg(1), ctx.now) {
+            Ok(Some(n)) => reply.bulk(n.to_string().as_bytes()),
+            Ok(None) => reply.null(),
+            Err(e) => reply.error(&e.to_string()),
+        },
+        Cmd::Ttl => reply.int(engine.ttl(arg(1), ctx.now)),
+        Cmd::PTtl => reply.int(engine.pttl(arg(1), ctx.now)),
+        Cmd::Del => {
+            let n = args[1..]
+                .iter()
+                .filter(|k| engine.remove(k, ctx.now))
+                .count();
+            reply.int(n as i64);
+        }
+        Cmd::Exists => {
+            let n = args[1..]
+                .iter()
+                .filter(|k| engine.holds(k, ctx.now))
+                .count();
+            reply.int(n as i64);
+        }
+        _ => unreachable!("not a counter command: {cmd:?}"),
+    }
+}
+
+/// The window a new counter of `key` gets: the TTL of the first EXPIRE or
+/// PEXPIRE of `key` among the commands after it, else the default.
+fn window_in_sight(ctx: &Ctx, key: &[u8], later: &[Args]) -> Nanos {
+    later
+        .iter()
+        .filter(|a| a.len() >= 3 && &a[1][..] == key)
+        .find_map(|a| {
+            let seconds = a[0].eq_ignore_ascii_case(b"expire");
+            if !seconds && !a[0].eq_ignore_ascii_case(b"pexpire") {
+                return None;
+            }
+            ttl_arg(&a[2], seconds).filter(|&ms| ms > 0)
+        })
+        .map_or(
+            ctx.shared.frontends.resp_counter_window.as_nanos() as Nanos,
+            window_of,
+        )
 }
 
 /// The TTL argument of EXPIRE (seconds) or PEXPIRE (milliseconds), in
 /// milliseconds; None when it is not an integer.
-pub(super) fn ttl_arg(arg: &[u8], seconds: bool) -> Option<i64> {
+fn ttl_arg(arg: &[u8], seconds: bool) -> Option<i64> {
     let n: i64 = std::str::from_utf8(arg).ok()?.parse().ok()?;
     Some(if seconds { n.saturating_mul(1000) } else { n })
 }

@@ -10,8 +10,9 @@
 //!      from --max-connection-memory)
 //!   -> parse.rs: complete commands, bounded -> commands.rs: a
 //!      batch of them answered in order (auth, node admission, MULTI)
-//!        CL.THROTTLE        -> throttle.rs: token bucket via check::check_one
-//!        INCR/EXPIRE/GET... -> counter.rs: fixed window counter (Store::update)
+//!        CL.THROTTLE        -> throttle.rs: token bucket via Engine::check_one
+//!        INCR/EXPIRE/GET... -> counter.rs -> engine/counter.rs: fixed window
+//!                              counters (Store::update)
 //!        CLUSTER SLOTS ...  -> cluster.rs: the node's topology
 //!   -> reply.rs (RESP2/RESP3) -> one write per batch
 //! ```
@@ -181,7 +182,7 @@ impl Connection {
             }
             let (deadline, on_timeout) = self.read_deadline(opened);
             let shared = self.shared.clone();
-            if let Err(lacking) = self.rbuf.make_room() {
+            if let Err(lacking) = self.rbuf.room_to_read() {
                 if !self.wait_for_memory(lacking, deadline).await? {
                     return Ok(());
                 }
@@ -242,11 +243,11 @@ impl Connection {
                 }
             }
             if !batch.is_empty() {
-                let rules = self.shared.rules.current();
+                let rules = self.shared.engine.rules().current();
                 let ctx = Ctx {
                     shared: &self.shared,
                     rules: &rules,
-                    now: self.shared.clock.now(),
+                    now: self.shared.engine.now(),
                     port: self.port,
                 };
                 self.session.run(&ctx, &batch, &mut self.wbuf);
@@ -342,7 +343,7 @@ impl Connection {
             if !more {
                 return Ok(());
             }
-            if self.rbuf.make_room().is_err() {
+            if self.rbuf.room_to_read().is_err() {
                 // No memory for the rest of a long command: end here.
                 break;
             }

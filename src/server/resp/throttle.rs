@@ -21,10 +21,8 @@
 
 use super::commands::Ctx;
 use super::reply::Reply;
-use crate::algorithm::Policy;
 use crate::clock::NANOS_PER_MS;
-use crate::server::check;
-use crate::store::Mode;
+use crate::engine::{self, Mode};
 use bytes::Bytes;
 use tollgate_protocol::{Algorithm, CheckResult, Limit, Pair, RETRY_NEVER};
 
@@ -85,7 +83,7 @@ impl Throttle {
     /// Reads `key max_burst count period [quantity]` (the arguments after
     /// the name); the limit is validated as any inline limit is.
     pub fn parse(args: &[Bytes], max_log_entries: u64) -> Result<Self, ThrottleError> {
-        use crate::algorithm::{MAX_COUNT, MAX_PERIOD_MS};
+        use engine::{MAX_COUNT, MAX_PERIOD_MS};
         let max_burst = number(&args[1], "max_burst", 0, MAX_COUNT - 1)?;
         let count = number(&args[2], "count", 1, MAX_COUNT)?;
         let period = number(&args[3], "period", 1, MAX_PERIOD_MS / 1000)?;
@@ -99,8 +97,7 @@ impl Throttle {
             period_ms: period * 1000,
             burst: max_burst + 1,
         };
-        Policy::from_limit_with(&limit, max_log_entries)
-            .map_err(|e| ThrottleError::Limit(e.to_string()))?;
+        engine::validate(&limit, max_log_entries).map_err(ThrottleError::Limit)?;
         Ok(Self {
             key: args[0].clone(),
             limit,
@@ -123,7 +120,11 @@ impl Throttle {
             cost: self.quantity.max(1),
         };
         let mode = if peek { Mode::Peek } else { Mode::Charge };
-        let d = match check::check_one(ctx.shared, ctx.rules, ctx.now, &[pair], mode) {
+        let d = match ctx
+            .shared
+            .engine
+            .check_one(ctx.rules, ctx.now, &[pair], mode)
+        {
             CheckResult::Decision(d) => d,
             CheckResult::Error(code) => return Err(code),
         };

@@ -6,7 +6,7 @@
 use super::*;
 use crate::algorithm::State;
 
-fn lb(key: &str, burst: u64) -> Pair {
+fn lb(key: &str, burst: u64) -> ResolvedPair<'_> {
     pair(key, Algorithm::LeakyBucket, 10, 1000, burst, 1)
 }
 
@@ -130,7 +130,7 @@ fn leaky_buckets_are_handed_off_and_merged() {
 fn leaky_buckets_fill_the_cap_as_token_buckets_do() {
     // The same number of keys fits under the same cap: one 32-byte entry
     // each (in the general table a leaky bucket took twice that).
-    let taken = |bucket: fn(&str) -> Pair| {
+    let taken = |bucket: fn(&str) -> ResolvedPair<'_>| {
         let s = capped(16 << 10, Full::Refuse);
         (0..)
             .find(|i| {
@@ -153,7 +153,8 @@ fn memory_cap_evicts_the_leaky_buckets_closest_to_expiry() {
     // Buckets that take a minute to drain, then a flood of ones empty
     // after 100 ms: the flood evicts its own kind.
     for i in 0..100 {
-        let p = pair(&format!("min{i}"), Algorithm::LeakyBucket, 1, 60_000, 1, 1);
+        let key = format!("min{i}");
+        let p = pair(&key, Algorithm::LeakyBucket, 1, 60_000, 1, 1);
         assert!(decided(s.check(&[p], S, Mode::Charge)).allowed);
     }
     for i in 0..20_000 {

@@ -59,7 +59,7 @@ fn when_several_pairs_deny_the_longest_wait_is_named() {
     assert_eq!(d.pair, 1);
     assert_eq!(d.retry_after_ms, DAY_MS - 1000);
     // The same pairs in the other order: still the day window, now index 0.
-    let swapped = [next[1].clone(), next[0].clone()];
+    let swapped = [next[1], next[0]];
     let d = decided(s.check(&swapped, now, Mode::Charge));
     assert_eq!((d.pair, d.retry_after_ms), (0, DAY_MS - 1000));
     // A cost no pair can ever take: "never" wins over any wait.
@@ -90,17 +90,17 @@ fn every_algorithm_is_all_or_nothing_in_a_group() {
         cc("{g}cc", 5, 1000, 1),
     ];
     for p in &passing {
-        let group = [p.clone(), blocker.clone()];
+        let group = [*p, blocker];
         let d = decided(s.check(&group, S, Mode::Charge));
         assert!(!d.allowed, "{p:?}");
         assert_eq!(d.pair, 1);
         assert_eq!(d.lease, None);
-        assert!(s.get(&p.key, S).is_none(), "{:?} was charged", p.limit);
+        assert!(s.get(p.key, S).is_none(), "{:?} was charged", p.limit);
         // And alone it passes (and is charged).
         let alone = decided(s.check(std::slice::from_ref(p), S, Mode::Charge));
         assert!(alone.allowed);
         assert_eq!(alone.remaining, 4);
-        assert!(s.get(&p.key, S).is_some());
+        assert!(s.get(p.key, S).is_some());
     }
 }
 
@@ -208,15 +208,15 @@ fn refund_on_each_algorithm() {
             decided(s.check(std::slice::from_ref(&p), S, Mode::Charge)).remaining,
             4
         );
-        let mut back = p.clone();
+        let mut back = p;
         back.cost = 2;
         let d = decided(s.refund(std::slice::from_ref(&back), S));
         assert_eq!(d.remaining, 6, "{:?}", p.limit);
         // The refunded units can be taken again, and no more.
-        let mut again = p.clone();
+        let mut again = p;
         again.cost = 6;
         assert!(decided(s.check(std::slice::from_ref(&again), S, Mode::Charge)).allowed);
-        let mut one = p.clone();
+        let mut one = p;
         one.cost = 1;
         assert!(!decided(s.check(std::slice::from_ref(&one), S, Mode::Charge)).allowed);
     }
@@ -304,10 +304,10 @@ fn new_algorithms_expire_when_their_state_stops_mattering() {
 #[test]
 fn a_refund_returns_only_what_each_key_held() {
     let s = store();
-    let returned_by = |pairs: &[Pair], now| {
-        let spots: Vec<_> = pairs.iter().map(|p| s.spot(&p.key)).collect();
+    let returned_by = |checks: &[ResolvedPair<'_>], now| {
+        let spots: Vec<_> = checks.iter().map(|c| s.spot(c.key)).collect();
         let mut returned = Returned::new();
-        decided(s.refund_returning(pairs, &spots, now, &mut returned));
+        decided(s.refund_returning(checks, &spots, now, &mut returned));
         returned.into_vec()
     };
     for p in [
@@ -320,7 +320,7 @@ fn a_refund_returns_only_what_each_key_held() {
         decided(s.check(std::slice::from_ref(&p), S, Mode::Charge));
         // 6 held: a refund of 4 returns 4 (a millisecond later, the bucket's
         // partly refilled token still counts), one of 4 more only the 2 left.
-        let mut four = p.clone();
+        let mut four = p;
         four.cost = 4;
         assert_eq!(
             returned_by(std::slice::from_ref(&four), S + MS),

@@ -91,17 +91,17 @@ fn memory_cap_counts_long_keys_and_logs() {
     for i in 0..2_000 {
         let key = format!("{long}{i}");
         decided(s.check(&[tb(&key, 10, 1000, 10, 1)], S, Mode::Charge));
-        let log = Pair {
-            key: Bytes::from(format!("log{i}")),
-            limit: Limit {
+        let key = format!("log{i}");
+        let log = ResolvedPair::new(
+            key.as_bytes(),
+            Limit {
                 algorithm: Algorithm::SlidingLog,
                 count: 100,
                 period_ms: 1000,
                 burst: 0,
-            }
-            .into(),
-            cost: 50,
-        };
+            },
+            50,
+        );
         decided(s.check(&[log], S, Mode::Charge));
         assert!(s.memory_bytes() <= budget, "{}", s.memory_bytes());
     }

@@ -2,37 +2,35 @@
 
 use super::*;
 use bytes::Bytes;
-use tollgate_protocol::{Algorithm, CheckResult, Decision, ErrorCode, Limit, Pair};
+use tollgate_protocol::{Algorithm, CheckResult, Decision, ErrorCode, Limit};
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000 * MS;
 
-fn tb(key: &str, count: u64, period_ms: u64, burst: u64, cost: u32) -> Pair {
-    Pair {
-        key: Bytes::copy_from_slice(key.as_bytes()),
-        limit: Limit {
+fn tb(key: &str, count: u64, period_ms: u64, burst: u64, cost: u32) -> ResolvedPair<'_> {
+    ResolvedPair::new(
+        key.as_bytes(),
+        Limit {
             algorithm: Algorithm::TokenBucket,
             count,
             period_ms,
             burst,
-        }
-        .into(),
+        },
         cost,
-    }
+    )
 }
 
-fn sw(key: &str, count: u64, period_ms: u64, cost: u32) -> Pair {
-    Pair {
-        key: Bytes::copy_from_slice(key.as_bytes()),
-        limit: Limit {
+fn sw(key: &str, count: u64, period_ms: u64, cost: u32) -> ResolvedPair<'_> {
+    ResolvedPair::new(
+        key.as_bytes(),
+        Limit {
             algorithm: Algorithm::SlidingWindow,
             count,
             period_ms,
             burst: 0,
-        }
-        .into(),
+        },
         cost,
-    }
+    )
 }
 
 fn decided(r: CheckResult) -> Decision {
@@ -59,20 +57,15 @@ fn stripe_hints_follow_the_tables() {
         stripes: 1,
         ..StoreConfig::default()
     });
-    let with = |algorithm, key: String| Pair {
-        key: Bytes::from(key),
-        limit: Limit {
-            algorithm,
-            count: 10,
-            period_ms: 1000,
-            burst: if algorithm == Algorithm::FixedWindow {
-                0
-            } else {
-                10
-            },
-        }
-        .into(),
-        cost: 1,
+    let limit = |algorithm| Limit {
+        algorithm,
+        count: 10,
+        period_ms: 1000,
+        burst: if algorithm == Algorithm::FixedWindow {
+            0
+        } else {
+            10
+        },
     };
     for i in 0..3_000 {
         let stripe = &s.stripes[0];
@@ -83,8 +76,8 @@ fn stripe_hints_follow_the_tables() {
         ] {
             // 15 bytes (a short key) and 17 (a long one).
             for key in [format!("{prefix}:{i:013}"), format!("{prefix}:{i:015}")] {
-                let pair = with(algorithm, key);
-                assert!(decided(s.check(&[pair], S, Mode::Charge)).allowed);
+                let check = ResolvedPair::new(key.as_bytes(), limit(algorithm), 1);
+                assert!(decided(s.check(&[check], S, Mode::Charge)).allowed);
             }
         }
         if i == 5 || i == 2_999 {
@@ -112,7 +105,7 @@ fn group_is_all_or_nothing() {
     let s = store();
     let second = tb("rl:{k42}:second", 100, 1000, 200, 1);
     let day = tb("rl:{k42}:day", 3, 86_400_000, 3, 1);
-    let group = [second.clone(), day.clone()];
+    let group = [second, day];
     for _ in 0..3 {
         let d = decided(s.check(&group, S, Mode::Charge));
         assert!(d.allowed);
@@ -136,7 +129,7 @@ fn denial_reports_the_longest_wait() {
     // Exhaust both pairs, then the one with the longer refill wins.
     let a = tb("{t}a", 1, 1000, 1, 1);
     let b = tb("{t}b", 1, 5000, 1, 1);
-    assert!(decided(s.check(&[a.clone(), b.clone()], S, Mode::Charge)).allowed);
+    assert!(decided(s.check(&[a, b], S, Mode::Charge)).allowed);
     let d = decided(s.check(&[a, b], S, Mode::Charge));
     assert!(!d.allowed);
     assert_eq!((d.pair, d.retry_after_ms), (1, 5000));
@@ -161,11 +154,11 @@ fn duplicate_key_in_a_group_counts_twice() {
     let s = store();
     let p = tb("dup", 1, 1000, 3, 2);
     // 2 + 2 > 3: the second sees the first's charge, so the group is denied.
-    let d = decided(s.check(&[p.clone(), p.clone()], S, Mode::Charge));
+    let d = decided(s.check(&[p, p], S, Mode::Charge));
     assert!(!d.allowed);
     assert!(s.is_empty());
     let q = tb("dup", 1, 1000, 3, 1);
-    assert!(decided(s.check(&[q.clone(), q.clone(), q.clone()], S, Mode::Charge)).allowed);
+    assert!(decided(s.check(&[q, q, q], S, Mode::Charge)).allowed);
     assert!(!decided(s.check(&[q], S, Mode::Charge)).allowed);
 }
 
@@ -296,25 +289,6 @@ fn entries_lists_both_tables_of_a_key() {
 }
 
 #[test]
-fn a_named_rule_must_be_resolved_before_the_store() {
-    let s = store();
-    let named = Pair::rule(
-        Bytes::from_static(b"k"),
-        tollgate_protocol::RuleName::from_static("api"),
-        1,
-    );
-    assert_eq!(
-        s.check(std::slice::from_ref(&named), S, Mode::Charge),
-        CheckResult::Error(ErrorCode::UnknownRule)
-    );
-    assert_eq!(
-        s.refund(std::slice::from_ref(&named), S),
-        CheckResult::Error(ErrorCode::UnknownRule)
-    );
-    assert!(s.is_empty());
-}
-
-#[test]
 fn remove_forgets_a_key() {
     let s = store();
     let p = [tb("r", 1, 1000, 1, 1)];
@@ -343,29 +317,28 @@ fn pair(
     period_ms: u64,
     burst: u64,
     cost: u32,
-) -> Pair {
-    Pair {
-        key: Bytes::copy_from_slice(key.as_bytes()),
-        limit: Limit {
+) -> ResolvedPair<'_> {
+    ResolvedPair::new(
+        key.as_bytes(),
+        Limit {
             algorithm,
             count,
             period_ms,
             burst,
-        }
-        .into(),
+        },
         cost,
-    }
+    )
 }
 
-fn fw(key: &str, count: u64, period_ms: u64, cost: u32) -> Pair {
+fn fw(key: &str, count: u64, period_ms: u64, cost: u32) -> ResolvedPair<'_> {
     pair(key, Algorithm::FixedWindow, count, period_ms, 0, cost)
 }
 
-fn log(key: &str, count: u64, period_ms: u64, cost: u32) -> Pair {
+fn log(key: &str, count: u64, period_ms: u64, cost: u32) -> ResolvedPair<'_> {
     pair(key, Algorithm::SlidingLog, count, period_ms, 0, cost)
 }
 
-fn cc(key: &str, count: u64, ttl_ms: u64, cost: u32) -> Pair {
+fn cc(key: &str, count: u64, ttl_ms: u64, cost: u32) -> ResolvedPair<'_> {
     pair(key, Algorithm::Concurrency, count, ttl_ms, 0, cost)
 }
 
@@ -373,7 +346,7 @@ const DAY_MS: u64 = 86_400_000;
 
 /// The seed scenario: 100/s burst 200 (token bucket) and 10,000/day (fixed
 /// window) on one API key, checked as one group.
-fn api_key_group(cost: u32) -> [Pair; 2] {
+fn api_key_group(cost: u32) -> [ResolvedPair<'static>; 2] {
     [
         tb("rl:{k}:s", 100, 1000, 200, cost),
         fw("rl:{k}:d", 10_000, DAY_MS, cost),

@@ -53,7 +53,19 @@ use keys::{Fill, Width};
 use oracle::{Expect, GroupOp, Model};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
-use tollgate_protocol::LimitRef;
+use tollgate_protocol::{LimitRef, Pair};
+
+/// Inline pairs (the model's, generated as the wire's) as the store takes
+/// them.
+fn resolved(pairs: &[Pair]) -> Vec<ResolvedPair<'_>> {
+    pairs
+        .iter()
+        .map(|p| match &p.limit {
+            LimitRef::Inline(limit) => ResolvedPair::new(&p.key, *limit, p.cost),
+            LimitRef::Rule(_) => unreachable!("the store takes no rule names"),
+        })
+        .collect()
+}
 
 /// Most timestamps a key may hold (small: the model's logs stay cheap).
 const MAX_LOG: u64 = 16;
@@ -298,11 +310,12 @@ impl Run {
                 }
             }
         }
+        let checks = resolved(pairs);
         let got = match (op, spotted) {
-            (GroupOp::Check(mode), true) => self.store.check_at(pairs, &spots, now, mode),
-            (GroupOp::Check(mode), false) => self.store.check(pairs, now, mode),
-            (GroupOp::Refund, true) => self.store.refund_at(pairs, &spots, now),
-            (GroupOp::Refund, false) => self.store.refund(pairs, now),
+            (GroupOp::Check(mode), true) => self.store.check_at(&checks, &spots, now, mode),
+            (GroupOp::Check(mode), false) => self.store.check(&checks, now, mode),
+            (GroupOp::Refund, true) => self.store.refund_at(&checks, &spots, now),
+            (GroupOp::Refund, false) => self.store.refund(&checks, now),
         };
         let full = CheckResult::Error(ErrorCode::StoreFull);
         if !(self.setup.may_be_full() && may_add && got == full) {

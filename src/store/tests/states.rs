@@ -2,7 +2,6 @@
 //! what a peek answers at the memory cap.
 
 use super::*;
-use tollgate_protocol::LimitRef;
 
 #[test]
 fn a_group_with_two_other_algorithms_on_one_key_is_refused() {
@@ -33,7 +32,7 @@ fn a_group_with_two_other_algorithms_on_one_key_is_refused() {
     ];
     for (i, a) in others.iter().enumerate() {
         for b in &others[i + 1..] {
-            let group = [a.clone(), tb("{k}y", 5, 1000, 5, 1), b.clone()];
+            let group = [*a, tb("{k}y", 5, 1000, 5, 1), *b];
             assert_eq!(
                 s.check(&group, S, Mode::Charge),
                 CheckResult::Error(ErrorCode::InvalidLimit),
@@ -48,17 +47,14 @@ fn a_group_with_two_other_algorithms_on_one_key_is_refused() {
     // states are kept and both are charged.
     for other in &others {
         let s = store();
-        let group = [tb("{k}x", 5, 1000, 5, 1), other.clone()];
+        let group = [tb("{k}x", 5, 1000, 5, 1), *other];
         assert!(decided(s.check(&group, S, Mode::Charge)).allowed);
         let held: Vec<_> = s
             .entries(b"{k}x", S)
             .iter()
             .map(|e| e.state.algorithm())
             .collect();
-        let LimitRef::Inline(limit) = &other.limit else {
-            unreachable!("inline limits only")
-        };
-        assert_eq!(held, [Algorithm::TokenBucket, limit.algorithm]);
+        assert_eq!(held, [Algorithm::TokenBucket, other.limit.algorithm]);
     }
     // The same algorithm twice on one key shares its state (each pair sees
     // the charge of the one before).

@@ -222,10 +222,10 @@ impl Replicated {
         let store = &self.primary;
         match op {
             Op::Check { pairs, mode, .. } => {
-                store.check(pairs, now, *mode);
+                store.check(&resolved(pairs), now, *mode);
             }
             Op::Refund { pairs, .. } => {
-                store.refund(pairs, now);
+                store.refund(&resolved(pairs), now);
             }
             Op::Release { key, pick } => {
                 let lease = lease_of(store, key, now, usize::from(*pick));
@@ -243,7 +243,7 @@ impl Replicated {
             }
             Op::Fill { fill, limit } => {
                 for key in fill.keys() {
-                    store.check(&[Pair::inline(key, *limit, 1)], now, Mode::Charge);
+                    store.check(&[ResolvedPair::new(&key, *limit, 1)], now, Mode::Charge);
                 }
             }
             Op::Audit => {
@@ -313,8 +313,9 @@ impl Replicated {
     /// peeks: the primary's cap may refuse a new key the standby, with no
     /// cap, takes; then there is nothing to compare).
     fn failover(&self, pairs: &[Pair]) -> Result<(), TestCaseError> {
-        let primary = self.primary.check(pairs, self.now, Mode::Peek);
-        let standby = self.standby.check(pairs, self.now, Mode::Peek);
+        let checks = resolved(pairs);
+        let primary = self.primary.check(&checks, self.now, Mode::Peek);
+        let standby = self.standby.check(&checks, self.now, Mode::Peek);
         let full = CheckResult::Error(ErrorCode::StoreFull);
         if !(self.setup.may_be_full() && primary == full) {
             prop_assert_eq!(standby, primary, "the standby's answer to {:?}", pairs);

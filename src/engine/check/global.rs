@@ -20,9 +20,10 @@
 //! Inline limits and PEEK never touch any of it.
 
 use super::{Decided, Evaluation};
+use crate::engine::{Engine, Privilege};
 use crate::node::regions::Regions;
 use crate::rules::Rule;
-use crate::store::{Mode, Returned, Spot};
+use crate::store::{Mode, ResolvedPair, Returned, Spot};
 use bytes::{BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 use tollgate_protocol::{CheckResult, Decision, LimitRef, Pair, RuleName};
@@ -68,24 +69,21 @@ impl<'a> Evaluation<'a> {
     /// The check of the pair's ceiling key in `mode` (None: the store
     /// refused it, e.g. full; the ceiling then does not deny).
     fn ceiling(&self, regions: &Regions, pair: &Pair, rule: &Rule, mode: Mode) -> Option<Decision> {
-        let ceiling = Pair::inline(
-            ceiling_key(&pair.key),
-            regions.ceiling(&rule.limit),
-            Self::units(pair, rule),
-        );
-        match self.shared.store.check(&[ceiling], self.now, mode) {
+        let key = ceiling_key(&pair.key);
+        let limit = regions.ceiling(&rule.limit);
+        let ceiling = ResolvedPair::new(&key, limit, Self::units(pair, rule));
+        match self.engine.store.check(&[ceiling], self.now, mode) {
             CheckResult::Decision(d) => Some(d),
             CheckResult::Error(_) => None,
         }
     }
 
-    /// Refunds `ceiling` (a ceiling key's pair); the units it gave back.
-    fn ceiling_refund(&self, ceiling: Pair) -> u64 {
-        let store = &self.shared.store;
-        let pairs = [ceiling];
-        let spots = [store.spot(&pairs[0].key)];
+    /// Refunds `ceiling` (a ceiling key's check); the units it gave back.
+    fn ceiling_refund(&self, ceiling: ResolvedPair<'_>) -> u64 {
+        let store = &self.engine.store;
+        let spots = [store.spot(ceiling.key)];
         let mut returned = Returned::new();
-        match store.refund_returning(&pairs, &spots, self.now, &mut returned) {
+        match store.refund_returning(&[ceiling], &spots, self.now, &mut returned) {
             CheckResult::Decision(_) => returned.first().copied().unwrap_or(0),
             CheckResult::Error(_) => 0,
         }
@@ -162,9 +160,12 @@ impl<'a> Evaluation<'a> {
                 }
                 // At most the pair's cost, a u32.
                 let asked = u32::try_from(units).unwrap_or(u32::MAX);
-                let ceiling =
-                    Pair::inline(ceiling_key(&pair.key), regions.ceiling(&rule.limit), asked);
-                let own = self.ceiling_refund(ceiling);
+                let key = ceiling_key(&pair.key);
+                let own = self.ceiling_refund(ResolvedPair::new(
+                    &key,
+                    regions.ceiling(&rule.limit),
+                    asked,
+                ));
                 let units = units.min(own);
                 if units > 0 {
                     regions.record(&pair.key, name, rule.global(), 0, units, self.now);
@@ -177,75 +178,78 @@ impl<'a> Evaluation<'a> {
 
 /// Why a USAGE is not applied: a refusal of the node (a standby) or an
 /// error with its code.
-pub(in crate::server) enum UsageError {
+pub(crate) enum UsageError {
     Node(crate::node::Refusal),
     Error(tollgate_protocol::ErrorCode, String),
 }
 
-/// USAGE from another region (PROTOCOL.md §16): only on a node connection
-/// of a primary in a region. Each entry is charged under this node's own
-/// rule of that name when the rule is global and lists the sender.
-///
-/// `bound` is the region the connection speaks for: the region whose own
-/// secret (`--region-peer-secret`) its HELLO proved, or else the first
-/// region whose USAGE it had applied; a USAGE naming another is refused
-/// (AuthFailed), so one link cannot pass for several regions. A region
-/// with a secret of its own is heard only over a connection bound to it
-/// by that secret: the shared secrets (cluster, `--region-secret`) do not
-/// name a region, so whoever holds them could claim any.
-pub(in crate::server) fn receive_usage(
-    shared: &super::Shared,
-    privilege: crate::server::auth::Privilege,
-    bound: &mut Option<String>,
-    report: &tollgate_protocol::UsageReport,
-) -> Result<tollgate_protocol::UsageAck, UsageError> {
-    use tollgate_protocol::ErrorCode;
-    if privilege == crate::server::auth::Privilege::Client {
-        return Err(UsageError::Error(
+impl Engine {
+    /// USAGE from another region (PROTOCOL.md §16): only on a node connection
+    /// of a primary in a region. Each entry is charged under this node's own
+    /// rule of that name when the rule is global and lists the sender.
+    ///
+    /// `bound` is the region the connection speaks for: the region whose own
+    /// secret (`--region-peer-secret`) its HELLO proved, or else the first
+    /// region whose USAGE it had applied; a USAGE naming another is refused
+    /// (AuthFailed), so one link cannot pass for several regions. A region
+    /// with a secret of its own is heard only over a connection bound to it
+    /// by that secret: the shared secrets (cluster, `--region-secret`) do not
+    /// name a region, so whoever holds them could claim any. `own_secret`:
+    /// whether the report's region has such a secret here.
+    pub fn receive_usage(
+        &self,
+        privilege: Privilege,
+        own_secret: bool,
+        bound: &mut Option<String>,
+        report: &tollgate_protocol::UsageReport,
+    ) -> Result<tollgate_protocol::UsageAck, UsageError> {
+        use tollgate_protocol::ErrorCode;
+        if privilege == Privilege::Client {
+            return Err(UsageError::Error(
             ErrorCode::AuthFailed,
             "USAGE needs a node or region connection (HELLO proving the cluster or region secret)"
                 .into(),
         ));
-    }
-    shared
-        .node
-        .admit(crate::node::Access::Write)
-        .map_err(UsageError::Node)?;
-    let Some(regions) = shared.node.regions() else {
-        return Err(UsageError::Error(
-            ErrorCode::Malformed,
-            "this node is in no region: it takes no USAGE".into(),
-        ));
-    };
-    let rules = shared.rules.current();
-    let own = regions.name().to_owned();
-    let resolve = |name: &RuleName, sender: &str| {
-        rules
-            .get(name.as_bytes())
-            .filter(|r| r.global().iter().any(|g| g == sender) && r.global().contains(&own))
-            .map(|r| r.limit)
-    };
-    if bound.is_none() && shared.auth.region_has_own_secret(&report.region) {
-        return Err(UsageError::Error(
+        }
+        self.node
+            .admit(crate::node::Access::Write)
+            .map_err(UsageError::Node)?;
+        let Some(regions) = self.node.regions() else {
+            return Err(UsageError::Error(
+                ErrorCode::Malformed,
+                "this node is in no region: it takes no USAGE".into(),
+            ));
+        };
+        let rules = self.rules.current();
+        let own = regions.name().to_owned();
+        let resolve = |name: &RuleName, sender: &str| {
+            rules
+                .get(name.as_bytes())
+                .filter(|r| r.global().iter().any(|g| g == sender) && r.global().contains(&own))
+                .map(|r| r.limit)
+        };
+        if bound.is_none() && own_secret {
+            return Err(UsageError::Error(
             ErrorCode::AuthFailed,
             format!(
                 "region {:?} has a secret of its own here (--region-peer-secret): its usage comes only over a connection that proved it",
                 report.region
             ),
         ));
+        }
+        if let Some(region) = bound.as_deref().filter(|r| *r != report.region) {
+            return Err(UsageError::Error(
+                ErrorCode::AuthFailed,
+                format!(
+                    "this connection speaks for region {region:?}, not {:?}",
+                    report.region
+                ),
+            ));
+        }
+        let ack = regions
+            .receive(report, &resolve, self.clock.now())
+            .map_err(|e| UsageError::Error(ErrorCode::Malformed, e.to_string()))?;
+        bound.get_or_insert_with(|| report.region.clone());
+        Ok(ack)
     }
-    if let Some(region) = bound.as_deref().filter(|r| *r != report.region) {
-        return Err(UsageError::Error(
-            ErrorCode::AuthFailed,
-            format!(
-                "this connection speaks for region {region:?}, not {:?}",
-                report.region
-            ),
-        ));
-    }
-    let ack = regions
-        .receive(report, &resolve, shared.clock.now())
-        .map_err(|e| UsageError::Error(ErrorCode::Malformed, e.to_string()))?;
-    bound.get_or_insert_with(|| report.region.clone());
-    Ok(ack)
 }

@@ -22,8 +22,8 @@
 //! - entries are remembered in time order per shard (one clock reading per
 //!   lock hold), so the oldest is always at the front of `order`.
 
+use super::Privilege;
 use crate::clock::Nanos;
-use crate::server::auth::Privilege;
 use ahash::RandomState;
 use hashbrown::HashMap;
 use parking_lot::Mutex;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The sweeper task and what it reads.
-pub(super) struct Sweeper {
+pub(crate) struct Sweeper {
     pub store: Arc<Store>,
     pub clock: Arc<dyn Clock>,
     pub metrics: KeyMetrics,
@@ -25,7 +25,7 @@ pub(super) struct Sweeper {
 
 /// Keys held and keys expired (`by` = `sweeper` or `access`). Updated by
 /// the sweeper tick: `Store::len` visits every stripe, too slow per check.
-pub(super) struct KeyMetrics {
+pub(crate) struct KeyMetrics {
     live: IntGauge,
     expired_swept: prometheus::IntCounter,
     expired_on_access: prometheus::IntCounter,

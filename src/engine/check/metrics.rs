@@ -1,12 +1,15 @@
 //! What the check path counts: decisions by rule, frame latency and batch
-//! size; and the per-frame tally of inline decisions, added to the shared
+//! size, errors answered by code; and the per-frame tally of inline decisions, added to the shared
 //! counters once per frame.
 
 use crate::events::Outcome;
 use crate::rules::spec::INLINE_LABEL;
 use crate::rules::DecisionCounters;
-use prometheus::{exponential_buckets, Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
+use prometheus::{
+    exponential_buckets, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
+};
 use std::cell::Cell;
+use tollgate_protocol::ErrorCode;
 
 /// What the check path counts.
 #[derive(Debug, Clone)]
@@ -60,6 +63,39 @@ impl CheckMetrics {
     /// The decision counts of checks decided by inline limits.
     pub fn inline(&self) -> &DecisionCounters {
         &self.inline
+    }
+}
+
+/// Errors answered, by code: every ERROR frame and every per-check error
+/// (`tollgate_protocol_errors_total{code}`). One pre-resolved handle per
+/// known code, indexed by wire value, so counting is one atomic add.
+#[derive(Debug, Clone)]
+pub(crate) struct ErrorCounters {
+    by_wire: Vec<IntCounter>,
+    unknown: IntCounter,
+}
+
+impl ErrorCounters {
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let vec = IntCounterVec::new(
+            Opts::new(
+                "tollgate_protocol_errors_total",
+                "Errors answered (ERROR frames and per-check errors), by code.",
+            ),
+            &["code"],
+        )?;
+        registry.register(Box::new(vec.clone()))?;
+        let by_wire = ErrorCode::KNOWN
+            .iter()
+            .map(|c| vec.with_label_values(&[c.name()]))
+            .collect();
+        let unknown = vec.with_label_values(&["Unknown"]);
+        Ok(Self { by_wire, unknown })
+    }
+
+    pub fn count(&self, code: ErrorCode) {
+        let i = usize::from(code.to_wire()).wrapping_sub(1);
+        self.by_wire.get(i).unwrap_or(&self.unknown).inc();
     }
 }
 
