@@ -105,8 +105,11 @@ impl Shard {
         let Some((key, at)) = self.order.pop_front() else {
             return false;
         };
-        if self.entries.get(&key).is_some_and(|e| e.at == at) {
-            self.entries.remove(&key);
+        // One probe: the entry is found and removed in place.
+        if let hashbrown::hash_map::Entry::Occupied(found) = self.entries.entry(key) {
+            if found.get().at == at {
+                found.remove();
+            }
         }
         true
     }
