@@ -6,7 +6,8 @@
 # `redis-benchmark` (the loadgen's comparison tests, the RESP front end's
 # tests), `chromium` (the status page is checked in a headless browser),
 # `nats-server` (decision events are published to a real one), `promtool`
-# (checks the alert rules in deploy/prometheus). Debian's packages:
+# (checks the alert rules in deploy/prometheus), openssl, curl and taskset
+# (benches/feature-cost.sh). Debian's packages:
 # protobuf-compiler, libprotobuf-dev, etcd-server (3.4), redis-server,
 # redis-tools, python3-venv, chromium, nats-server, prometheus. Then the
 # Python clients of the front end tests (tests/frontends/requirements.txt:
@@ -55,6 +56,11 @@ command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v nats-server >/dev/null 2>&1 || missing+=(nats-server)
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# benches/feature-cost.sh (and its smoke test): test certificates, the
+# redis-cell crate's download, pinning to a core.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v taskset >/dev/null 2>&1 || missing+=(util-linux)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   missing+=(python3-venv)
 fi
