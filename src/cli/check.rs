@@ -4,7 +4,8 @@
 use super::remote::{connect_routed, ServerArgs};
 use super::render::render;
 use crate::units::{parse_duration, parse_millis, Rate};
-use clap::{Args, ValueEnum};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::Args;
 use std::process::ExitCode;
 use std::time::Duration;
 use tollgate_protocol::{Algorithm, CheckBatch, CheckResult, Limit, LimitRef, Pair, RuleName};
@@ -33,27 +34,11 @@ Algorithms (--algorithm) and the flags each takes:
 With --window, R is scaled to the window and must come out whole: 100/min
 over --window 30s is 50 per 30 s.";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum AlgorithmArg {
-    TokenBucket,
-    SlidingWindow,
-    FixedWindow,
-    SlidingLog,
-    LeakyBucket,
-    Concurrency,
-}
-
-impl AlgorithmArg {
-    pub fn algorithm(self) -> Algorithm {
-        match self {
-            Self::TokenBucket => Algorithm::TokenBucket,
-            Self::SlidingWindow => Algorithm::SlidingWindow,
-            Self::FixedWindow => Algorithm::FixedWindow,
-            Self::SlidingLog => Algorithm::SlidingLog,
-            Self::LeakyBucket => Algorithm::LeakyBucket,
-            Self::Concurrency => Algorithm::Concurrency,
-        }
-    }
+/// `--algorithm`: the wire algorithm by its name (`Algorithm::name`), the
+/// names listed in the help as a value enum's would be.
+fn algorithm_parser() -> impl TypedValueParser<Value = Algorithm> {
+    PossibleValuesParser::new(Algorithm::ALL.map(Algorithm::name))
+        .try_map(|name: String| Algorithm::from_name(&name).ok_or("not an algorithm"))
 }
 
 /// Lease time to live of `--algorithm concurrency` without `--lease-ttl`.
@@ -74,8 +59,8 @@ pub struct CheckArgs {
     )]
     pub rule: Option<String>,
     /// The limiting algorithm (see below for the flags each takes).
-    #[arg(long, value_enum, default_value_t = AlgorithmArg::TokenBucket)]
-    pub algorithm: AlgorithmArg,
+    #[arg(long, value_parser = algorithm_parser(), default_value = "token-bucket")]
+    pub algorithm: Algorithm,
     /// Rate: `5/s`, `100/min`, `10000/day` (concurrency: N/lease-ttl).
     #[arg(long)]
     pub rate: Option<Rate>,
@@ -148,7 +133,7 @@ impl CheckArgs {
 
     /// The wire limit these flags describe.
     pub fn limit(&self) -> Result<Limit, UsageError> {
-        let algorithm = self.algorithm.algorithm();
+        let algorithm = self.algorithm;
         let name = algorithm.name();
         let refuse = |flag: &'static str, given: bool| {
             if given {

@@ -27,7 +27,7 @@ mod signals;
 pub mod status;
 pub mod usage;
 
-pub use check::{AlgorithmArg, CheckArgs, UsageError, DEFAULT_LEASE_TTL_MS};
+pub use check::{CheckArgs, UsageError, DEFAULT_LEASE_TTL_MS};
 pub use health::HealthArgs;
 pub use ping::PingArgs;
 pub use promote::PromoteArgs;

@@ -166,7 +166,7 @@ fn every_algorithm_by_name_with_its_flags() {
     // Every wire algorithm has a flag value with its name.
     for a in Algorithm::ALL {
         let parsed = args(&["--algorithm", a.name()]).unwrap();
-        assert_eq!(parsed.algorithm.algorithm(), a);
+        assert_eq!(parsed.algorithm, a);
     }
 }
 
