@@ -130,7 +130,9 @@ async fn send_loop(
                 _ = shutdown.cancelled() => return,
                 more = exchange_once(&core, &regions, index, &mut s, timeout) => more,
             };
-            if !more || started.elapsed() >= interval {
+            // Stepped down meanwhile: the next tick says so (and sends no more).
+            let primary = core.role.role() == Role::Primary;
+            if !more || !primary || started.elapsed() >= interval {
                 break;
             }
         }
