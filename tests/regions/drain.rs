@@ -13,33 +13,21 @@
 
 use crate::common::{batch_of, rule, RawConn, TempDir};
 use crate::harness::{eventually, free_addr, Node};
-use crate::process::{peer_field, sock, RULES};
+use crate::process::{peer_field, region_every, sock};
 use tollgate_protocol::{Request, Response};
 
 const KEYS: u64 = 2_000;
 const INTERVAL_MS: u64 = 5_000;
 
+/// A region exchanging every `INTERVAL_MS`, at most 4 KiB a message.
 fn region(dir: &TempDir, name: &str, addr: &str, peer: &str, peer_addr: &str) -> Node {
-    let rules = dir.path("rules.yaml");
-    std::fs::write(&rules, RULES).unwrap();
-    let peer_flag = format!("{peer}={peer_addr}");
     let interval = format!("{INTERVAL_MS}ms");
-    Node::start(
-        addr,
-        &[
-            "--rules",
-            rules.to_str().unwrap(),
-            "--region",
-            name,
-            "--region-peer",
-            &peer_flag,
-            "--exchange-interval",
-            &interval,
-            "--exchange-max-bytes",
-            "4KiB",
-            "--region-stall-intervals",
-            "100000",
-        ],
+    region_every(
+        dir,
+        (name, addr),
+        (peer, peer_addr),
+        &interval,
+        &["--exchange-max-bytes", "4KiB"],
     )
 }
 

@@ -35,6 +35,17 @@ pub fn region(
     peer_addr: &str,
     extra: &[&str],
 ) -> Node {
+    region_every(dir, (name, addr), (peer, peer_addr), "100ms", extra)
+}
+
+/// [`region`] exchanging every `interval`.
+pub fn region_every(
+    dir: &TempDir,
+    (name, addr): (&str, &str),
+    (peer, peer_addr): (&str, &str),
+    interval: &str,
+    extra: &[&str],
+) -> Node {
     let rules = dir.path("rules.yaml");
     std::fs::write(&rules, RULES).unwrap();
     let peer_flag = format!("{peer}={peer_addr}");
@@ -46,7 +57,7 @@ pub fn region(
         "--region-peer",
         &peer_flag,
         "--exchange-interval",
-        "100ms",
+        interval,
         // A peer that never answers must not cap the checks of a test.
         "--region-stall-intervals",
         "100000",
