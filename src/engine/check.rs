@@ -453,23 +453,23 @@ impl Evaluation<'_> {
     /// A REFUND check: resolved like a CHECK, then refunded as one group
     /// (shadow rules too: their units were charged when their part passed).
     fn refund(&self, pairs: &[Pair], spots: &[Spot]) -> Decided<'_> {
-        self.refund_returning(pairs, spots, &mut Returned::new())
+        self.refund_returning(pairs, spots, None)
     }
 
-    /// [`Self::refund`], filling `returned` with the units each pair gave
-    /// back (see `Store::refund_returning`).
+    /// [`Self::refund`], filling `returned`, when given, with the units each
+    /// pair gave back (see `Store::refund_returning`): what a global rule's
+    /// refund reports to the peers; a plain refund does not count them.
     fn refund_returning(
         &self,
         pairs: &[Pair],
         spots: &[Spot],
-        returned: &mut Returned,
+        returned: Option<&mut Returned>,
     ) -> Decided<'_> {
-        let result = match self.resolve(pairs) {
-            Ok((checks, _)) => {
-                let store = &self.engine.store;
-                store.refund_returning(&checks, spots, self.now, returned)
-            }
-            Err(code) => CheckResult::Error(code),
+        let store = &self.engine.store;
+        let result = match (self.resolve(pairs), returned) {
+            (Ok((checks, _)), Some(r)) => store.refund_returning(&checks, spots, self.now, r),
+            (Ok((checks, _)), None) => store.refund_at(&checks, spots, self.now),
+            (Err(code), _) => CheckResult::Error(code),
         };
         match result {
             CheckResult::Decision(d) => Decided::Refunded(d),

@@ -150,7 +150,7 @@ impl<'a> Evaluation<'a> {
         spots: &[Spot],
     ) -> Decided<'_> {
         let mut returned = Returned::new();
-        let decided = self.refund_returning(pairs, spots, &mut returned);
+        let decided = self.refund_returning(pairs, spots, Some(&mut returned));
         if let Decided::Refunded(_) = decided {
             for (i, name, rule) in self.global_pairs(pairs) {
                 let pair = &pairs[i];
