@@ -2,16 +2,25 @@
 //! broker is reached (TLS, credentials), which are sent, how many may
 //! wait. See `crate::events`.
 
-use super::{at_least, at_most, redacted, ConfigError};
+use super::{at_least, at_most, at_most_long, human, redacted, ConfigError};
 use crate::events::{EventsConfig, NatsAuth};
+use crate::units::parse_duration;
 use clap::Args;
 use serde::Serialize;
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub const DEFAULT_EVENTS_SUBJECT: &str = "tollgate.decisions";
 pub const DEFAULT_EVENTS_SAMPLE: f64 = 0.01;
 pub const DEFAULT_EVENTS_QUEUE: usize = 65_536;
 pub const DEFAULT_EVENTS_BATCH: usize = 256;
+/// How long the publisher waits, after the first event of a batch, for
+/// more to join it: one write to the broker per few milliseconds instead
+/// of one per event (at 1% of 1M checks/s, 10,000 writes a second).
+pub const DEFAULT_EVENTS_LINGER: &str = "5ms";
+/// Longest linger accepted: events are for dashboards and alerts, which a
+/// second's delay already blurs.
+pub const MAX_EVENTS_LINGER: Duration = Duration::from_secs(1);
 /// Most events that may wait: about 200 bytes each, so 400 MB at most.
 pub const MAX_EVENTS_QUEUE: usize = 1 << 21;
 /// Longest subject accepted (NATS has no hard limit; this is a typo guard).
@@ -45,6 +54,13 @@ pub struct EventSettings {
     /// Events published per flush to NATS at most.
     #[arg(long, default_value_t = DEFAULT_EVENTS_BATCH)]
     pub events_batch: usize,
+
+    /// How long the first event of a batch waits for more before the
+    /// batch is published (0: at once; at most 1s). Fewer, larger writes
+    /// to the broker, on the server's own cores.
+    #[arg(long, default_value = DEFAULT_EVENTS_LINGER, value_parser = parse_duration)]
+    #[serde(serialize_with = "human")]
+    pub events_linger: Duration,
 
     /// Region stamped on every event (e.g. `eu-west-1`).
     #[arg(long)]
@@ -114,6 +130,7 @@ impl EventSettings {
             self.events_batch as u64,
             self.events_queue as u64,
         )?;
+        at_most_long("events-linger", self.events_linger, MAX_EVENTS_LINGER)?;
         Ok(())
     }
 
@@ -125,6 +142,7 @@ impl EventSettings {
             sample: self.events_sample,
             queue: self.events_queue,
             batch: self.events_batch,
+            linger: self.events_linger,
             region: self.events_region.clone(),
             tls_ca: self.events_tls_ca.clone(),
             // Checked by `validate`.

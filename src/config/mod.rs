@@ -123,6 +123,12 @@ pub enum ConfigError {
     },
     #[error("{name} must be non-zero")]
     ZeroDuration { name: &'static str },
+    #[error("{name} must be at most {max}, got {value}")]
+    TooLong {
+        name: &'static str,
+        value: String,
+        max: String,
+    },
     #[error("{name} ({value}) must be longer than {than} ({bound})")]
     NotLongerThan {
         name: &'static str,
@@ -245,6 +251,17 @@ fn at_least(name: &'static str, value: u64, min: u64) -> Result<(), ConfigError>
 fn at_most(name: &'static str, value: u64, max: u64) -> Result<(), ConfigError> {
     if value > max {
         return Err(ConfigError::TooLarge { name, value, max });
+    }
+    Ok(())
+}
+
+fn at_most_long(name: &'static str, value: Duration, max: Duration) -> Result<(), ConfigError> {
+    if value > max {
+        return Err(ConfigError::TooLong {
+            name,
+            value: format_duration(value),
+            max: format_duration(max),
+        });
     }
     Ok(())
 }

@@ -474,3 +474,17 @@ fn region_peer_secrets_name_a_peer_once_and_are_secrets_of_their_own() {
     alone.auth.cluster_secret = None;
     alone.validate().unwrap();
 }
+
+#[test]
+fn the_events_linger_is_at_most_a_second() {
+    let mut c = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());
+    assert_eq!(c.events.events_linger, Duration::from_millis(5));
+    c.events.events_linger = Duration::ZERO;
+    assert_eq!(c.validate(), Ok(()));
+    c.events.events_linger = Duration::from_millis(1001);
+    let refused = c.validate().unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "events-linger must be at most 1s, got 1s 1ms"
+    );
+}

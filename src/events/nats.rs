@@ -1,6 +1,6 @@
-//! The publisher task: takes queued events in batches and publishes each
-//! as one NATS message (JSON) on `--events-subject`, flushing once per
-//! batch.
+//! The publisher task: takes queued events in batches (the first event,
+//! then what queues within `--events-linger`) and publishes each as one
+//! NATS message (JSON) on `--events-subject`, flushing once per batch.
 //!
 //! The client connects in the background and keeps reconnecting
 //! (async-nats's own backoff): while the broker is away, its buffer and
@@ -16,7 +16,7 @@
 //! the log rather than only as dropped events. Checks never wait on any of
 //! this.
 
-use super::{Event, EventMetrics, NatsAuth, Publisher};
+use super::{next_batch, Event, EventMetrics, NatsAuth, Publisher};
 use async_nats::{ClientError, ConnectOptions};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,24 +43,21 @@ pub(super) async fn publish(
             region: config.region.clone(),
         },
     };
-    let limit = config.batch;
+    let (limit, linger) = (config.batch, config.linger);
     let mut batch = Vec::with_capacity(limit);
     let rx = &mut publisher.rx;
     let steady = async {
-        loop {
-            if rx.recv_many(&mut batch, limit).await == 0 {
-                return;
-            }
+        while next_batch(rx, &mut batch, limit, linger).await {
             sender.send(&mut batch).await;
         }
     };
     // A publish waiting on an absent broker must not hold up the stop: the
-    // batch in flight is given up (at most --events-batch events).
+    // batch in flight is given up (at most --events-batch events). A batch
+    // still lingering is not in flight: it is published below.
     tokio::select! {
         _ = stop.cancelled() => {}
-        _ = steady => return,
+        () = steady => return,
     }
-    batch.clear();
     // Stopping: what is queued now goes out, within the grace period.
     let drain = async {
         loop {
