@@ -137,9 +137,9 @@ impl Engine {
                     return fresh();
                 }
                 let scope = self.retries.scope(owner, pairs);
-                let answered =
-                    self.retries
-                        .once(tag.idempotency, scope, || self.clock.now(), fresh);
+                let answered = self
+                    .retries
+                    .once(tag.idempotency, scope, evaluation.now, fresh);
                 if answered == Answered::Refused {
                     self.errors.count(ErrorCode::IdempotencyKeyReused);
                 }

@@ -15,20 +15,22 @@
 //!   key, limit and cost); the same key with another fingerprint is
 //!   refused IdempotencyKeyReused, neither answered nor evaluated, and the
 //!   entry stays for its owner's retries;
-//! - an entry answers retries for `window` after it was remembered, then
-//!   it is forgotten when its shard is next touched;
+//! - an entry answers retries for `window` after it was remembered (the
+//!   time of the frame that charged it); after that it is as if unknown;
 //! - memory is bounded: each shard holds at most its share of `capacity`
-//!   keys, and forgets its oldest first when full (counted);
-//! - entries are remembered in time order per shard (one clock reading per
-//!   lock hold), so the oldest is always at the front of `order`.
+//!   keys, in two generations; when the young one holds half the share,
+//!   the old one is forgotten whole (those inside their window counted)
+//!   and the young one becomes the old. The keys forgotten are always
+//!   older than every key kept, and a new key costs two lookups and an
+//!   insert (one cache miss each at a full memory), where keeping keys in
+//!   order and forgetting the single oldest cost two more misses per check.
 
 use super::Privilege;
 use crate::clock::Nanos;
 use ahash::RandomState;
-use hashbrown::HashMap;
+use hashbrown::HashTable;
 use parking_lot::Mutex;
 use prometheus::{IntCounter, Registry};
-use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::Duration;
 use tollgate_protocol::{CheckResult, ErrorCode, IdempotencyKey, Pair};
@@ -78,8 +80,9 @@ impl DedupMetrics {
     }
 }
 
-/// One remembered answer.
+/// One remembered answer, under its key.
 struct Entry {
+    key: IdempotencyKey,
     result: CheckResult,
     /// Who asked, and what: [`RetryMemory::scope`].
     scope: u64,
@@ -91,27 +94,65 @@ struct Entry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Owner(u64);
 
+/// Keys remembered in one stretch of time, by their hash.
+#[derive(Default)]
+struct Generation {
+    entries: HashTable<Entry>,
+    /// The latest `at` of its entries: when it is older than the window,
+    /// nothing in the generation is still answering retries.
+    newest: Nanos,
+}
+
+impl Generation {
+    fn find(&self, hash: u64, key: IdempotencyKey) -> Option<&Entry> {
+        self.entries.find(hash, |e| e.key == key)
+    }
+
+    /// Empties it, returning how many of its entries were still inside
+    /// `window` at `now` (forgotten early). Walks the entries only when
+    /// some may be: a sequential read, once per generation.
+    fn forget(&mut self, now: Nanos, window: Nanos) -> usize {
+        let early = if now.saturating_sub(self.newest) >= window {
+            0
+        } else {
+            self.entries
+                .iter()
+                .filter(|e| now.saturating_sub(e.at) < window)
+                .count()
+        };
+        // Keeps the allocation: the next generation fills it again.
+        self.entries.clear();
+        self.newest = 0;
+        early
+    }
+}
+
+/// One shard: the keys being remembered now, and the generation before.
+/// Forgetting is by whole generations: when `young` is full (half the
+/// shard) the older one is dropped and `young` takes its place, so a new
+/// key costs two lookups and one insert, never a search for the oldest.
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<IdempotencyKey, Entry, RandomState>,
-    /// Keys in the order they were remembered, with when.
-    order: VecDeque<(IdempotencyKey, Nanos)>,
+    young: Generation,
+    old: Generation,
 }
 
 impl Shard {
-    /// Forgets the oldest key (its entry only if it is that same one: a key
-    /// remembered again after it expired has a newer `at`).
-    fn forget_oldest(&mut self) -> bool {
-        let Some((key, at)) = self.order.pop_front() else {
-            return false;
-        };
-        // One probe: the entry is found and removed in place.
-        if let hashbrown::hash_map::Entry::Occupied(found) = self.entries.entry(key) {
-            if found.get().at == at {
-                found.remove();
-            }
+    /// Makes room for one more key within `cap` keys in all and `half` in
+    /// the young generation; returns how many keys still inside the window
+    /// were forgotten for it.
+    fn make_room(&mut self, cap: usize, half: usize, now: Nanos, window: Nanos) -> usize {
+        let young = self.young.entries.len();
+        if young < half && young + self.old.entries.len() < cap {
+            return 0;
         }
-        true
+        let mut forgotten = self.old.forget(now, window);
+        std::mem::swap(&mut self.young, &mut self.old);
+        if self.old.entries.len() >= cap {
+            // A shard of one key: it has no room for an older generation.
+            forgotten += self.old.forget(now, window);
+        }
+        forgotten
     }
 }
 
@@ -185,28 +226,26 @@ impl RetryMemory {
 
     /// The answer remembered under `key` within the window for the same
     /// `scope` ([`RetryMemory::scope`]), a refusal when it is remembered
-    /// for another, or else what `evaluate` says now (remembered when it
-    /// is a decision). `clock` is read under the shard's lock, so each
-    /// shard remembers in time order.
+    /// for another, or else what `evaluate` says now (remembered, as of
+    /// `now`, when it is a decision).
     pub fn once(
         &self,
         key: IdempotencyKey,
         scope: u64,
-        clock: impl FnOnce() -> Nanos,
+        now: Nanos,
         evaluate: impl FnOnce() -> CheckResult,
     ) -> Answered {
-        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        let hash = self.hasher.hash_one(key);
+        // The shard from bits the tables do not index by (they use the low
+        // bits for the bucket and the top seven for the tag).
+        let index = (hash >> 32) as usize % self.shards.len();
         let mut shard = self.shards[index].lock();
-        let now = clock();
-        // Forget what has aged out of the window, oldest first.
-        while shard
-            .order
-            .front()
-            .is_some_and(|&(_, at)| now.saturating_sub(at) >= self.window)
-        {
-            shard.forget_oldest();
-        }
-        if let Some(entry) = shard.entries.get(&key) {
+        let live = |e: &&Entry| now.saturating_sub(e.at) < self.window;
+        // The young generation first: a key remembered again after it
+        // expired has its newer entry there.
+        let found = (shard.young.find(hash, key).filter(live))
+            .or_else(|| shard.old.find(hash, key).filter(live));
+        if let Some(entry) = found {
             if entry.scope != scope {
                 self.metrics.refused.inc();
                 return Answered::Refused;
@@ -216,20 +255,37 @@ impl RetryMemory {
         }
         let result = evaluate();
         if let CheckResult::Decision(_) = result {
-            while shard.entries.len() >= self.per_shard && shard.forget_oldest() {
-                self.metrics.evicted.inc();
-            }
-            shard.entries.insert(
-                key,
+            self.remember(
+                &mut shard,
+                hash,
                 Entry {
+                    key,
                     result,
                     scope,
                     at: now,
                 },
             );
-            shard.order.push_back((key, now));
         }
         Answered::Fresh(result)
+    }
+
+    /// Puts `entry` in the young generation, over an expired entry of its
+    /// key if there is one, else in room made for it.
+    fn remember(&self, shard: &mut Shard, hash: u64, entry: Entry) {
+        let young = &mut shard.young;
+        if let Some(expired) = young.entries.find_mut(hash, |e| e.key == entry.key) {
+            young.newest = young.newest.max(entry.at);
+            *expired = entry;
+            return;
+        }
+        let half = self.per_shard.div_ceil(2);
+        let forgotten = shard.make_room(self.per_shard, half, entry.at, self.window);
+        self.metrics.evicted.inc_by(forgotten as u64);
+        let young = &mut shard.young;
+        young.newest = young.newest.max(entry.at);
+        young
+            .entries
+            .insert_unique(hash, entry, |e| self.hasher.hash_one(e.key));
     }
 }
 
@@ -267,19 +323,19 @@ mod tests {
     fn a_retry_within_the_window_is_replayed_not_evaluated() {
         let m = memory(100, 1024);
         assert_eq!(
-            m.once(key(1), S, || 0, || allowed(9)),
+            m.once(key(1), S, 0, || allowed(9)),
             Answered::Fresh(allowed(9))
         );
-        let replay = m.once(key(1), S, || 99, || panic!("evaluated twice"));
+        let replay = m.once(key(1), S, 99, || panic!("evaluated twice"));
         assert_eq!(replay, Answered::Replayed(allowed(9)));
         // Another key is its own check.
         assert_eq!(
-            m.once(key(2), S, || 99, || allowed(8)),
+            m.once(key(2), S, 99, || allowed(8)),
             Answered::Fresh(allowed(8))
         );
         // The window is over: evaluated again.
         assert_eq!(
-            m.once(key(1), S, || 100, || allowed(7)),
+            m.once(key(1), S, 100, || allowed(7)),
             Answered::Fresh(allowed(7))
         );
         assert_eq!(m.metrics.replayed.get(), 1);
@@ -289,13 +345,13 @@ mod tests {
     fn errors_are_not_remembered() {
         let m = memory(100, 1024);
         let shed = CheckResult::Error(ErrorCode::Shed);
-        assert_eq!(m.once(key(1), S, || 0, || shed), Answered::Fresh(shed));
+        assert_eq!(m.once(key(1), S, 0, || shed), Answered::Fresh(shed));
         assert_eq!(
-            m.once(key(1), S, || 1, || allowed(5)),
+            m.once(key(1), S, 1, || allowed(5)),
             Answered::Fresh(allowed(5))
         );
         assert_eq!(
-            m.once(key(1), S, || 2, || allowed(4)),
+            m.once(key(1), S, 2, || allowed(4)),
             Answered::Replayed(allowed(5))
         );
     }
@@ -306,32 +362,126 @@ mod tests {
         let m = memory(1_000, 1);
         let mut evaluated = 0;
         for n in 0..(SHARDS as u128 * 4) {
-            if let Answered::Fresh(_) = m.once(key(n), S, || n as u64, || allowed(1)) {
+            if let Answered::Fresh(_) = m.once(key(n), S, n as u64, || allowed(1)) {
                 evaluated += 1;
             }
         }
         assert_eq!(evaluated, SHARDS * 4);
-        let held: usize = m.shards.iter().map(|s| s.lock().entries.len()).sum();
+        let held: usize = m
+            .shards
+            .iter()
+            .map(|s| {
+                let s = s.lock();
+                s.young.entries.len() + s.old.entries.len()
+            })
+            .sum();
         assert!(held <= SHARDS, "{held} keys held, at most one a shard");
         assert!(m.metrics.evicted.get() >= (SHARDS * 3) as u64);
         // The newest key is still remembered.
         let last = key(SHARDS as u128 * 4 - 1);
         assert!(matches!(
-            m.once(last, S, || 999, || allowed(0)),
+            m.once(last, S, 999, || allowed(0)),
             Answered::Replayed(_)
         ));
+    }
+
+    /// `n` keys that share one shard.
+    fn same_shard(m: &RetryMemory, n: usize) -> Vec<IdempotencyKey> {
+        let shard = |k: IdempotencyKey| (m.hasher.hash_one(k) >> 32) as usize % SHARDS;
+        let first = shard(key(0));
+        (0..)
+            .map(key)
+            .filter(|&k| shard(k) == first)
+            .take(n)
+            .collect()
+    }
+
+    #[test]
+    fn a_full_shard_forgets_its_older_generation_whole() {
+        // Four keys a shard: two generations of two.
+        let m = memory(1_000, SHARDS * 4);
+        let k = same_shard(&m, 6);
+        for (at, &k) in k[..4].iter().enumerate() {
+            assert!(matches!(
+                m.once(k, S, at as u64, || allowed(1)),
+                Answered::Fresh(_)
+            ));
+        }
+        // All four are held: the shard is full, nothing forgotten yet.
+        for &k in &k[..4] {
+            assert!(matches!(
+                m.once(k, S, 10, || panic!("evaluated")),
+                Answered::Replayed(_)
+            ));
+        }
+        assert_eq!(m.metrics.evicted.get(), 0);
+        // A fifth forgets the two oldest, and only them.
+        m.once(k[4], S, 11, || allowed(1));
+        assert_eq!(m.metrics.evicted.get(), 2);
+        for &k in &k[2..5] {
+            assert!(matches!(
+                m.once(k, S, 12, || panic!("evaluated")),
+                Answered::Replayed(_)
+            ));
+        }
+        assert!(matches!(
+            m.once(k[0], S, 13, || allowed(1)),
+            Answered::Fresh(_)
+        ));
+    }
+
+    #[test]
+    fn a_generation_forgotten_after_its_window_counts_no_eviction() {
+        let m = memory(10, SHARDS * 2);
+        let k = same_shard(&m, 4);
+        m.once(k[0], S, 0, || allowed(1));
+        m.once(k[1], S, 1, || allowed(1));
+        // Both expired by 20: forgetting them evicts nothing early.
+        m.once(k[2], S, 20, || allowed(1));
+        m.once(k[3], S, 21, || allowed(1));
+        assert_eq!(m.metrics.evicted.get(), 0);
+    }
+
+    #[test]
+    fn no_shard_ever_holds_more_than_its_share() {
+        for per_shard in [1, 2, 3, 5, 8] {
+            let m = memory(u64::MAX, SHARDS * per_shard);
+            let k = same_shard(&m, 40);
+            for (at, &k) in k.iter().enumerate() {
+                m.once(k, S, at as u64, || allowed(1));
+                let held = m.shards.iter().map(|s| {
+                    let s = s.lock();
+                    s.young.entries.len() + s.old.entries.len()
+                });
+                assert!(held.max().unwrap() <= per_shard, "share {per_shard}");
+            }
+            // Every key not held was counted forgotten; the newest is held.
+            let held: u64 = m
+                .shards
+                .iter()
+                .map(|s| {
+                    let s = s.lock();
+                    (s.young.entries.len() + s.old.entries.len()) as u64
+                })
+                .sum();
+            assert_eq!(m.metrics.evicted.get(), 40 - held);
+            assert!(matches!(
+                m.once(k[39], S, 99, || allowed(0)),
+                Answered::Replayed(_)
+            ));
+        }
     }
 
     #[test]
     fn an_expired_key_is_evaluated_afresh_and_remembered_again() {
         let m = memory(10, 1024);
-        m.once(key(1), S, || 0, || allowed(3));
+        m.once(key(1), S, 0, || allowed(3));
         assert_eq!(
-            m.once(key(1), S, || 10, || allowed(2)),
+            m.once(key(1), S, 10, || allowed(2)),
             Answered::Fresh(allowed(2))
         );
         assert_eq!(
-            m.once(key(1), S, || 15, || allowed(0)),
+            m.once(key(1), S, 15, || allowed(0)),
             Answered::Replayed(allowed(2))
         );
     }
@@ -339,8 +489,8 @@ mod tests {
     #[test]
     fn a_key_remembered_for_another_scope_is_refused_and_kept() {
         let m = memory(100, 1024);
-        m.once(key(1), S, || 0, || allowed(3));
-        let other = m.once(key(1), S + 1, || 1, || panic!("evaluated"));
+        m.once(key(1), S, 0, || allowed(3));
+        let other = m.once(key(1), S + 1, 1, || panic!("evaluated"));
         assert_eq!(other, Answered::Refused);
         assert_eq!(
             other.result(),
@@ -348,7 +498,7 @@ mod tests {
         );
         // The owner's own retry is still answered from memory.
         assert_eq!(
-            m.once(key(1), S, || 2, || panic!("evaluated")),
+            m.once(key(1), S, 2, || panic!("evaluated")),
             Answered::Replayed(allowed(3))
         );
         assert_eq!(m.metrics.refused.get(), 1);
