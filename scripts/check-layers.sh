@@ -44,6 +44,7 @@ RULES=(
   "src/sync.rs     $LEAVES"
   "src/units.rs    $LEAVES"
   "src/huge_pages.rs $LEAVES"
+  "src/prefetch.rs $LEAVES"
   "src/throttled.rs $LEAVES"
   "src/tls         $LEAVES"
   "src/events      $LEAVES"

@@ -13,15 +13,15 @@
 //! - [`algorithm`]: token bucket, sliding window, fixed window, sliding log,
 //!   leaky bucket and concurrency leases, pure functions;
 //! - [`store`]: lock-striped per-key state, atomic groups, expiry; a
-//!   frame's keys prefetched before its checks (`store/tables/hint.rs`, the
-//!   crate's other `unsafe` call: a prefetch instruction);
+//!   frame's keys prefetched before its checks (`store/tables/hint.rs`);
 //! - [`rules`]: named rules from the rules file, hot reload;
 //! - [`throttled`]: the most denied keys, in bounded memory;
 //! - [`log_text`]: text a peer chose, escaped for log lines;
 //! - [`events`]: decision events, queued without waiting and published to
 //!   NATS (feature `events`);
 //! - [`huge_pages`]: `--huge-pages`, transparent huge pages for the
-//!   binary's heap (mimalloc); one of the crate's two `unsafe` calls;
+//!   binary's heap (mimalloc); one of the crate's two `unsafe` modules;
+//! - `prefetch`: cache-line prefetch hints, the other one;
 //! - [`tls`]: rustls configs of every port and of a node's own connections,
 //!   reloadable, and the one socket type for plain TCP and TLS;
 //! - [`config`]: the settings by section, flags and the config file;
@@ -58,6 +58,7 @@ pub mod events;
 pub mod huge_pages;
 pub mod log_text;
 mod node;
+mod prefetch;
 #[cfg(test)]
 mod readme;
 pub mod rules;

@@ -81,6 +81,7 @@ impl DedupMetrics {
 }
 
 /// One remembered answer, under its key.
+#[derive(Clone, Copy)]
 struct Entry {
     key: IdempotencyKey,
     result: CheckResult,
@@ -94,36 +95,79 @@ struct Entry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Owner(u64);
 
-/// Keys remembered in one stretch of time, by their hash.
+/// Keys remembered in one stretch of time: their entries in the order
+/// remembered, and an index from key to entry. Appending keeps the writes
+/// of a full memory sequential (the line written next is fetched while
+/// the check is evaluated, [`Generation::prepare`]); the index is small
+/// (4 bytes a key) and stays in cache.
 #[derive(Default)]
 struct Generation {
-    entries: HashTable<Entry>,
+    entries: Vec<Entry>,
+    /// Positions in `entries`, by the key's hash.
+    index: HashTable<u32>,
     /// The latest `at` of its entries: when it is older than the window,
     /// nothing in the generation is still answering retries.
     newest: Nanos,
 }
 
 impl Generation {
-    fn find(&self, hash: u64, key: IdempotencyKey) -> Option<&Entry> {
-        self.entries.find(hash, |e| e.key == key)
+    fn find(&self, hash: u64, key: IdempotencyKey) -> Option<usize> {
+        let entries = &self.entries;
+        (self.index)
+            .find(hash, |&at| entries[at as usize].key == key)
+            .map(|&at| at as usize)
+    }
+
+    /// The entry of `key` if it is still inside `window` at `now`.
+    fn live(&self, hash: u64, key: IdempotencyKey, now: Nanos, window: Nanos) -> Option<&Entry> {
+        let entry = &self.entries[self.find(hash, key)?];
+        (now.saturating_sub(entry.at) < window).then_some(entry)
+    }
+
+    /// Starts fetching where the next entry will be written.
+    fn prepare(&self) {
+        if self.entries.len() < self.entries.capacity() {
+            let next = self.entries.as_ptr_range().end as usize;
+            crate::prefetch::line_for_write(next);
+            crate::prefetch::line_for_write(next + std::mem::size_of::<Entry>() - 1);
+        }
+    }
+
+    /// Remembers `entry` (its key hashed to `hash`), over an entry of the
+    /// same key if there is one.
+    fn put(&mut self, hash: u64, entry: Entry, hasher: &RandomState) {
+        self.newest = self.newest.max(entry.at);
+        if let Some(at) = self.find(hash, entry.key) {
+            self.entries[at] = entry;
+            return;
+        }
+        let at = u32::try_from(self.entries.len()).expect("a shard holds under 2^32 keys");
+        self.entries.push(entry);
+        let entries = &self.entries;
+        self.index
+            .insert_unique(hash, at, |&at| hasher.hash_one(entries[at as usize].key));
     }
 
     /// Empties it, returning how many of its entries were still inside
     /// `window` at `now` (forgotten early). Walks the entries only when
-    /// some may be: a sequential read, once per generation.
+    /// some may be, in order.
     fn forget(&mut self, now: Nanos, window: Nanos) -> usize {
         let early = if now.saturating_sub(self.newest) >= window {
             0
         } else {
-            self.entries
-                .iter()
+            (self.entries.iter())
                 .filter(|e| now.saturating_sub(e.at) < window)
                 .count()
         };
-        // Keeps the allocation: the next generation fills it again.
+        // Keeps the allocations: the next generation fills them again.
         self.entries.clear();
+        self.index.clear();
         self.newest = 0;
         early
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
     }
 }
 
@@ -142,13 +186,13 @@ impl Shard {
     /// the young generation; returns how many keys still inside the window
     /// were forgotten for it.
     fn make_room(&mut self, cap: usize, half: usize, now: Nanos, window: Nanos) -> usize {
-        let young = self.young.entries.len();
-        if young < half && young + self.old.entries.len() < cap {
+        let young = self.young.len();
+        if young < half && young + self.old.len() < cap {
             return 0;
         }
         let mut forgotten = self.old.forget(now, window);
         std::mem::swap(&mut self.young, &mut self.old);
-        if self.old.entries.len() >= cap {
+        if self.old.len() >= cap {
             // A shard of one key: it has no room for an older generation.
             forgotten += self.old.forget(now, window);
         }
@@ -240,12 +284,10 @@ impl RetryMemory {
         // bits for the bucket and the top seven for the tag).
         let index = (hash >> 32) as usize % self.shards.len();
         let mut shard = self.shards[index].lock();
-        let live = |e: &&Entry| now.saturating_sub(e.at) < self.window;
         // The young generation first: a key remembered again after it
         // expired has its newer entry there.
-        let found = (shard.young.find(hash, key).filter(live))
-            .or_else(|| shard.old.find(hash, key).filter(live));
-        if let Some(entry) = found {
+        let live = |g: &Generation| g.live(hash, key, now, self.window).copied();
+        if let Some(entry) = live(&shard.young).or_else(|| live(&shard.old)) {
             if entry.scope != scope {
                 self.metrics.refused.inc();
                 return Answered::Refused;
@@ -253,39 +295,24 @@ impl RetryMemory {
             self.metrics.replayed.inc();
             return Answered::Replayed(entry.result);
         }
+        // Room is made before evaluating, so the line the answer goes to is
+        // fetched meanwhile (a check that ends in an error, remembered not,
+        // only made it a little early).
+        let cap = self.per_shard;
+        let forgotten = shard.make_room(cap, cap.div_ceil(2), now, self.window);
+        self.metrics.evicted.inc_by(forgotten as u64);
+        shard.young.prepare();
         let result = evaluate();
         if let CheckResult::Decision(_) = result {
-            self.remember(
-                &mut shard,
-                hash,
-                Entry {
-                    key,
-                    result,
-                    scope,
-                    at: now,
-                },
-            );
+            let entry = Entry {
+                key,
+                result,
+                scope,
+                at: now,
+            };
+            shard.young.put(hash, entry, &self.hasher);
         }
         Answered::Fresh(result)
-    }
-
-    /// Puts `entry` in the young generation, over an expired entry of its
-    /// key if there is one, else in room made for it.
-    fn remember(&self, shard: &mut Shard, hash: u64, entry: Entry) {
-        let young = &mut shard.young;
-        if let Some(expired) = young.entries.find_mut(hash, |e| e.key == entry.key) {
-            young.newest = young.newest.max(entry.at);
-            *expired = entry;
-            return;
-        }
-        let half = self.per_shard.div_ceil(2);
-        let forgotten = shard.make_room(self.per_shard, half, entry.at, self.window);
-        self.metrics.evicted.inc_by(forgotten as u64);
-        let young = &mut shard.young;
-        young.newest = young.newest.max(entry.at);
-        young
-            .entries
-            .insert_unique(hash, entry, |e| self.hasher.hash_one(e.key));
     }
 }
 
@@ -372,7 +399,7 @@ mod tests {
             .iter()
             .map(|s| {
                 let s = s.lock();
-                s.young.entries.len() + s.old.entries.len()
+                s.young.len() + s.old.len()
             })
             .sum();
         assert!(held <= SHARDS, "{held} keys held, at most one a shard");
@@ -451,7 +478,7 @@ mod tests {
                 m.once(k, S, at as u64, || allowed(1));
                 let held = m.shards.iter().map(|s| {
                     let s = s.lock();
-                    s.young.entries.len() + s.old.entries.len()
+                    s.young.len() + s.old.len()
                 });
                 assert!(held.max().unwrap() <= per_shard, "share {per_shard}");
             }
@@ -461,7 +488,7 @@ mod tests {
                 .iter()
                 .map(|s| {
                     let s = s.lock();
-                    (s.young.entries.len() + s.old.entries.len()) as u64
+                    (s.young.len() + s.old.len()) as u64
                 })
                 .sum();
             assert_eq!(m.metrics.evicted.get(), 40 - held);

@@ -123,8 +123,8 @@ impl Hint {
             return;
         }
         let pos = (hash as usize) & self.mask.load(Ordering::Relaxed);
-        prefetch_line(ctrl.wrapping_add(pos));
-        prefetch_line(ctrl.wrapping_sub((pos + 1).wrapping_mul(self.entry)));
+        crate::prefetch::line(ctrl.wrapping_add(pos));
+        crate::prefetch::line(ctrl.wrapping_sub((pos + 1).wrapping_mul(self.entry)));
     }
 
     /// Checks the hint against `table`: every entry sitting where its
@@ -146,24 +146,6 @@ impl Hint {
         }
         checked
     }
-}
-
-/// Asks the CPU to bring the cache line holding `addr` in; elsewhere than
-/// x86_64, nothing.
-#[inline]
-#[allow(unsafe_code)]
-fn prefetch_line(addr: usize) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: PREFETCHT0 is a hint with no architectural effect: it loads
-    // nothing the program sees and does not fault on any address, mapped or
-    // not (Intel SDM vol. 2, PREFETCHh; AMD APM vol. 3), so a stale address
-    // is harmless. `_mm_prefetch` is `unsafe` only for taking a raw pointer.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(addr as *const i8);
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = addr;
 }
 
 #[cfg(all(test, not(tollgate_loom)))]
