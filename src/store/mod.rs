@@ -33,7 +33,7 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Orderin
 
 use tollgate_protocol::Algorithm;
 
-use changes::ChangeLog;
+use changes::{Captured, ChangeLog};
 pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
 pub use group::{Mode, ResolvedPair, Returned};
 pub use key::StoredKey;
@@ -318,7 +318,7 @@ impl Store {
         let Locked { tables, changes } = &mut *locked;
         let removed = tables.remove_all(self.hash(key), key, now);
         if removed {
-            self.record_change(stripe, changes, key);
+            self.record_change(stripe, changes, key, || Captured::RemovedAll);
         }
         removed
     }
