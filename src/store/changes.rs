@@ -247,7 +247,10 @@ impl Store {
                 }
                 return Drained::Whole(whole);
             }
-            std::mem::take(&mut locked.changes.changes)
+            // The next pass likely records about as many: sized for them,
+            // the log does not regrow (and copy) record by record.
+            let room = locked.changes.len();
+            std::mem::replace(&mut locked.changes.changes, Vec::with_capacity(room))
         };
         if changes.is_empty() {
             return Drained::Nothing;

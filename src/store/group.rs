@@ -134,9 +134,7 @@ impl Store {
         };
         if expires_at <= now {
             tables.remove(Table::Others, hash, key);
-            self.record_change(stripe, changes, key, || {
-                Captured::Removed(Table::Others)
-            });
+            self.record_change(stripe, changes, key, || Captured::Removed(Table::Others));
         } else {
             let entry = Entry { state, expires_at };
             // Recorded first: the entry moves into the table.
@@ -332,9 +330,7 @@ impl Store {
                 tables.remove(table, hash, pair.key);
                 self.record_change(stripe, changes, pair.key, || Captured::Removed(table));
             } else {
-                self.record_change(stripe, changes, pair.key, || {
-                    Captured::Put(entry.clone())
-                });
+                self.record_change(stripe, changes, pair.key, || Captured::Put(entry.clone()));
                 tables.put_hinted(&self.hasher, hash, pair.key, entry, policy.window());
             }
         }

@@ -33,8 +33,8 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Orderin
 
 use tollgate_protocol::Algorithm;
 
-use changes::{Captured, ChangeLog};
 pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
+use changes::{Captured, ChangeLog};
 pub use group::{Mode, ResolvedPair, Returned};
 pub use key::StoredKey;
 pub use merge::MergeRefused;

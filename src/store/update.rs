@@ -47,9 +47,7 @@ impl Store {
         if entry.expires_at <= now {
             if current.is_some() {
                 tables.remove(Table::Others, hash, key);
-                self.record_change(stripe, changes, key, || {
-                    Captured::Removed(Table::Others)
-                });
+                self.record_change(stripe, changes, key, || Captured::Removed(Table::Others));
             }
             return Ok(answer);
         }
