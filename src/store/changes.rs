@@ -118,7 +118,7 @@ pub struct KeyWrite {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CaptureStats {
     pub capturing: bool,
-    /// Keys waiting in the logs now.
+    /// Writes waiting in the logs now (a key written in a row counts once).
     pub buffered: usize,
     /// Times a stripe's log hit its cap and was dropped.
     pub overflows: u64,

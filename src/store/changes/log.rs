@@ -73,6 +73,9 @@ pub(super) struct Change {
     captured: Captured,
 }
 
+// One cache line: what `--repl-buffer-cap` bounds, per record.
+const _: () = assert!(std::mem::size_of::<Change>() == 64);
+
 /// The writes of one stripe since the last drain. Lives under the stripe's
 /// lock, beside the tables.
 #[derive(Debug, Default)]
