@@ -11,7 +11,7 @@
 use loom::sync::Arc;
 use loom::thread;
 use std::collections::HashMap;
-use tollgate::store::{Drained, Entry, Mode, ResolvedPair, Store, StoreConfig};
+use tollgate::store::{Drained, Entry, Mode, ResolvedPair, Store, StoreConfig, TableWrite};
 use tollgate_protocol::{Algorithm, Limit};
 
 const NOW: u64 = 1_000_000_000;
@@ -52,8 +52,9 @@ fn drain(store: &Store, copy: &mut Copy) {
                 for c in changes {
                     let key = c.key.as_bytes().to_vec();
                     match c.bucket {
-                        Some(entry) => copy.insert(key, (stripe, entry)),
-                        None => copy.remove(&key),
+                        TableWrite::Put(entry) => copy.insert(key, (stripe, entry)),
+                        TableWrite::Remove => copy.remove(&key),
+                        TableWrite::Keep => None,
                     };
                 }
             }

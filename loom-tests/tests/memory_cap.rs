@@ -13,7 +13,7 @@
 use loom::sync::Arc;
 use loom::thread;
 use std::collections::HashMap;
-use tollgate::store::{Drained, Entry, Full, Mode, ResolvedPair, Store, StoreConfig};
+use tollgate::store::{Drained, Entry, Full, Mode, ResolvedPair, Store, StoreConfig, TableWrite};
 use tollgate_protocol::{Algorithm, CheckResult, ErrorCode, Limit};
 
 const NOW: u64 = 1_000_000_000;
@@ -66,8 +66,9 @@ fn drain(s: &Store, copy: &mut Copy) {
         Drained::Changes(changes) => {
             for c in changes {
                 match c.bucket {
-                    Some(e) => copy.insert(c.key.as_bytes().to_vec(), e),
-                    None => copy.remove(c.key.as_bytes()),
+                    TableWrite::Put(e) => copy.insert(c.key.as_bytes().to_vec(), e),
+                    TableWrite::Remove => copy.remove(c.key.as_bytes()),
+                    TableWrite::Keep => None,
                 };
             }
         }

@@ -1,19 +1,22 @@
 //! Models of the replication change capture: checking threads record the
-//! keys they write in their stripe's change log (under the stripe lock they
-//! already hold) while the replication sender drains the logs.
+//! state each write left in their stripe's change log (under the stripe
+//! lock they already hold) while the replication sender drains the logs
+//! and folds them, per key and table, to the last state recorded.
 //!
 //! The property, under every interleaving: replaying what the sender
 //! drained, in order, onto an empty copy gives exactly the store's final
 //! state. So no change is lost (the latest state of every key reaches the
-//! sender) and none is reordered (a key's states arrive in write order: a
-//! token bucket's `tat` never goes back).
+//! sender: a state captured at write time and then overwritten in the log
+//! or folded away would leave the copy behind) and none is reordered (a
+//! key's states arrive in write order: a token bucket's `tat` never goes
+//! back).
 #![cfg(tollgate_loom)]
 
 use loom::sync::Arc;
 use loom::thread;
 use std::collections::HashMap;
 use tollgate::algorithm::State;
-use tollgate::store::{Drained, Entry, Mode, ResolvedPair, Store, StoreConfig};
+use tollgate::store::{Drained, Entry, Mode, ResolvedPair, Store, StoreConfig, TableWrite};
 use tollgate_protocol::{Algorithm, Limit};
 
 const NOW: u64 = 1_000_000_000;
@@ -54,16 +57,19 @@ fn replay(copy: &mut Copy, drained: Drained) {
         Drained::Changes(changes) => {
             for change in changes {
                 let key = change.key.as_bytes().to_vec();
+                // Only buckets here (a reset removes the other table too).
+                assert!(!matches!(change.other, TableWrite::Put(_)));
                 match change.bucket {
-                    Some(entry) => {
+                    TableWrite::Put(entry) => {
                         if let Some(old) = copy.get(&key) {
                             assert!(tat(&entry) >= tat(old), "a state went back in time");
                         }
                         copy.insert(key, entry);
                     }
-                    None => {
+                    TableWrite::Remove => {
                         copy.remove(&key);
                     }
+                    TableWrite::Keep => panic!("a key drained without a write"),
                 }
             }
         }
@@ -140,6 +146,42 @@ fn an_overflow_racing_the_drain_loses_nothing() {
         };
         replay(&mut copy, s.drain_stripe(0, NOW));
         writer.join().unwrap();
+        replay(&mut copy, s.drain_stripe(0, NOW));
+        assert_same(&s, &copy, &["{t}a", "{t}b"]);
+        assert_eq!(s.capture_stats().buffered, 0);
+    });
+}
+
+/// One thread writes a key, another key, then the first again (two
+/// records of one key apart in the log, folded by the drain), while a
+/// second thread writes the first key (a record that may replace the last
+/// one in place): whichever interleaving, the drain sends each key's last
+/// state.
+#[test]
+fn a_key_written_again_drains_its_last_state() {
+    loom::model(|| {
+        let s = store(8);
+        s.start_capture();
+        let mut copy = Copy::new();
+        replay(&mut copy, s.drain_stripe(0, NOW));
+
+        let a = {
+            let s = s.clone();
+            thread::spawn(move || {
+                s.check(&[charge("{t}a")], NOW, Mode::Charge);
+                s.check(&[charge("{t}b")], NOW, Mode::Charge);
+                s.check(&[charge("{t}a")], NOW, Mode::Charge);
+            })
+        };
+        let b = {
+            let s = s.clone();
+            thread::spawn(move || {
+                s.check(&[charge("{t}a")], NOW, Mode::Charge);
+            })
+        };
+        replay(&mut copy, s.drain_stripe(0, NOW));
+        a.join().unwrap();
+        b.join().unwrap();
         replay(&mut copy, s.drain_stripe(0, NOW));
         assert_same(&s, &copy, &["{t}a", "{t}b"]);
         assert_eq!(s.capture_stats().buffered, 0);

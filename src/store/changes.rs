@@ -1,97 +1,62 @@
-//! Change capture for replication: which keys changed since the last drain.
+//! Change capture for replication: the states the writes left since the
+//! last drain.
 //!
 //! ```text
 //!   check (holds the stripe lock) --write--> tables
-//!                                 --key----> ChangeLog (same lock)  --pending=true
-//!   replication sender: pending.swap(false) -> lock: take the keys -> unlock
-//!                       dedup -> lock: read each key's state now -> unlock -> frame
+//!                                 --(key, state written)--> ChangeLog (same lock)
+//!                                 --pending=true
+//!   replication sender: pending.swap(false) -> lock: take the log -> unlock
+//!                       fold: per key and table, the last state -> frame
 //! ```
 //!
 //! Invariants:
-//! - a key is recorded under the stripe lock that its write holds, so
-//!   capturing costs no extra lock; the capture switch is read under that
-//!   lock too, so a write that comes after [`Store::start_capture`] marked
-//!   its stripe is always recorded (or covered by the stripe's resync);
-//! - the sender reads a key's state when it drains, under the lock, so it
-//!   sends the *latest* state, and a write after that read records the key
-//!   again (and sets `pending`) for the next drain: no change is lost, and
-//!   per key the states drained are in the order they were written (the
-//!   loom model `loom-tests/tests/replication.rs` checks both);
-//! - a stripe's log holds at most `cap` keys: past it the keys are dropped
-//!   and the stripe is marked for **resync** (sent whole by the next
-//!   drain), so a slow standby can never grow the primary's memory; a
-//!   stripe marked for resync records nothing more until it is sent.
+//! - a write records the key and the state it left in the table(s) it
+//!   wrote (`log::Captured`: an entry, or a removal) under the stripe lock
+//!   that the write holds, so capturing costs no extra lock, and the log
+//!   holds the stripe's writes in the order the lock serialised them; the
+//!   capture switch is read under that lock too, so a write that comes
+//!   after [`Store::start_capture`] marked its stripe is always recorded
+//!   (or covered by the stripe's resync);
+//! - every write to a table is recorded (a removal too), except the drop
+//!   of an expired entry, which changes nothing a standby can see: so the
+//!   last state recorded for a key and table is the state it holds, and
+//!   the drain sends that without reading the tables again (no second
+//!   lock, no probe per key); a table no record wrote is sent as "keep";
+//! - the drain takes the whole log under the lock, so a write after that
+//!   is recorded (and sets `pending`) for the next drain: no change is
+//!   lost, and per key the states drained are in the order they were
+//!   written (the loom model `loom-tests/tests/replication.rs` checks
+//!   both; `tests/model/replication.rs` checks the standby's copy against
+//!   the primary under random operations);
+//! - a stripe's log holds at most `cap` records: past it the records are
+//!   dropped and the stripe is marked for **resync** (sent whole by the
+//!   next drain), so a slow standby can never grow the primary's memory;
+//!   a stripe marked for resync records nothing more until it is sent.
+//!   Keys the memory cap evicts are not recorded either: an eviction marks
+//!   the stripe for resync.
+
+mod log;
 
 use super::{Entry, Store, StoredKey, Tables};
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::Ordering;
 use bytes::Bytes;
-
-/// The keys of one stripe changed since the last drain. Lives under the
-/// stripe's lock, beside the tables.
-#[derive(Debug, Default)]
-pub(super) struct ChangeLog {
-    keys: Vec<StoredKey>,
-    /// The stripe must be sent whole, and why. `keys` stays empty meanwhile.
-    resync: Option<Resync>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Resync {
-    /// Capture (re)started: a full sync sends every stripe.
-    Full,
-    /// This stripe's log hit its cap.
-    Overflow,
-    /// The memory cap evicted live keys of this stripe.
-    Evicted,
-}
-
-/// What recording one key did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Recorded {
-    /// Nothing more to remember (already there, or the stripe will be sent
-    /// whole).
-    Nothing,
-    Added,
-    /// The log hit its cap: its keys were let go and the stripe is marked
-    /// for resync.
-    Overflowed,
-}
-
-impl ChangeLog {
-    pub(super) fn record(&mut self, key: &[u8], cap: usize) -> Recorded {
-        if self.resync.is_some() {
-            return Recorded::Nothing;
-        }
-        // A hot key charged many times between two drains: keep one copy
-        // without searching the whole log (the drain dedups the rest).
-        if self.keys.last().is_some_and(|k| k.as_bytes() == key) {
-            return Recorded::Nothing;
-        }
-        if self.keys.len() >= cap {
-            // Free the memory, not only the length: this is the bound.
-            self.keys = Vec::new();
-            self.resync = Some(Resync::Overflow);
-            return Recorded::Overflowed;
-        }
-        self.keys.push(StoredKey::new(key));
-        Recorded::Added
-    }
-}
+pub(super) use log::{Captured, ChangeLog};
+use log::{Recorded, Resync};
 
 impl super::Stripe {
     /// Tells the sender this stripe has something, under its lock. A busy
     /// stripe is flagged already: then only a load, no write to the shared
     /// line on every check. If the load still reads `true` although the
     /// sender has just cleared the flag, the sender has not taken the lock
-    /// yet (we hold it, and it locks after clearing), so it finds this key
-    /// in the log. Setting it is a swap, not a store: the same here, and an
-    /// RMW always sits last in the flag's modification order, which keeps
-    /// the loom model's reasoning (and ours) simple.
+    /// yet (we hold it, and it locks after clearing), so it finds this
+    /// record in the log. Setting it is a swap, not a store: the same
+    /// here, and an RMW always sits last in the flag's modification order,
+    /// which keeps the loom model's reasoning (and ours) simple.
     fn flag_pending(&self) {
         // Acquire/AcqRel: pair with the drain's `swap(false, Acquire)`; the
-        // lock already orders the keys, the flag only spares the drain
+        // lock already orders the records, the flag only spares the drain
         // from locking idle stripes.
         if !self.pending.load(Ordering::Acquire) {
             self.pending.swap(true, Ordering::AcqRel);
@@ -99,21 +64,31 @@ impl super::Stripe {
     }
 }
 
-/// One key's states after a change (`None`: the key holds no such state).
+/// What the writes since the last drain left in one key's two tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyState {
     pub key: StoredKey,
-    /// The token-bucket state.
-    pub bucket: Option<Entry>,
-    /// The state of any other algorithm.
-    pub other: Option<Entry>,
+    /// The token-bucket table: its state now, removed, or not written
+    /// since the last drain (`Keep`).
+    pub bucket: TableWrite,
+    /// The table of any other algorithm, likewise.
+    pub other: TableWrite,
+}
+
+impl KeyState {
+    fn table_mut(&mut self, table: super::tables::Table) -> &mut TableWrite {
+        match table {
+            super::tables::Table::Buckets => &mut self.bucket,
+            super::tables::Table::Others => &mut self.other,
+        }
+    }
 }
 
 /// What one stripe has for the replication sender.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Drained {
     Nothing,
-    /// The current states of the keys that changed, each key once.
+    /// The states the keys that changed hold now, each key once, sorted.
     Changes(Vec<KeyState>),
     /// Every live entry of the stripe: the standby replaces the stripe's
     /// slots with them. Each entry is one state of one key (a key may
@@ -143,7 +118,7 @@ pub struct KeyWrite {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CaptureStats {
     pub capturing: bool,
-    /// Keys waiting in the logs now.
+    /// Writes waiting in the logs now (a key written in a row counts once).
     pub buffered: usize,
     /// Times a stripe's log hit its cap and was dropped.
     pub overflows: u64,
@@ -153,17 +128,38 @@ pub struct CaptureStats {
 }
 
 impl Store {
-    /// Records, under the stripe lock the caller holds, that `key` changed.
-    pub(super) fn record_change(&self, stripe: &super::Stripe, log: &mut ChangeLog, key: &[u8]) {
+    /// Records, under the stripe lock the caller holds, what a write left
+    /// for `key` (`captured` is called only when capturing: it may clone a
+    /// state). Every write to a table must come here, after or before
+    /// the write but under the same lock (see the header).
+    #[inline]
+    pub(super) fn record_change(
+        &self,
+        stripe: &super::Stripe,
+        log: &mut ChangeLog,
+        key: &[u8],
+        captured: impl FnOnce() -> Captured,
+    ) {
         // Relaxed: read under the stripe lock, which `start_capture` took
         // after setting the switch, so the mutex orders the two.
         if !self.capture.load(Ordering::Relaxed) {
             return;
         }
+        self.record_captured(stripe, log, key, captured);
+    }
+
+    #[inline(never)]
+    fn record_captured(
+        &self,
+        stripe: &super::Stripe,
+        log: &mut ChangeLog,
+        key: &[u8],
+        captured: impl FnOnce() -> Captured,
+    ) {
         // No store-wide counter is touched per write (it would bounce one
         // cache line between every core): the statistics below count the
         // logs when asked.
-        match log.record(key, self.change_cap) {
+        match log.record(key, self.change_cap, captured) {
             Recorded::Nothing => return,
             Recorded::Added => {}
             Recorded::Overflowed => {
@@ -180,8 +176,7 @@ impl Store {
         if !self.capture.load(Ordering::Relaxed) || log.resync.is_some() {
             return;
         }
-        log.keys = Vec::new();
-        log.resync = Some(Resync::Evicted);
+        log.clear(Some(Resync::Evicted));
         stripe.flag_pending();
     }
 
@@ -193,8 +188,7 @@ impl Store {
         self.capture.store(true, Ordering::Relaxed);
         for stripe in self.stripes.iter() {
             let mut locked = stripe.lock();
-            locked.changes.keys = Vec::new();
-            locked.changes.resync = Some(Resync::Full);
+            locked.changes.clear(Some(Resync::Full));
             stripe.pending.store(true, Ordering::Release);
         }
     }
@@ -204,8 +198,7 @@ impl Store {
         self.capture.store(false, Ordering::Relaxed);
         for stripe in self.stripes.iter() {
             let mut locked = stripe.lock();
-            locked.changes.keys = Vec::new();
-            locked.changes.resync = None;
+            locked.changes.clear(None);
             stripe.pending.store(false, Ordering::Relaxed);
         }
     }
@@ -213,11 +206,7 @@ impl Store {
     /// The capture's numbers. Counts the logs stripe by stripe (one lock
     /// each): for status and metrics, not the request path.
     pub fn capture_stats(&self) -> CaptureStats {
-        let buffered = self
-            .stripes
-            .iter()
-            .map(|s| s.lock().changes.keys.len())
-            .sum();
+        let buffered = self.stripes.iter().map(|s| s.lock().changes.len()).sum();
         // Relaxed: statistics.
         CaptureStats {
             capturing: self.capture.load(Ordering::Relaxed),
@@ -227,27 +216,28 @@ impl Store {
         }
     }
 
-    /// The most keys the change logs may hold in all.
+    /// The most records the change logs may hold in all.
     pub fn change_capacity(&self) -> usize {
         self.change_cap.saturating_mul(self.stripes.len())
     }
 
-    /// Takes what stripe `index` has for the replication sender: the
-    /// current state of each key that changed since the last drain, or the
-    /// whole stripe when it is marked for resync. Holds the stripe lock
-    /// twice, each time only for the copying.
+    /// Takes what stripe `index` has for the replication sender: per key
+    /// that changed since the last drain, the last state recorded in each
+    /// table it wrote, or the whole stripe when it is marked for resync.
+    /// Holds the stripe lock once, only to take the log (or copy the
+    /// stripe); the tables are not read for a log.
     pub fn drain_stripe(&self, index: usize, now: Nanos) -> Drained {
         let stripe = &self.stripes[index & self.mask];
         // Acquire: pairs with the Release in `record_change`. Cleared
-        // before locking, so a key recorded after our lock is flagged anew.
-        // A plain load first: most stripes are idle, and a load leaves the
-        // line shared with the checkers. A stale `false` only delays the
-        // stripe to the next pass (the flag stays set).
+        // before locking, so a write recorded after our lock is flagged
+        // anew. A plain load first: most stripes are idle, and a load
+        // leaves the line shared with the checkers. A stale `false` only
+        // delays the stripe to the next pass (the flag stays set).
         if !stripe.pending.load(Ordering::Relaxed) || !stripe.pending.swap(false, Ordering::Acquire)
         {
             return Drained::Nothing;
         }
-        let mut keys = {
+        let changes = {
             let mut locked = stripe.lock();
             if let Some(cause) = locked.changes.resync.take() {
                 let whole = live_entries(&locked.tables, now);
@@ -257,30 +247,16 @@ impl Store {
                 }
                 return Drained::Whole(whole);
             }
-            std::mem::take(&mut locked.changes.keys)
+            // The next pass likely records about as many: sized for them,
+            // the log does not regrow (and copy) record by record.
+            let room = locked.changes.len();
+            std::mem::replace(&mut locked.changes.changes, Vec::with_capacity(room))
         };
-        if keys.is_empty() {
+        if changes.is_empty() {
             return Drained::Nothing;
         }
-        // Coalesce outside the lock: each key once, its state read below.
-        keys.sort_unstable_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-        keys.dedup_by(|a, b| a.as_bytes() == b.as_bytes());
-        let hashes: Vec<u64> = keys.iter().map(|k| self.hash(k.as_bytes())).collect();
-        let locked = stripe.lock();
-        let states = keys
-            .into_iter()
-            .zip(hashes)
-            .map(|(key, hash)| {
-                let (bucket, other) = locked.tables.find_both(hash, key.as_bytes());
-                let live = |e: Option<Entry>| e.filter(|e| e.expires_at > now);
-                KeyState {
-                    key,
-                    bucket: live(bucket),
-                    other: live(other),
-                }
-            })
-            .collect();
-        Drained::Changes(states)
+        // Folded outside the lock: the checks wait for none of it.
+        Drained::Changes(log::coalesce(changes, now))
     }
 
     /// Applies a replicated key (standby side).
@@ -351,208 +327,4 @@ fn live_entries(tables: &Tables, now: Nanos) -> Vec<(StoredKey, Entry)> {
 }
 
 #[cfg(all(test, not(tollgate_loom)))]
-mod tests {
-    use super::*;
-    use crate::algorithm::State;
-    use crate::store::{Mode, ResolvedPair, StoreConfig};
-    use tollgate_protocol::{Algorithm, Limit};
-
-    const S: u64 = 1_000_000_000;
-
-    fn store(stripes: usize, cap: usize) -> Store {
-        Store::new(StoreConfig {
-            stripes,
-            change_buffer_cap: cap,
-            ..StoreConfig::default()
-        })
-    }
-
-    fn tb(key: &str) -> ResolvedPair<'_> {
-        ResolvedPair::new(
-            key.as_bytes(),
-            Limit {
-                algorithm: Algorithm::TokenBucket,
-                count: 10,
-                period_ms: 1000,
-                burst: 10,
-            },
-            1,
-        )
-    }
-
-    fn fw(key: &str) -> ResolvedPair<'_> {
-        ResolvedPair::new(
-            key.as_bytes(),
-            Limit {
-                algorithm: Algorithm::FixedWindow,
-                count: 10,
-                period_ms: 1000,
-                burst: 0,
-            },
-            1,
-        )
-    }
-
-    fn stripe_of(store: &Store, key: &str) -> usize {
-        usize::from(Slot::of(key.as_bytes()).get()) & store.mask
-    }
-
-    type Whole = Vec<(usize, Vec<(StoredKey, Entry)>)>;
-
-    /// Drains every stripe; the changes, and the entries of whole stripes.
-    fn drain_all(store: &Store, now: Nanos) -> (Vec<KeyState>, Whole) {
-        let mut changes = Vec::new();
-        let mut whole = Vec::new();
-        for i in 0..store.stripe_count() {
-            match store.drain_stripe(i, now) {
-                Drained::Nothing => {}
-                Drained::Changes(c) => changes.extend(c),
-                Drained::Whole(w) => whole.push((i, w)),
-            }
-        }
-        (changes, whole)
-    }
-
-    #[test]
-    fn nothing_is_recorded_until_capture_starts() {
-        let s = store(16, 8);
-        s.check(&[tb("a")], S, Mode::Charge);
-        assert_eq!(drain_all(&s, S), (vec![], vec![]));
-        assert_eq!(s.capture_stats().buffered, 0);
-    }
-
-    #[test]
-    fn capture_sends_every_stripe_whole_then_the_latest_state_of_each_changed_key() {
-        let s = store(4, 8);
-        s.check(&[tb("before")], S, Mode::Charge);
-        s.start_capture();
-        let (changes, whole) = drain_all(&s, S);
-        assert!(changes.is_empty());
-        assert_eq!(whole.len(), 4, "every stripe, even empty ones");
-        let sent: Vec<_> = whole.iter().flat_map(|(_, w)| w.iter()).collect();
-        assert_eq!(sent.len(), 1);
-        assert_eq!(sent[0].0.as_bytes(), b"before");
-
-        // Three charges of one key and one of another: each key once, as
-        // it is now.
-        for _ in 0..3 {
-            s.check(&[tb("{t}x")], S, Mode::Charge);
-        }
-        s.check(&[fw("{t}y")], S, Mode::Charge);
-        s.check(&[tb("{t}x")], S, Mode::Peek);
-        let (changes, whole) = drain_all(&s, S);
-        assert!(whole.is_empty());
-        assert_eq!(changes.len(), 2);
-        let x = changes
-            .iter()
-            .find(|c| c.key.as_bytes() == b"{t}x")
-            .unwrap();
-        assert_eq!(x.bucket, s.get(b"{t}x", S));
-        assert_eq!(x.other, None);
-        let y = changes
-            .iter()
-            .find(|c| c.key.as_bytes() == b"{t}y")
-            .unwrap();
-        assert!(matches!(
-            y.other.as_ref().unwrap().state,
-            State::FixedWindow(_)
-        ));
-        assert_eq!(s.capture_stats().buffered, 0);
-        // Nothing more until something changes.
-        assert_eq!(drain_all(&s, S), (vec![], vec![]));
-
-        // A reset is a deletion.
-        assert!(s.remove(b"{t}x", S));
-        let (changes, _) = drain_all(&s, S);
-        assert_eq!(
-            changes,
-            vec![KeyState {
-                key: StoredKey::new(b"{t}x"),
-                bucket: None,
-                other: None
-            }]
-        );
-    }
-
-    #[test]
-    fn an_overflowing_stripe_drops_its_keys_and_is_sent_whole() {
-        let s = store(4, 2);
-        s.start_capture();
-        drain_all(&s, S);
-        for k in ["{t}1", "{t}2", "{t}3", "{t}4"] {
-            s.check(&[tb(k)], S, Mode::Charge);
-        }
-        let stats = s.capture_stats();
-        assert_eq!(stats.overflows, 1);
-        assert_eq!(stats.buffered, 0, "the overflowing log was dropped");
-        let (changes, whole) = drain_all(&s, S);
-        assert!(changes.is_empty());
-        assert_eq!(whole.len(), 1);
-        assert_eq!(whole[0].0, stripe_of(&s, "{t}1"));
-        assert_eq!(whole[0].1.len(), 4);
-        assert_eq!(s.capture_stats().stripe_resyncs, 1);
-        // Recording resumes after the stripe was sent.
-        s.check(&[tb("{t}1")], S, Mode::Charge);
-        let (changes, _) = drain_all(&s, S);
-        assert_eq!(changes.len(), 1);
-    }
-
-    #[test]
-    fn stop_capture_drops_everything() {
-        let s = store(4, 8);
-        s.start_capture();
-        s.check(&[tb("a")], S, Mode::Charge);
-        s.stop_capture();
-        assert_eq!(s.capture_stats().buffered, 0);
-        assert_eq!(drain_all(&s, S), (vec![], vec![]));
-    }
-
-    /// A standby with another stripe count rebuilds the primary's content
-    /// from its whole stripes, and loses what the primary does not hold.
-    #[test]
-    fn replacing_slots_copies_the_primary_whatever_the_stripe_counts() {
-        let primary = store(16, 8);
-        let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
-        for (i, k) in keys.iter().enumerate() {
-            let pair = if i % 2 == 0 { tb(k) } else { fw(k) };
-            primary.check(std::slice::from_ref(&pair), S, Mode::Charge);
-            primary.check(&[pair], S, Mode::Charge);
-        }
-        primary.start_capture();
-        let (_, whole) = drain_all(&primary, S);
-        for standby_stripes in [1, 4, 16, 64] {
-            let standby = store(standby_stripes, 8);
-            // Stale state the primary no longer holds.
-            standby.check(&[tb("gone")], S, Mode::Charge);
-            standby.check(&[fw("k1")], S, Mode::Charge);
-            for (i, entries) in &whole {
-                let writes: Vec<KeyWrite> = entries
-                    .iter()
-                    .map(|(k, e)| {
-                        let put = TableWrite::Put(e.clone());
-                        let (bucket, other) = match e.state {
-                            State::TokenBucket { .. } => (put, TableWrite::Keep),
-                            _ => (TableWrite::Keep, put),
-                        };
-                        KeyWrite {
-                            key: Bytes::copy_from_slice(k.as_bytes()),
-                            bucket,
-                            other,
-                        }
-                    })
-                    .collect();
-                let skipped = standby.replace_slots(16, *i as u16, &writes);
-                assert_eq!(skipped, 0);
-            }
-            for k in &keys {
-                assert_eq!(
-                    standby.get(k.as_bytes(), S),
-                    primary.get(k.as_bytes(), S),
-                    "{k} with {standby_stripes} stripes"
-                );
-            }
-            assert_eq!(standby.get(b"gone", S), None);
-            assert_eq!(standby.len(), primary.len());
-        }
-    }
-}
+mod tests;

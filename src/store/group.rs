@@ -16,8 +16,8 @@
 //! at most one lease, which the group's decision carries.
 
 use super::tables::{Place, Table, Tables};
-use super::{Entry, Spot, Store, StoredKey};
-use crate::algorithm::{release_lease, Decision, Policy};
+use super::{Captured, Entry, Spot, Store, StoredKey};
+use crate::algorithm::{release_lease, Decision, Policy, State};
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::Ordering;
@@ -134,10 +134,13 @@ impl Store {
         };
         if expires_at <= now {
             tables.remove(Table::Others, hash, key);
+            self.record_change(stripe, changes, key, || Captured::Removed(Table::Others));
         } else {
-            tables.put(&self.hasher, hash, key, Entry { state, expires_at });
+            let entry = Entry { state, expires_at };
+            // Recorded first: the entry moves into the table.
+            self.record_change(stripe, changes, key, || Captured::Put(entry.clone()));
+            tables.put(&self.hasher, hash, key, entry);
         }
-        self.record_change(stripe, changes, key);
         true
     }
 
@@ -319,14 +322,17 @@ impl Store {
         room?;
         for (((pair, entry), &hash), policy) in pairs.iter().zip(after).zip(hashes).zip(policies) {
             let Some(entry) = entry else { continue };
+            // Recorded under the lock already held: no extra lock per
+            // check; first, as the entry moves into the table.
             if entry.expires_at <= now {
                 // Refunded back to nothing: nothing left to keep.
-                tables.remove(table_for(policy), hash, pair.key);
+                let table = table_for(policy);
+                tables.remove(table, hash, pair.key);
+                self.record_change(stripe, changes, pair.key, || Captured::Removed(table));
             } else {
+                self.record_change(stripe, changes, pair.key, || Captured::Put(entry.clone()));
                 tables.put_hinted(&self.hasher, hash, pair.key, entry, policy.window());
             }
-            // Under the lock already held: no extra lock per check.
-            self.record_change(stripe, changes, pair.key);
         }
         Ok(())
     }
@@ -386,8 +392,17 @@ impl Store {
             |state| policy.evaluate(state, now, pair.cost),
         );
         if charge && verdict.decision.allowed {
-            // Under the lock already held, as on the general path.
-            self.record_change(stripe, changes, pair.key);
+            // Under the lock already held, as on the general path: the
+            // state just written, as `bucket_in_place` wrote it.
+            self.record_change(stripe, changes, pair.key, || match verdict.state {
+                Some(State::TokenBucket { tat }) => Captured::Put(Entry {
+                    state: State::TokenBucket { tat },
+                    expires_at: tat,
+                }),
+                // Not a bucket's state (no policy of this path writes one):
+                // whatever the table holds now.
+                _ => Captured::current(tables, Table::Buckets, hash, pair.key),
+            });
         }
         drop(locked);
         verdict.decision.to_wire(0)

@@ -16,7 +16,7 @@
 
 use super::remote::AbsorbError;
 use super::tables::Table;
-use super::{Entry, KeyWrite, Locked, Store, StoredKey, TableWrite};
+use super::{Captured, Entry, KeyWrite, Locked, Store, StoredKey, TableWrite};
 use crate::algorithm;
 use crate::clock::Nanos;
 use crate::slot::Slot;
@@ -61,7 +61,7 @@ impl Store {
                 let key = key.as_bytes();
                 tables.remove(Table::Buckets, self.hash(key), key);
                 tables.remove(Table::Others, self.hash(key), key);
-                self.record_change(stripe, changes, key);
+                self.record_change(stripe, changes, key, || Captured::RemovedAll);
             }
             forgotten += keys.len();
         }
@@ -103,17 +103,16 @@ impl Store {
                 let room =
                     self.room_for((tables, changes), stripe, (&write.key, hash), &merged, now);
                 if let Err(AbsorbError::StoreFull) = room {
-                    if changed {
-                        self.record_change(stripe, changes, &write.key);
-                    }
                     return Err(MergeRefused);
                 }
             }
+            // Each table merged is recorded as it is written (first: the
+            // entry moves into the table).
+            self.record_change(stripe, changes, &write.key, || {
+                Captured::Put(merged.clone())
+            });
             tables.put(&self.hasher, hash, &write.key, merged);
             changed = true;
-        }
-        if changed {
-            self.record_change(stripe, changes, &write.key);
         }
         Ok(changed)
     }

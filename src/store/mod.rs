@@ -33,8 +33,8 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Orderin
 
 use tollgate_protocol::Algorithm;
 
-use changes::ChangeLog;
 pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
+use changes::{Captured, ChangeLog};
 pub use group::{Mode, ResolvedPair, Returned};
 pub use key::StoredKey;
 pub use merge::MergeRefused;
@@ -138,7 +138,8 @@ impl std::ops::DerefMut for Locked {
 pub const DEFAULT_STRIPES: usize = 1024;
 
 /// Default [`StoreConfig::change_buffer_cap`]: with 1024 stripes, at most
-/// a million keys (about 24 MiB) wait for the sender in all.
+/// a million writes (64 bytes each with its state: about 64 MiB) wait for
+/// the sender in all.
 pub const DEFAULT_CHANGE_BUFFER_CAP: usize = 1024;
 
 /// Store-wide settings.
@@ -151,8 +152,8 @@ pub struct StoreConfig {
     /// Most timestamps one key may hold: the largest `count` of a sliding
     /// log or a concurrency limit.
     pub max_log_entries: u64,
-    /// Most changed keys one stripe remembers for the replication sender
-    /// before it drops them and marks the stripe for a resync.
+    /// Most writes (key and state) one stripe remembers for the replication
+    /// sender before it drops them and marks the stripe for a resync.
     pub change_buffer_cap: usize,
     /// Bytes the tables may reserve in all (None: no cap). Each stripe gets
     /// an equal share.
@@ -318,7 +319,7 @@ impl Store {
         let Locked { tables, changes } = &mut *locked;
         let removed = tables.remove_all(self.hash(key), key, now);
         if removed {
-            self.record_change(stripe, changes, key);
+            self.record_change(stripe, changes, key, || Captured::RemovedAll);
         }
         removed
     }

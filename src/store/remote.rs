@@ -13,7 +13,7 @@
 //! charges what it is given (the regions layer applies each report once).
 
 use super::group::table_for;
-use super::{Entry, Locked, Mode, Store};
+use super::{Captured, Entry, Locked, Mode, Store};
 use crate::algorithm::{InvalidLimit, Policy};
 use crate::clock::Nanos;
 use crate::slot::Slot;
@@ -91,13 +91,15 @@ impl Store {
                 if tables.is_new(hash, key, &entry) {
                     self.room_for((tables, changes), stripe, (key, hash), &entry, now)?;
                 }
+                // Recorded first: the entry moves into the table.
+                self.record_change(stripe, changes, key, || Captured::Put(entry.clone()));
                 tables.put(&self.hasher, hash, key, entry);
             }
             None => {
                 tables.remove(table, hash, key);
+                self.record_change(stripe, changes, key, || Captured::Removed(table));
             }
         }
-        self.record_change(stripe, changes, key);
         Ok(true)
     }
 

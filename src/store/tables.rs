@@ -474,14 +474,6 @@ impl Tables {
             .fold(false, |live, e| live | (e.expires_at > now))
     }
 
-    /// The entries of `key` in both tables (token bucket, other), live or not.
-    pub fn find_both(&self, hash: u64, key: &[u8]) -> (Option<Entry>, Option<Entry>) {
-        (
-            self.find(Table::Buckets, hash, key),
-            self.find(Table::Others, hash, key),
-        )
-    }
-
     /// Calls `f` with every entry, live or not (one call per table a key
     /// has state in).
     pub fn for_each(&self, mut f: impl FnMut(&[u8], Entry)) {

@@ -10,7 +10,7 @@
 //! or expired) and says what to keep.
 
 use super::tables::Table;
-use super::{Entry, Locked, Mode, Store};
+use super::{Captured, Entry, Locked, Mode, Store};
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use tollgate_protocol::ErrorCode;
@@ -47,7 +47,7 @@ impl Store {
         if entry.expires_at <= now {
             if current.is_some() {
                 tables.remove(Table::Others, hash, key);
-                self.record_change(stripe, changes, key);
+                self.record_change(stripe, changes, key, || Captured::Removed(Table::Others));
             }
             return Ok(answer);
         }
@@ -61,8 +61,9 @@ impl Store {
             self.record_eviction(stripe, changes);
         }
         room?;
+        // Recorded first: the entry moves into the table.
+        self.record_change(stripe, changes, key, || Captured::Put(entry.clone()));
         tables.put(&self.hasher, hash, key, entry);
-        self.record_change(stripe, changes, key);
         Ok(answer)
     }
 }

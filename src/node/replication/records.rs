@@ -77,14 +77,16 @@ pub(crate) fn from_wire(entry: &StateEntry) -> Entry {
     Entry { state, expires_at }
 }
 
-fn table(entry: &Option<Entry>) -> TableState {
-    match entry {
-        Some(e) => TableState::Present(to_wire(e)),
-        None => TableState::Absent,
+fn table(write: &TableWrite) -> TableState {
+    match write {
+        TableWrite::Keep => TableState::Unchanged,
+        TableWrite::Remove => TableState::Absent,
+        TableWrite::Put(e) => TableState::Present(to_wire(e)),
     }
 }
 
-/// A drained change: both of the key's states, as they are now.
+/// A drained change: what the key holds now in each table it wrote
+/// (`Unchanged`: a table it did not write since the last drain).
 pub(crate) fn change_record(change: &KeyState) -> Record {
     Record {
         key: Bytes::copy_from_slice(change.key.as_bytes()),

@@ -10,17 +10,13 @@ fn lb(key: &str, burst: u64) -> ResolvedPair<'_> {
     pair(key, Algorithm::LeakyBucket, 10, 1000, burst, 1)
 }
 
-/// The replicated write of one drained key: what it holds now, and the
-/// removal of what it no longer holds.
+/// The replicated write of one drained key: what it holds now in each
+/// table it wrote.
 fn write_of(state: &KeyState) -> KeyWrite {
-    let put = |e: &Option<Entry>| match e {
-        Some(e) => TableWrite::Put(e.clone()),
-        None => TableWrite::Remove,
-    };
     KeyWrite {
         key: Bytes::copy_from_slice(state.key.as_bytes()),
-        bucket: put(&state.bucket),
-        other: put(&state.other),
+        bucket: state.bucket.clone(),
+        other: state.other.clone(),
     }
 }
 

@@ -346,13 +346,12 @@ fn lease_of(store: &Store, key: &[u8], now: Nanos, pick: usize) -> u64 {
     pick_lease(leases.as_ref(), pick)
 }
 
-/// A drained change: both of the key's states as they are (`None`: gone).
+/// A drained change: what the key holds now in each table it wrote.
 fn change_write(state: &KeyState) -> KeyWrite {
-    let write = |e: &Option<Entry>| e.clone().map_or(TableWrite::Remove, TableWrite::Put);
     KeyWrite {
         key: Bytes::copy_from_slice(state.key.as_bytes()),
-        bucket: write(&state.bucket),
-        other: write(&state.other),
+        bucket: state.bucket.clone(),
+        other: state.other.clone(),
     }
 }
 

@@ -1,0 +1,217 @@
+//! One stripe's change log: the states its writes left, in write order, and
+//! how a drain folds them into one write per key.
+//!
+//! A write records what it left in the table(s) it wrote ([`Captured`]),
+//! under the stripe lock it holds, so the log is the stripe's writes in the
+//! order the lock serialised them. The drain keeps, per key and per table,
+//! the last state recorded ([`coalesce`]): the state the key holds now, as
+//! long as every write is recorded. Nothing is read back from the tables,
+//! which is the point: the drain neither takes the lock again nor probes
+//! the tables once per key (two cache misses per key on a large store).
+
+use super::{Entry, KeyState, StoredKey, TableWrite};
+use crate::algorithm::State;
+use crate::clock::Nanos;
+use crate::store::tables::{Table, Tables};
+
+/// What one write left in the tables of one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::store) enum Captured {
+    /// The key's state in the table of its algorithm (a token bucket's in
+    /// [`Table::Buckets`], any other in [`Table::Others`]) is now this.
+    Put(Entry),
+    /// The key holds no state in this table any more.
+    Removed(Table),
+    /// The key holds no state at all (a reset, a slot moved away).
+    RemovedAll,
+}
+
+impl Captured {
+    /// What `key` holds in `table` now: for a write that cannot tell what
+    /// it left (read under the same lock, just after the write).
+    pub(in crate::store) fn current(tables: &Tables, table: Table, hash: u64, key: &[u8]) -> Self {
+        match tables.find(table, hash, key) {
+            Some(entry) => Captured::Put(entry),
+            None => Captured::Removed(table),
+        }
+    }
+
+    /// Whether this write says all that `earlier` said about the key (it
+    /// writes every table `earlier` wrote), so `earlier` may be dropped.
+    fn covers(&self, earlier: &Captured) -> bool {
+        match self {
+            Captured::RemovedAll => true,
+            _ => match (self.table(), earlier.table()) {
+                (Some(now), Some(then)) => now == then,
+                _ => false,
+            },
+        }
+    }
+
+    /// The one table this write wrote (None: both).
+    fn table(&self) -> Option<Table> {
+        match self {
+            Captured::Put(entry) => Some(table_of(entry)),
+            Captured::Removed(table) => Some(*table),
+            Captured::RemovedAll => None,
+        }
+    }
+}
+
+/// The table a state is stored in ([`super::super::tables`]).
+fn table_of(entry: &Entry) -> Table {
+    match entry.state {
+        State::TokenBucket { .. } => Table::Buckets,
+        _ => Table::Others,
+    }
+}
+
+/// One recorded write.
+#[derive(Debug, Clone)]
+pub(super) struct Change {
+    key: StoredKey,
+    captured: Captured,
+}
+
+// One cache line: what `--repl-buffer-cap` bounds, per record.
+const _: () = assert!(std::mem::size_of::<Change>() == 64);
+
+/// The writes of one stripe since the last drain. Lives under the stripe's
+/// lock, beside the tables.
+#[derive(Debug, Default)]
+pub(in crate::store) struct ChangeLog {
+    pub(super) changes: Vec<Change>,
+    /// The stripe must be sent whole, and why. `changes` stays empty
+    /// meanwhile.
+    pub(super) resync: Option<Resync>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Resync {
+    /// Capture (re)started: a full sync sends every stripe.
+    Full,
+    /// This stripe's log hit its cap.
+    Overflow,
+    /// The memory cap evicted live keys of this stripe.
+    Evicted,
+}
+
+/// What recording one write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Recorded {
+    /// Nothing more to tell the sender: the write replaced the log's last
+    /// record (the sender has not taken it yet: it takes the log under the
+    /// lock this write holds), or the stripe will be sent whole.
+    Nothing,
+    Added,
+    /// The log hit its cap: its records were let go and the stripe is
+    /// marked for resync.
+    Overflowed,
+}
+
+impl ChangeLog {
+    /// Appends what a write left. `captured` is called only when the
+    /// write is to be recorded (it may clone a state).
+    pub(super) fn record(
+        &mut self,
+        key: &[u8],
+        cap: usize,
+        captured: impl FnOnce() -> Captured,
+    ) -> Recorded {
+        if self.resync.is_some() {
+            return Recorded::Nothing;
+        }
+        // A hot key written many times between two drains: the newer
+        // state replaces the last record in place when it says all the
+        // older one said, without searching the whole log (the drain
+        // folds the rest).
+        if let Some(last) = self.changes.last_mut() {
+            if last.key.is(key) {
+                let captured = captured();
+                if captured.covers(&last.captured) {
+                    last.captured = captured;
+                    return Recorded::Nothing;
+                }
+                return self.push(StoredKey::new(key), captured, cap);
+            }
+        }
+        self.push(StoredKey::new(key), captured(), cap)
+    }
+
+    fn push(&mut self, key: StoredKey, captured: Captured, cap: usize) -> Recorded {
+        if self.changes.len() >= cap {
+            // Free the memory, not only the length: this is the bound.
+            self.changes = Vec::new();
+            self.resync = Some(Resync::Overflow);
+            return Recorded::Overflowed;
+        }
+        self.changes.push(Change { key, captured });
+        Recorded::Added
+    }
+
+    /// Records waiting for the sender.
+    pub(super) fn len(&self) -> usize {
+        self.changes.len()
+    }
+
+    /// Drops every record and whatever resync was due.
+    pub(super) fn clear(&mut self, resync: Option<Resync>) {
+        self.changes = Vec::new();
+        self.resync = resync;
+    }
+}
+
+/// Folds a log's records, in log order, into one write per key: per table,
+/// the last state recorded; a table no record wrote is left as it is
+/// ([`TableWrite::Keep`]). A state that has expired by `now` is sent as a
+/// removal (an expired state is absent everywhere). Keys come out sorted.
+pub(super) fn coalesce(mut changes: Vec<Change>, now: Nanos) -> Vec<KeyState> {
+    // Sorted by key then log position: each key's records together, in
+    // log order. Positions are sorted, not the records: a record is 64
+    // bytes to move, a position 4.
+    // On the stack for the usual handful: no allocation per stripe drained.
+    let mut order: smallvec::SmallVec<[u32; 64]> = (0..changes.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| {
+        let key = |i: u32| changes[i as usize].key.as_bytes();
+        key(a).cmp(key(b)).then(a.cmp(&b))
+    });
+    let mut out: Vec<KeyState> = Vec::with_capacity(changes.len());
+    for i in order {
+        let Change { key, captured } = &mut changes[i as usize];
+        // Taken out of the log, which is dropped after: no clone.
+        let captured = std::mem::replace(captured, Captured::RemovedAll);
+        if out
+            .last()
+            .is_none_or(|s| s.key.as_bytes() != key.as_bytes())
+        {
+            out.push(KeyState {
+                key: std::mem::replace(
+                    key,
+                    StoredKey::Inline {
+                        len: 0,
+                        bytes: [0; super::super::key::INLINE],
+                    },
+                ),
+                bucket: TableWrite::Keep,
+                other: TableWrite::Keep,
+            });
+        }
+        let state = out.last_mut().expect("a key's state, pushed above");
+        match captured {
+            Captured::Put(entry) => {
+                let table = table_of(&entry);
+                *state.table_mut(table) = if entry.expires_at > now {
+                    TableWrite::Put(entry)
+                } else {
+                    TableWrite::Remove
+                };
+            }
+            Captured::Removed(table) => *state.table_mut(table) = TableWrite::Remove,
+            Captured::RemovedAll => {
+                state.bucket = TableWrite::Remove;
+                state.other = TableWrite::Remove;
+            }
+        }
+    }
+    out
+}
