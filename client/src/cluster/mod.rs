@@ -53,7 +53,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::shard::Shard;
 use map::SlotMap;
-pub(crate) use single::Ready;
+pub(crate) use single::{FirstAttempt, Ready};
 
 /// What the routing has done so far; see [`Client::cluster_stats`](crate::Client::cluster_stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

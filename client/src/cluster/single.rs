@@ -46,6 +46,15 @@ pub(crate) enum Ready {
     Slow,
 }
 
+/// The first attempt of a call, made by the handle on [`Ready`]'s answer.
+pub(crate) struct FirstAttempt {
+    /// The generation of the map it was routed by.
+    pub generation: u64,
+    /// The connection it went on; none when it failed before leaving.
+    pub conn: Option<Arc<Connection>>,
+    pub result: Result<Answer, Error>,
+}
+
 impl Cluster {
     /// The connection a check of `slot` goes on now, if there is one. No
     /// lock, no allocation, no reference count but the connection's (the
@@ -72,23 +81,28 @@ impl Cluster {
     }
 
     /// The rest of a call whose first attempt the handle made (see
-    /// [`ready`](Self::ready)): `first` its result, `conn` the connection
-    /// it went on (none when it failed before leaving). What
-    /// [`calls::checks`] does after its exchange (a resend within the
-    /// shard), then what [`single`](Self::single) does after an attempt.
+    /// [`ready`](Self::ready)): what [`calls::checks`] does after its
+    /// exchange (a resend within the shard), then what
+    /// [`single`](Self::single) does after an attempt.
     pub(crate) async fn resume(
         &self,
         kind: BatchKind,
         slot: u16,
         checks: Checks,
-        generation: u64,
-        conn: Option<Arc<Connection>>,
-        first: Result<Answer, Error>,
+        first: FirstAttempt,
         deadline: Deadline,
     ) -> Result<Answer, Error> {
+        let FirstAttempt {
+            generation,
+            conn,
+            result,
+        } = first;
         let result = match conn {
-            Some(conn) => self.settle(kind, slot, &checks, &conn, first, deadline).await,
-            None => first,
+            Some(conn) => {
+                self.settle(kind, slot, &checks, &conn, result, deadline)
+                    .await
+            }
+            None => result,
         };
         let mut attempts = Attempts::default();
         let retry = match classify(result) {

@@ -41,7 +41,7 @@ use tollgate_protocol::{CheckResult, CheckTag, IdempotencyKey, Pair};
 use super::route::Route;
 use super::{Client, Kept};
 use crate::calls::{self, one_result};
-use crate::cluster::{Cluster, Ready};
+use crate::cluster::{Cluster, FirstAttempt, Ready};
 use crate::connection::pending::{Answer, BatchKind, Checks, Outgoing};
 use crate::connection::{Deadline, OwnedCall};
 use crate::error::Error;
@@ -159,9 +159,17 @@ impl<'a> Single<'a> {
                             retry,
                         }
                     }
-                    Ready::Failed { generation, error } => Step::Routed(Box::pin(
-                        cluster.resume(kind, slot, checks, generation, None, Err(error), deadline),
-                    )),
+                    Ready::Failed { generation, error } => Step::Routed(Box::pin(cluster.resume(
+                        kind,
+                        slot,
+                        checks,
+                        FirstAttempt {
+                            generation,
+                            conn: None,
+                            result: Err(error),
+                        },
+                        deadline,
+                    ))),
                     Ready::Slow => {
                         Step::Routed(Box::pin(cluster.single(kind, slot, checks, deadline)))
                     }
@@ -276,9 +284,11 @@ impl<'a> Future for Single<'a> {
                         this.kind,
                         slot,
                         retry,
-                        generation,
-                        Some(conn),
-                        answer,
+                        FirstAttempt {
+                            generation,
+                            conn: Some(conn),
+                            result: answer,
+                        },
                         deadline,
                     )));
                     Ok(())
@@ -301,7 +311,9 @@ impl<'a> Future for Single<'a> {
 fn checks_key(checks: &Checks) -> &[u8] {
     match checks {
         Checks::One(pair) => &pair.key,
-        Checks::Tagged(_, pairs) | Checks::Group(pairs) => pairs.first().map_or(&[][..], |p| &p.key[..]),
+        Checks::Tagged(_, pairs) | Checks::Group(pairs) => {
+            pairs.first().map_or(&[][..], |p| &p.key[..])
+        }
         Checks::Batch(_) => &[],
     }
 }
