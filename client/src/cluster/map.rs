@@ -48,8 +48,13 @@ pub(crate) struct SlotMap {
     /// The topology version (0 outside a cluster, and for the empty map).
     pub version: u64,
     pub shards: Vec<MapShard>,
-    /// Per slot, the index of its shard in `shards`.
-    owner: Box<[u16]>,
+    /// The slots as runs of one owner, in slot order: `(last slot of the
+    /// run, index of its shard in shards)`. Not a 16384-entry array: that
+    /// is 32 KiB per map, and a check of a random key read a random line
+    /// of it, a cache miss that was most of what routing a check cost
+    /// (issue 25). A handful of runs stay in cache, and a binary search
+    /// over them is a few compares (none for one shard).
+    runs: Box<[(u16, u16)]>,
 }
 
 impl SlotMap {
@@ -58,7 +63,7 @@ impl SlotMap {
         Self {
             version: 0,
             shards: Vec::new(),
-            owner: vec![UNOWNED; usize::from(SLOT_COUNT)].into_boxed_slice(),
+            runs: Box::new([(SLOT_COUNT - 1, UNOWNED)]),
         }
     }
 
@@ -68,7 +73,12 @@ impl SlotMap {
 
     /// The shard serving `slot` and its index, or why there is none.
     pub(crate) fn shard_of(&self, slot: u16) -> Result<(usize, &Arc<Shard>), Error> {
-        let index = self.owner[usize::from(slot % SLOT_COUNT)];
+        let slot_in_range = slot % SLOT_COUNT;
+        let run = match &self.runs[..] {
+            [only] => only,
+            runs => &runs[runs.partition_point(|&(last, _)| last < slot_in_range)],
+        };
+        let index = run.1;
         self.shards
             .get(usize::from(index))
             .and_then(|s| s.shard.as_ref())
@@ -152,10 +162,17 @@ impl SlotMap {
                 }
             })
             .collect();
+        let mut runs: Vec<(u16, u16)> = Vec::new();
+        for (slot, &index) in (0..SLOT_COUNT).zip(owner.iter()) {
+            match runs.last_mut() {
+                Some((last, owner)) if *owner == index => *last = slot,
+                _ => runs.push((slot, index)),
+            }
+        }
         Ok(Self {
             version: topology.version,
             shards,
-            owner,
+            runs: runs.into_boxed_slice(),
         })
     }
 }
@@ -221,6 +238,32 @@ mod tests {
             map.shard_of(9000).unwrap().1
         ));
         assert_eq!(next.version, 4);
+    }
+
+    #[test]
+    fn slots_of_interleaved_spans_find_their_owner() {
+        let config = ClientConfig::default();
+        let t = topology(
+            5,
+            vec![
+                info(0, "a:1", &[], &[(0, 99), (200, 16382)]),
+                info(1, "b:1", &[], &[(100, 199), (16383, 16383)]),
+            ],
+        );
+        let map = SlotMap::build(&t, &SlotMap::empty(), &config, None).unwrap();
+        for (slot, owner) in [
+            (0, 0),
+            (99, 0),
+            (100, 1),
+            (150, 1),
+            (199, 1),
+            (200, 0),
+            (16382, 0),
+            (16383, 1),
+        ] {
+            assert_eq!(map.shard_of(slot).unwrap().0, owner, "slot {slot}");
+        }
+        assert_eq!(map.runs.len(), 4);
     }
 
     #[test]

@@ -23,10 +23,16 @@
 //! - refreshes are serialized, and one that finds the map refreshed since
 //!   the failing attempt read it does not fetch again, so a burst of MOVED
 //!   answers costs one TOPOLOGY; a background task also refreshes every
-//!   `topology_refresh`.
+//!   `topology_refresh`;
+//! - a one-pair check whose slot's shard is connected is sent by the handle
+//!   itself on that connection (`single::Ready`, no future of its own);
+//!   every answer but a decision then goes through `Cluster::resume`, the
+//!   routed path's rules from its first attempt on, so the rules above hold
+//!   whichever path a check took.
 
 mod batch;
 mod map;
+mod single;
 mod topology;
 
 use std::collections::HashMap;
@@ -40,7 +46,6 @@ use tollgate_protocol::slot::Slot;
 use tollgate_protocol::{CheckResult, ErrorCode, Moved, Pair, Response};
 
 use crate::backoff;
-use crate::calls;
 use crate::config::ClientConfig;
 use crate::connection::pending::{Answer, BatchKind, Checks};
 use crate::connection::Deadline;
@@ -48,6 +53,7 @@ use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::shard::Shard;
 use map::SlotMap;
+pub(crate) use single::{FirstAttempt, Ready};
 
 /// What the routing has done so far; see [`Client::cluster_stats`](crate::Client::cluster_stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -290,34 +296,6 @@ impl Cluster {
             self.generation.load(Ordering::Acquire),
             self.map.load_full(),
         )
-    }
-
-    /// One check (a pair or an atomic group) of `slot`.
-    async fn single(
-        &self,
-        kind: BatchKind,
-        slot: u16,
-        checks: Checks,
-        deadline: Deadline,
-    ) -> Result<Answer, Error> {
-        let mut attempts = Attempts::default();
-        loop {
-            let (generation, map) = self.current_map(deadline).await;
-            let result = match map.shard_of(slot) {
-                Ok((_, shard)) => calls::checks(shard, kind, checks.clone(), deadline).await,
-                Err(e) => Err(e),
-            };
-            let retry = match classify(result) {
-                Ok(done) => return done,
-                Err(retry) => retry,
-            };
-            if let Err(done) = self
-                .prepare_retry(retry, generation, &mut attempts, deadline)
-                .await
-            {
-                return done;
-            }
-        }
     }
 
     /// Waits and refreshes before a resend; `Err` with the answer to give

@@ -9,16 +9,24 @@
 //! the common path (one shard, connected) is one struct that owns its
 //! connection's call ([`OwnedCall`]); the rarer paths keep the shared code
 //! behind one box, exactly as boxed as before: leasing
-//! ([`Client::leased`]), cluster routing, a shard not connected yet, and a
+//! ([`Client::leased`]), cluster resends, a shard not connected yet, and a
 //! resend after NotPrimary or a lost CHECK2.
 //!
 //! ```text
 //!  Start ── leasing on? ──yes──> Leasing ── spent / leased ──> outcome
 //!    │ no                           │ not leased
 //!    ├── shard connected ──> Call ──┴──> answer ── resend? ──> Routed
-//!    └── cluster / connecting ──────────> Routed ──> answer
+//!    ├── cluster, slot's shard connected ──> ClusterCall ──> answer
+//!    │                             not a decision ──> Routed (resume)
+//!    └── cluster otherwise / connecting ──> Routed ──> answer
 //!                                  answer ──> conclude ──> outcome
 //! ```
+//!
+//! Cluster mode takes the same owned call as one shard when the slot's
+//! shard is connected (`Cluster::ready`): routing a check is then a slot
+//! hash, a map read through a guard and an index, not a boxed future
+//! per check (issue 25). Only an answer other than a decision goes on to
+//! the boxed resend rules (`Cluster::resume`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,11 +35,13 @@ use std::task::{ready, Context, Poll};
 
 use smallvec::smallvec;
 use tokio::time::Instant;
+use tollgate_protocol::slot::Slot;
 use tollgate_protocol::{CheckResult, CheckTag, IdempotencyKey, Pair};
 
 use super::route::Route;
 use super::{Client, Kept};
 use crate::calls::{self, one_result};
+use crate::cluster::{Cluster, FirstAttempt, Ready};
 use crate::connection::pending::{Answer, BatchKind, Checks, Outgoing};
 use crate::connection::{Deadline, OwnedCall};
 use crate::error::Error;
@@ -64,7 +74,17 @@ enum Step<'a> {
         call: OwnedCall,
         retry: Option<Checks>,
     },
-    /// Through the shared code (cluster, connecting, resend).
+    /// Cluster mode, on the connection of the slot's shard (see
+    /// [`Cluster::ready`]); `retry` is the copy kept for the resend rules,
+    /// `generation` that of the map the call was routed by.
+    ClusterCall {
+        cluster: &'a Cluster,
+        call: OwnedCall,
+        slot: u16,
+        generation: u64,
+        retry: Checks,
+    },
+    /// Through the shared code (cluster resends, connecting, resend).
     Routed(Boxed<'a, Result<Answer, Error>>),
     Done,
 }
@@ -123,7 +143,37 @@ impl<'a> Single<'a> {
                 None => Step::Routed(Box::pin(calls::checks(shard, kind, checks, deadline))),
             },
             Route::Cluster(cluster) => {
-                Step::Routed(Box::pin(cluster.checks(kind, checks, deadline)))
+                // A one-pair check's slot is its key's (a CHECK2's too: a
+                // tagged check of one pair).
+                let slot = Slot::of(checks_key(&checks)).get();
+                match cluster.ready(slot) {
+                    Ready::Conn { generation, conn } => {
+                        calls::check_limits(&checks, &conn.info().limits)?;
+                        let retry = checks.clone();
+                        let call = conn.exchange_owned(Outgoing::Checks { kind, checks }, deadline);
+                        Step::ClusterCall {
+                            cluster,
+                            call,
+                            slot,
+                            generation,
+                            retry,
+                        }
+                    }
+                    Ready::Failed { generation, error } => Step::Routed(Box::pin(cluster.resume(
+                        kind,
+                        slot,
+                        checks,
+                        FirstAttempt {
+                            generation,
+                            conn: None,
+                            result: Err(error),
+                        },
+                        deadline,
+                    ))),
+                    Ready::Slow => {
+                        Step::Routed(Box::pin(cluster.single(kind, slot, checks, deadline)))
+                    }
+                }
             }
         };
         Ok(())
@@ -209,6 +259,40 @@ impl<'a> Future for Single<'a> {
                         }
                     }
                 }
+                Step::ClusterCall { call, .. } => {
+                    let answer = ready!(call.poll_answer(cx));
+                    // A decision is final; anything else may be resent
+                    // (MOVED, TryAgain, NotPrimary, a lost CHECK2), by the
+                    // rules `Cluster::resume` shares with the routed path.
+                    if let Ok(Answer::One(CheckResult::Decision(_))) = answer {
+                        return Poll::Ready(this.finish(answer));
+                    }
+                    let Step::ClusterCall {
+                        cluster,
+                        call,
+                        slot,
+                        generation,
+                        retry,
+                    } = std::mem::replace(&mut this.step, Step::Done)
+                    else {
+                        unreachable!("matched above");
+                    };
+                    let conn = Arc::clone(call.conn());
+                    drop(call);
+                    let deadline = this.deadline(started);
+                    this.step = Step::Routed(Box::pin(cluster.resume(
+                        this.kind,
+                        slot,
+                        retry,
+                        FirstAttempt {
+                            generation,
+                            conn: Some(conn),
+                            result: answer,
+                        },
+                        deadline,
+                    )));
+                    Ok(())
+                }
                 Step::Routed(routed) => {
                     let answer = ready!(routed.as_mut().poll(cx));
                     return Poll::Ready(this.finish(answer));
@@ -219,5 +303,17 @@ impl<'a> Future for Single<'a> {
                 return Poll::Ready(this.finish(Err(e)));
             }
         }
+    }
+}
+
+/// The key of a one-pair check (plain or tagged); empty for any other
+/// shape, which a one-pair check never has.
+fn checks_key(checks: &Checks) -> &[u8] {
+    match checks {
+        Checks::One(pair) => &pair.key,
+        Checks::Tagged(_, pairs) | Checks::Group(pairs) => {
+            pairs.first().map_or(&[][..], |p| &p.key[..])
+        }
+        Checks::Batch(_) => &[],
     }
 }

@@ -6,7 +6,8 @@
 //! Here the scaffolding (fake servers, configs); the failures (a silent,
 //! absent, stuck, dropping or refusing server) in `failures.rs`; what calls
 //! become on the wire (order, coalescing, limits, admin calls, config,
-//! priorities) in `calls.rs`.
+//! priorities) in `calls.rs`; cluster mode against one node in
+//! `cluster.rs`.
 //!
 //! Every test runs under `within` (a hard timeout) so a bug hangs nothing.
 //! Timing is only asserted with generous bounds; the real checks are
@@ -14,6 +15,7 @@
 //! connections or frames the server saw).
 
 mod calls;
+mod cluster;
 mod failures;
 
 use std::collections::VecDeque;
