@@ -291,6 +291,7 @@ impl Events {
 /// already fill it), whatever queued meanwhile. False when the queue is
 /// closed and empty. Sleeping rather than receiving during the linger is
 /// the point: each receive that waits is a wake-up per event.
+#[cfg_attr(not(feature = "events"), allow(dead_code))]
 pub(crate) async fn next_batch(
     rx: &mut mpsc::Receiver<Event>,
     batch: &mut Vec<Event>,
