@@ -53,7 +53,7 @@ pub struct EventsConfig {
     /// Events published per flush at most.
     pub batch: usize,
     /// How long a batch's first event waits for others
-    /// ([`next_batch`]).
+    /// (the publisher's `next_batch`).
     pub linger: std::time::Duration,
     /// Added to each event when set.
     pub region: Option<String>,
