@@ -104,18 +104,8 @@ impl Cluster {
             }
             None => result,
         };
-        let mut attempts = Attempts::default();
-        let retry = match classify(result) {
-            Ok(done) => return done,
-            Err(retry) => retry,
-        };
-        if let Err(done) = self
-            .prepare_retry(retry, generation, &mut attempts, deadline)
+        self.attempts(kind, slot, checks, Some((generation, result)), deadline)
             .await
-        {
-            return done;
-        }
-        self.attempts(kind, slot, checks, attempts, deadline).await
     }
 
     /// [`calls::settle`] for an answer on `conn`: after NotPrimary (a
@@ -157,24 +147,34 @@ impl Cluster {
         checks: Checks,
         deadline: Deadline,
     ) -> Result<Answer, Error> {
-        self.attempts(kind, slot, checks, Attempts::default(), deadline)
-            .await
+        self.attempts(kind, slot, checks, None, deadline).await
     }
 
-    /// Attempts until one is final, within `attempts`' budget.
+    /// Attempts until one is final, within the retry budget, starting
+    /// from `first` (an attempt already made, by the map of that
+    /// generation) when there is one.
     async fn attempts(
         &self,
         kind: BatchKind,
         slot: u16,
         checks: Checks,
-        mut attempts: Attempts,
+        mut first: Option<(u64, Result<Answer, Error>)>,
         deadline: Deadline,
     ) -> Result<Answer, Error> {
+        let mut attempts = Attempts::default();
         loop {
-            let (generation, map) = self.current_map(deadline).await;
-            let result = match map.shard_of(slot) {
-                Ok((_, shard)) => calls::checks(shard, kind, checks.clone(), deadline).await,
-                Err(e) => Err(e),
+            let (generation, result) = match first.take() {
+                Some(made) => made,
+                None => {
+                    let (generation, map) = self.current_map(deadline).await;
+                    let result = match map.shard_of(slot) {
+                        Ok((_, shard)) => {
+                            calls::checks(shard, kind, checks.clone(), deadline).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    (generation, result)
+                }
             };
             let retry = match classify(result) {
                 Ok(done) => return done,
