@@ -24,7 +24,6 @@ use crate::engine::{Engine, Privilege};
 use crate::node::regions::Regions;
 use crate::rules::Rule;
 use crate::store::{Mode, ResolvedPair, Returned, Spot};
-use bytes::{BufMut, Bytes, BytesMut};
 use smallvec::SmallVec;
 use tollgate_protocol::{CheckResult, Decision, LimitRef, Pair, RuleName};
 
@@ -34,11 +33,13 @@ const CEILING_SUFFIX: &[u8] = b"\x00region-ceiling";
 /// The pairs of a check naming a global rule: index, rule name, rule.
 type GlobalPairs<'p, 'r> = SmallVec<[(usize, &'p RuleName, &'r Rule); 2]>;
 
-fn ceiling_key(key: &Bytes) -> Bytes {
-    let mut k = BytesMut::with_capacity(key.len() + CEILING_SUFFIX.len());
-    k.put_slice(key);
-    k.put_slice(CEILING_SUFFIX);
-    k.freeze()
+/// The ceiling key of `key`, on the stack for keys of common length: the
+/// store copies it only when it is new.
+fn ceiling_key(key: &[u8]) -> SmallVec<[u8; 128]> {
+    let mut k = SmallVec::with_capacity(key.len() + CEILING_SUFFIX.len());
+    k.extend_from_slice(key);
+    k.extend_from_slice(CEILING_SUFFIX);
+    k
 }
 
 impl<'a> Evaluation<'a> {

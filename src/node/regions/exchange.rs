@@ -174,7 +174,8 @@ async fn exchange_once(
     // Exact again: merged keys and sealed ones make room for new keys.
     regions.set_pending_bytes(index, s.pending.bytes());
     let to = (peer.config.name.as_str(), peer.config.addr.as_str());
-    match send(core, to, &mut s.link, &report, timeout).await {
+    let (answer, report) = send(core, to, &mut s.link, report, timeout).await;
+    match answer {
         Ok(ack) if ack.region != peer.config.name => {
             tracing::warn!(
                 peer = %peer.config.name, answered = %Escaped(&ack.region),
@@ -229,12 +230,32 @@ async fn exchange_once(
 }
 
 /// Sends `report` on `link` (opened to peer region `peer` at `addr` if
-/// need be) and returns the answer.
+/// need be) and returns the answer, and the report (kept for a resend).
+/// The report is moved into the request and back rather than cloned: a
+/// clone copies every entry's key and name, a cost paid once per key per
+/// peer.
 async fn send(
+    core: &Core,
+    to: (&str, &str),
+    link: &mut Option<Link>,
+    report: UsageReport,
+    timeout: Duration,
+) -> (Result<tollgate_protocol::UsageAck, LinkError>, UsageReport) {
+    let request = Request::Usage(report);
+    let answer = call(core, to, link, &request, timeout).await;
+    let Request::Usage(report) = request else {
+        unreachable!("built as a USAGE just above")
+    };
+    (answer, report)
+}
+
+/// Sends `request` (a USAGE) on `link` (opened to peer region `peer` at
+/// `addr` if need be) and returns the answer.
+async fn call(
     core: &Core,
     (peer, addr): (&str, &str),
     link: &mut Option<Link>,
-    report: &UsageReport,
+    request: &Request,
     timeout: Duration,
 ) -> Result<tollgate_protocol::UsageAck, LinkError> {
     if link.is_none() {
@@ -252,7 +273,7 @@ async fn send(
     let Some(l) = link.as_mut() else {
         return Err(LinkError::Closed);
     };
-    match l.call(&Request::Usage(report.clone())).await? {
+    match l.call(request).await? {
         Response::UsageOk(ack) => Ok(ack),
         other => Err(unexpected("USAGE", &other)),
     }

@@ -13,6 +13,11 @@
 //! every reported sum exact (a key is reported in full or not at all), costs
 //! nothing to decide, and cannot be steered by a client into erasing the
 //! usage of a hot key by checking many cold ones.
+//!
+//! Rule names are kept once per journal (a handful of global rules against
+//! up to millions of keys): an entry names its rule by index, so recording
+//! a new key allocates its key alone, and sealing hands out clones of one
+//! shared name rather than a copy per entry.
 
 use crate::clock::Nanos;
 use ahash::RandomState;
@@ -57,7 +62,8 @@ impl Usage {
 struct Entry {
     hash: u64,
     key: Bytes,
-    rule: RuleName,
+    /// Its rule: an index into the journal's `names`.
+    rule: u16,
     usage: Usage,
 }
 
@@ -74,8 +80,8 @@ impl JournalHasher {
 }
 
 impl Entry {
-    fn is(&self, key: &[u8], rule: &RuleName) -> bool {
-        self.key[..] == *key && self.rule == *rule
+    fn is(&self, key: &[u8], rule: u16) -> bool {
+        self.rule == rule && self.key[..] == *key
     }
 }
 
@@ -85,11 +91,53 @@ impl Entry {
 #[derive(Debug, Default)]
 pub(super) struct Journal {
     entries: HashTable<Entry>,
+    /// The rule names the entries index, each once; emptied with the
+    /// journal, so names of rules since removed do not pile up.
+    names: Vec<RuleName>,
     /// The entries' bytes as [`entry_bytes`] counts them.
     bytes: usize,
 }
 
+/// At most this many rule names in one journal: an entry's index is a
+/// u16. Past it (65,536 global rules used within one interval) new names
+/// are refused like keys that do not fit.
+const MAX_NAMES: usize = u16::MAX as usize + 1;
+
 impl Journal {
+    /// An empty journal whose table has room for `entries` entries: the
+    /// journal handed to a sender is replaced by one sized like it, so the
+    /// next interval's keys do not grow a table from nothing again.
+    pub fn with_capacity(entries: usize) -> Self {
+        Self {
+            entries: HashTable::with_capacity(entries),
+            names: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The index of `rule` among the names, if it is there. A linear walk:
+    /// a journal names a handful of global rules, compared by length first.
+    fn name_index(&self, rule: &[u8]) -> Option<u16> {
+        self.names
+            .iter()
+            .position(|n| n.as_bytes() == rule)
+            .map(|i| i as u16)
+    }
+
+    /// The index of `rule`, added (copied: the caller's name is a slice of
+    /// a request frame) when new; None when the names are full.
+    fn intern(&mut self, rule: &RuleName) -> Option<u16> {
+        if let Some(i) = self.name_index(rule.as_bytes()) {
+            return Some(i);
+        }
+        if self.names.len() >= MAX_NAMES {
+            return None;
+        }
+        let copy = RuleName::new(Bytes::copy_from_slice(rule.as_bytes())).ok()?;
+        self.names.push(copy);
+        Some((self.names.len() - 1) as u16)
+    }
+
     /// Adds usage of `key` under `rule`, whose [`JournalHasher::hash`] is
     /// `hash`. A key not yet here is taken only when its entry fits in
     /// `room` bytes; returns false when it did not (nothing recorded). The
@@ -106,16 +154,18 @@ impl Journal {
             refunded,
             at: if charged > 0 { at } else { 0 },
         };
-        if let Some(e) = self.entries.find_mut(hash, |e| e.is(key, rule)) {
-            e.usage.merge(usage);
-            return true;
+        let known = self.name_index(rule.as_bytes());
+        if let Some(i) = known {
+            if let Some(e) = self.entries.find_mut(hash, |e| e.is(key, i)) {
+                e.usage.merge(usage);
+                return true;
+            }
         }
         let bytes = entry_bytes(key, rule);
         if bytes > room {
             return false;
         }
-        let Ok(rule) = RuleName::new(Bytes::copy_from_slice(rule.as_bytes())) else {
-            // A valid name copied is valid; never happens.
+        let Some(rule) = known.or_else(|| self.intern(rule)) else {
             return false;
         };
         let entry = Entry {
@@ -142,18 +192,34 @@ impl Journal {
         if other.entries.len() > self.entries.len() {
             std::mem::swap(self, &mut other);
         }
-        for entry in other.entries {
+        if other.entries.is_empty() {
+            return;
+        }
+        // Other's name indexes, as indexes here. A name that finds no room
+        // (65,536 names already) loses its entries, counted like keys
+        // dropped for want of room: never happens with any real rule set.
+        let names: Vec<Option<u16>> = other.names.iter().map(|n| self.intern(n)).collect();
+        for mut entry in other.entries {
+            let Some(rule) = names[usize::from(entry.rule)] else {
+                continue;
+            };
+            entry.rule = rule;
             let found = self
                 .entries
-                .find_mut(entry.hash, |e| e.is(&entry.key, &entry.rule));
+                .find_mut(entry.hash, |e| e.is(&entry.key, rule));
             match found {
                 Some(mine) => mine.usage.merge(entry.usage),
                 None => {
-                    self.bytes += entry_bytes(&entry.key, &entry.rule);
+                    self.bytes += self.bytes_of(&entry);
                     self.insert_new(entry);
                 }
             }
         }
+    }
+
+    /// What `entry` is counted as ([`entry_bytes`]).
+    fn bytes_of(&self, entry: &Entry) -> usize {
+        entry_bytes(&entry.key, &self.names[usize::from(entry.rule)])
     }
 
     /// The bytes the entries are counted as.
@@ -161,7 +227,6 @@ impl Journal {
         self.bytes
     }
 
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -175,9 +240,19 @@ impl Journal {
     /// Returns the entries and whether some were left for lack of room.
     pub fn seal(&mut self, max_bytes: usize, region_len: usize) -> (Vec<UsageEntry>, bool) {
         let room = std::cell::Cell::new(max_bytes.saturating_sub(usage_header_len(region_len)));
-        let mut out = Vec::new();
+        let names = &self.names;
+        // Sized for the entries of average size that fill the message (or
+        // all of them), so that the list is not grown entry by entry.
+        let Some(name) = names.first() else {
+            return (Vec::new(), false);
+        };
+        let len = self.entries.len();
+        let names_and_keys = (self.bytes / len).saturating_sub(ENTRY_OVERHEAD);
+        let fixed = UsageEntry::encoded_len(b"", name) - name.len();
+        let mut out = Vec::with_capacity(len.min(room.get() / (names_and_keys + fixed) + 1));
+        let mut freed = 0;
         let taken = self.entries.extract_if(|e| {
-            let len = UsageEntry::encoded_len(&e.key, &e.rule);
+            let len = UsageEntry::encoded_len(&e.key, &names[usize::from(e.rule)]);
             let fits = len <= room.get();
             if fits {
                 room.set(room.get() - len);
@@ -188,7 +263,8 @@ impl Journal {
             key, rule, usage, ..
         } in taken
         {
-            self.bytes -= entry_bytes(&key, &rule);
+            let rule = names[usize::from(rule)].clone();
+            freed += entry_bytes(&key, &rule);
             let len = UsageEntry::encoded_len(&key, &rule);
             out.push(UsageEntry {
                 key,
@@ -203,6 +279,10 @@ impl Journal {
             if room.get() < len {
                 break;
             }
+        }
+        self.bytes -= freed;
+        if self.entries.is_empty() {
+            self.names.clear();
         }
         (out, !self.entries.is_empty())
     }
@@ -258,6 +338,33 @@ mod tests {
         assert_eq!(pending.bytes(), 0);
         let three = entries.iter().find(|e| &e.key[..] == b"key-0003").unwrap();
         assert_eq!((three.charged, three.refunded), (1 + 1 + 10, 5));
+    }
+
+    #[test]
+    fn journals_naming_rules_in_another_order_merge_by_name() {
+        let hasher = JournalHasher::default();
+        let (x, y) = (RuleName::from_static("x"), RuleName::from_static("y"));
+        let put = |j: &mut Journal, rule: &RuleName, charged| {
+            let hash = hasher.hash(b"k", rule);
+            assert!(j.add((hash, b"k", rule), (charged, 0, 1), ROOM));
+        };
+        // One key under two rules: two entries; each journal meets the
+        // names in another order, so their indexes differ.
+        let (mut a, mut b) = (Journal::default(), Journal::default());
+        put(&mut a, &x, 1);
+        put(&mut a, &y, 10);
+        put(&mut b, &y, 100);
+        put(&mut b, &x, 1000);
+        put(&mut b, &x, 1000);
+        let one = entry_bytes(b"k", &x);
+        a.absorb(b);
+        assert_eq!((a.len(), a.bytes()), (2, 2 * one));
+        let (entries, left) = a.seal(1 << 20, 2);
+        assert!(!left);
+        let charged = |r: &RuleName| entries.iter().find(|e| e.rule == *r).unwrap().charged;
+        assert_eq!((charged(&x), charged(&y)), (2001, 110));
+        // Emptied, it forgets the names too.
+        assert!(a.names.is_empty());
     }
 
     #[test]

@@ -305,7 +305,8 @@ impl Regions {
         let mut journal = peer.journal.lock();
         peer.pending_bytes
             .fetch_add(journal.bytes(), Ordering::Relaxed);
-        std::mem::take(&mut *journal)
+        let next = Journal::with_capacity(journal.len());
+        std::mem::replace(&mut *journal, next)
     }
 
     /// What peer `index`'s sender holds now (after merging and sealing).
