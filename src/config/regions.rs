@@ -18,6 +18,9 @@ pub const DEFAULT_EXCHANGE_INTERVAL: &str = "500ms";
 pub const DEFAULT_REGION_STALL_INTERVALS: u32 = 4;
 pub const DEFAULT_EXCHANGE_MAX_BYTES: &str = "1MiB";
 pub const DEFAULT_REGION_JOURNAL_MAX_BYTES: &str = "64MiB";
+/// The most peer regions one node exchanges usage with: the usage a check
+/// records names its rule's peers as the bits of a u64.
+pub const MAX_REGION_PEERS: usize = 64;
 
 /// Regions and the usage exchange between them.
 #[derive(Debug, Clone, Args, Serialize)]
@@ -104,6 +107,9 @@ impl RegionSettings {
             }
             if peers.iter().any(|p| p.name == name) {
                 return Err(bad("the region is named twice"));
+            }
+            if peers.len() == MAX_REGION_PEERS {
+                return Err(bad("more than 64 peer regions"));
             }
             peers.push(RegionPeer {
                 name: name.to_owned(),

@@ -1,9 +1,14 @@
-//! The usage of global keys not yet sent to one peer region: key and rule
-//! to units charged, units refunded and the time of the latest charge.
+//! The usage of global keys not yet sent: key and rule to units charged,
+//! units refunded and the time of the latest charge. The check path
+//! records into one journal for all peer regions (each rule name kept with
+//! the set of peers its rule lists); at each exchange that journal is
+//! shared out, each peer taking the entries of the rules that list it into
+//! a journal of its own, from which its sender seals messages.
 //!
-//! Invariant: an entry is either here or in exactly one message not yet
-//! answered (the exchange task moves entries out as it seals a message and
-//! puts nothing back once sent), so each unit is reported once.
+//! Invariant: for each peer, an entry is either in the shared journal, in
+//! the peer's journal, or in exactly one message to it not yet answered
+//! (the exchange task moves entries out as it seals a message and puts
+//! nothing back once sent), so each unit is reported once to each peer.
 //!
 //! Its size: each key appears once however often it is checked, and the
 //! caller gives the room left (`--region-journal-max-bytes` for one peer,
@@ -52,17 +57,17 @@ impl Usage {
     }
 }
 
-/// One key under one rule. Held in a [`HashTable`] rather than a map keyed
+/// One key under one rule (and the peers it goes to). Held in a [`HashTable`] rather than a map keyed
 /// by (key, rule) so a lookup hashes and compares the caller's slices as
 /// they are, with no handle cloned per check. The entry keeps its hash:
 /// every journal of a node hashes with the same [`JournalHasher`], so a
 /// check's usage is hashed once for all its peers, and neither a table's
 /// growth nor a sender absorbing a journal hashes a key again.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Entry {
     hash: u64,
     key: Bytes,
-    /// Its rule: an index into the journal's `names`.
+    /// Its rule and peers: an index into the journal's `names`.
     rule: u16,
     usage: Usage,
 }
@@ -85,15 +90,27 @@ impl Entry {
     }
 }
 
-/// The usage not yet sent to one peer region (see the module's header).
-/// Journals are merged only with journals of the same node, made with the
-/// same [`JournalHasher`] (the hashes they keep must agree).
+/// A rule name and the peer regions its rule lists, as bits (bit `i`:
+/// peer `i` of the node; a node has at most
+/// [`MAX_REGION_PEERS`](crate::config::MAX_REGION_PEERS), 64). The same
+/// name with other peers (the rule was changed) is another name: its
+/// entries go to other peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Name {
+    rule: RuleName,
+    peers: u64,
+}
+
+/// Usage not yet sent: the node's shared journal, or one peer's (see the
+/// module's header). Journals are merged only with journals of the same
+/// node, made with the same [`JournalHasher`] (the hashes they keep must
+/// agree).
 #[derive(Debug, Default)]
 pub(super) struct Journal {
     entries: HashTable<Entry>,
-    /// The rule names the entries index, each once; emptied with the
-    /// journal, so names of rules since removed do not pile up.
-    names: Vec<RuleName>,
+    /// The names the entries index, each once; emptied with the journal,
+    /// so names of rules since removed do not pile up.
+    names: Vec<Name>,
     /// The entries' bytes as [`entry_bytes`] counts them.
     bytes: usize,
 }
@@ -115,37 +132,38 @@ impl Journal {
         }
     }
 
-    /// The index of `rule` among the names, if it is there. A linear walk:
-    /// a journal names a handful of global rules, compared by length first.
-    fn name_index(&self, rule: &[u8]) -> Option<u16> {
+    /// The index of `rule` for `peers` among the names, if it is there. A
+    /// linear walk: a journal names a handful of global rules.
+    fn name_index(&self, rule: &[u8], peers: u64) -> Option<u16> {
         self.names
             .iter()
-            .position(|n| n.as_bytes() == rule)
+            .position(|n| n.peers == peers && n.rule.as_bytes() == rule)
             .map(|i| i as u16)
     }
 
-    /// The index of `rule`, added (copied: the caller's name is a slice of
-    /// a request frame) when new; None when the names are full.
-    fn intern(&mut self, rule: &RuleName) -> Option<u16> {
-        if let Some(i) = self.name_index(rule.as_bytes()) {
+    /// The index of `rule` for `peers`, added (copied: the caller's name is
+    /// a slice of a request frame) when new; None when the names are full.
+    fn intern(&mut self, rule: &RuleName, peers: u64) -> Option<u16> {
+        if let Some(i) = self.name_index(rule.as_bytes(), peers) {
             return Some(i);
         }
         if self.names.len() >= MAX_NAMES {
             return None;
         }
-        let copy = RuleName::new(Bytes::copy_from_slice(rule.as_bytes())).ok()?;
-        self.names.push(copy);
+        let rule = RuleName::new(Bytes::copy_from_slice(rule.as_bytes())).ok()?;
+        self.names.push(Name { rule, peers });
         Some((self.names.len() - 1) as u16)
     }
 
     /// Adds usage of `key` under `rule`, whose [`JournalHasher::hash`] is
-    /// `hash`. A key not yet here is taken only when its entry fits in
-    /// `room` bytes; returns false when it did not (nothing recorded). The
-    /// key and name are copied: the caller's are slices of a whole request
-    /// frame, which they would keep alive.
+    /// `hash`, for the peers whose bits are set in `peers`. A key not yet
+    /// here is taken only when its entry fits in `room` bytes; returns
+    /// false when it did not (nothing recorded). The key and name are
+    /// copied: the caller's are slices of a whole request frame, which they
+    /// would keep alive.
     pub fn add(
         &mut self,
-        (hash, key, rule): (u64, &[u8], &RuleName),
+        (hash, key, rule, peers): (u64, &[u8], &RuleName, u64),
         (charged, refunded, at): (u64, u64, Nanos),
         room: usize,
     ) -> bool {
@@ -154,7 +172,7 @@ impl Journal {
             refunded,
             at: if charged > 0 { at } else { 0 },
         };
-        let known = self.name_index(rule.as_bytes());
+        let known = self.name_index(rule.as_bytes(), peers);
         if let Some(i) = known {
             if let Some(e) = self.entries.find_mut(hash, |e| e.is(key, i)) {
                 e.usage.merge(usage);
@@ -165,7 +183,7 @@ impl Journal {
         if bytes > room {
             return false;
         }
-        let Some(rule) = known.or_else(|| self.intern(rule)) else {
+        let Some(rule) = known.or_else(|| self.intern(rule, peers)) else {
             return false;
         };
         let entry = Entry {
@@ -185,41 +203,101 @@ impl Journal {
 
     /// Moves everything of `other` into this journal (no room asked: what
     /// `other` holds was counted against the same bound already, and a key
-    /// in both takes less room merged). The smaller of the two is walked:
-    /// a sender absorbing each interval's journal into a pending usage that
-    /// is empty (the peer keeps up) only swaps them.
-    pub fn absorb(&mut self, mut other: Journal) {
-        if other.entries.len() > self.entries.len() {
+    /// in both takes less room merged).
+    pub fn absorb(&mut self, other: Journal) {
+        self.absorb_within(other, usize::MAX);
+    }
+
+    /// Moves `other` into this journal; a key new here is taken only while
+    /// the bytes added stay within `room`. Returns what was left out:
+    /// entries and units (charged and refunded). The smaller of the two is
+    /// walked when all of `other` fits: a sender taking each interval's
+    /// usage into a pending one that is empty (the peer keeps up) only
+    /// swaps them.
+    pub fn absorb_within(&mut self, mut other: Journal, room: usize) -> (u64, u64) {
+        let mut room = room;
+        if other.bytes <= room && other.entries.len() > self.entries.len() {
+            // All of other fits, so whatever this journal adds to it counts
+            // against nothing: it was held already.
             std::mem::swap(self, &mut other);
+            room = usize::MAX;
         }
         if other.entries.is_empty() {
-            return;
+            return (0, 0);
         }
         // Other's name indexes, as indexes here. A name that finds no room
         // (65,536 names already) loses its entries, counted like keys
         // dropped for want of room: never happens with any real rule set.
-        let names: Vec<Option<u16>> = other.names.iter().map(|n| self.intern(n)).collect();
+        let names: Vec<Option<u16>> = other
+            .names
+            .iter()
+            .map(|n| self.intern(&n.rule, n.peers))
+            .collect();
+        let (mut added, mut dropped) = (0, (0, 0));
         for mut entry in other.entries {
+            let units = entry.usage.charged.saturating_add(entry.usage.refunded);
             let Some(rule) = names[usize::from(entry.rule)] else {
+                dropped = (dropped.0 + 1, dropped.1 + units);
                 continue;
             };
             entry.rule = rule;
-            let found = self
+            if let Some(mine) = self
                 .entries
-                .find_mut(entry.hash, |e| e.is(&entry.key, rule));
-            match found {
-                Some(mine) => mine.usage.merge(entry.usage),
-                None => {
-                    self.bytes += self.bytes_of(&entry);
-                    self.insert_new(entry);
-                }
+                .find_mut(entry.hash, |e| e.is(&entry.key, rule))
+            {
+                mine.usage.merge(entry.usage);
+                continue;
             }
+            let bytes = self.bytes_of(&entry);
+            if added + bytes > room {
+                dropped = (dropped.0 + 1, dropped.1 + units);
+                continue;
+            }
+            added += bytes;
+            self.insert_new(entry);
         }
+        self.bytes += added;
+        dropped
     }
 
     /// What `entry` is counted as ([`entry_bytes`]).
     fn bytes_of(&self, entry: &Entry) -> usize {
-        entry_bytes(&entry.key, &self.names[usize::from(entry.rule)])
+        entry_bytes(&entry.key, &self.names[usize::from(entry.rule)].rule)
+    }
+
+    /// The entries for peer `peer` (a copy; keys are shared, not copied).
+    pub fn share(&self, peer: usize) -> Journal {
+        let mut out = Journal {
+            entries: HashTable::with_capacity(self.entries.len()),
+            names: self.names.clone(),
+            bytes: 0,
+        };
+        for e in self.entries.iter().filter(|e| self.goes_to(e, peer)) {
+            out.bytes += self.bytes_of(e);
+            out.insert_new(e.clone());
+        }
+        out
+    }
+
+    /// The entries for peer `peer`, this journal's own (its last taker).
+    pub fn into_share(mut self, peer: usize) -> Journal {
+        let names = std::mem::take(&mut self.names);
+        let mut freed = 0;
+        self.entries.retain(|e| {
+            let name = &names[usize::from(e.rule)];
+            let keep = name.peers & (1 << peer) != 0;
+            if !keep {
+                freed += entry_bytes(&e.key, &name.rule);
+            }
+            keep
+        });
+        self.names = names;
+        self.bytes -= freed;
+        self
+    }
+
+    fn goes_to(&self, entry: &Entry, peer: usize) -> bool {
+        self.names[usize::from(entry.rule)].peers & (1 << peer) != 0
     }
 
     /// The bytes the entries are counted as.
@@ -243,16 +321,16 @@ impl Journal {
         let names = &self.names;
         // Sized for the entries of average size that fill the message (or
         // all of them), so that the list is not grown entry by entry.
-        let Some(name) = names.first() else {
+        let Some(Name { rule: name, .. }) = names.first() else {
             return (Vec::new(), false);
         };
         let len = self.entries.len();
-        let names_and_keys = (self.bytes / len).saturating_sub(ENTRY_OVERHEAD);
+        let names_and_keys = (self.bytes / len.max(1)).saturating_sub(ENTRY_OVERHEAD);
         let fixed = UsageEntry::encoded_len(b"", name) - name.len();
         let mut out = Vec::with_capacity(len.min(room.get() / (names_and_keys + fixed) + 1));
         let mut freed = 0;
         let taken = self.entries.extract_if(|e| {
-            let len = UsageEntry::encoded_len(&e.key, &names[usize::from(e.rule)]);
+            let len = UsageEntry::encoded_len(&e.key, &names[usize::from(e.rule)].rule);
             let fits = len <= room.get();
             if fits {
                 room.set(room.get() - len);
@@ -263,7 +341,7 @@ impl Journal {
             key, rule, usage, ..
         } in taken
         {
-            let rule = names[usize::from(rule)].clone();
+            let rule = names[usize::from(rule)].rule.clone();
             freed += entry_bytes(&key, &rule);
             let len = UsageEntry::encoded_len(&key, &rule);
             out.push(UsageEntry {
@@ -300,7 +378,7 @@ mod tests {
         let hash = HASHER
             .get_or_init(JournalHasher::default)
             .hash(key, &rule());
-        j.add((hash, key, &rule()), usage, room)
+        j.add((hash, key, &rule(), 1), usage, room)
     }
 
     fn rule() -> RuleName {
@@ -346,7 +424,7 @@ mod tests {
         let (x, y) = (RuleName::from_static("x"), RuleName::from_static("y"));
         let put = |j: &mut Journal, rule: &RuleName, charged| {
             let hash = hasher.hash(b"k", rule);
-            assert!(j.add((hash, b"k", rule), (charged, 0, 1), ROOM));
+            assert!(j.add((hash, b"k", rule, 1), (charged, 0, 1), ROOM));
         };
         // One key under two rules: two entries; each journal meets the
         // names in another order, so their indexes differ.

@@ -2,9 +2,10 @@
 //! other regions (docs/GLOBAL-LIMITS.md, PROTOCOL.md §16).
 //!
 //! ```text
-//!  check path (server) --record--> journal, one per peer region (journal.rs;
-//!      new keys dropped past `region-journal-max-bytes` with the pending)
-//!  exchange task per peer (exchange.rs): every interval, journal -> pending
+//!  check path (server) --record--> the shared journal, once for all peers
+//!  exchange task per peer (exchange.rs): every interval, the shared
+//!      journal -> each peer's journal (its rules' entries; new keys dropped
+//!      past `region-journal-max-bytes` with its pending) -> its pending
 //!      -> one USAGE (at most `exchange-max-bytes`) -> USAGE_OK
 //!  USAGE from a peer (server) --receive--> at-most-once -> Store::absorb
 //!  monitor: who is stalled -> the cut-off flag the check path reads
@@ -15,8 +16,8 @@
 //!   records), never what it absorbed from others, so nothing counts twice;
 //! - a USAGE is applied at most once per (sender, session, seq); a retry is
 //!   answered `duplicate`;
-//! - `record` and `cut_off` are on the request path: one short lock per
-//!   peer region of the rule, one atomic load;
+//! - `record` and `cut_off` are on the request path: one short lock and
+//!   one entry however many peers the rule lists, one atomic load;
 //! - the node never sees rules: the server resolves a rule name to its
 //!   limit (and whether it is global for the sender) through a closure.
 
@@ -72,12 +73,12 @@ impl RegionConfig {
 /// One peer region as this node sees it.
 pub(crate) struct Peer {
     pub config: RegionPeer,
-    /// Usage recorded for it since its exchange task last looked.
+    /// Its share of the shared journal, not yet taken by its sender.
     journal: Mutex<Journal>,
-    /// The bytes of its sender's pending usage (an upper bound, raised
-    /// under the journal's lock as the journal is handed over), so that the
-    /// two together stay within `journal_max_bytes`.
-    pending_bytes: AtomicUsize,
+    /// The bytes of its journal and its sender's pending usage together
+    /// (changed under the journal's lock; an upper bound between a seal and
+    /// the sender's next word), which stay within `journal_max_bytes`.
+    held: AtomicUsize,
     /// Its `entries_dropped` and `usage_dropped` series, at hand for the
     /// check path.
     dropped: (prometheus::IntCounter, prometheus::IntCounter),
@@ -120,6 +121,10 @@ pub(crate) type Resolve<'a> = &'a dyn Fn(&RuleName, &str) -> Option<Limit>;
 pub(crate) struct Regions {
     pub config: RegionConfig,
     peers: Vec<Peer>,
+    /// What the check path recorded since a sender last shared it out.
+    shared: Mutex<Journal>,
+    /// When it was last shared out (clock, ns).
+    shared_at: AtomicU64,
     store: std::sync::Arc<Store>,
     /// Set while the exchange is stalled with a majority of the peers.
     cut_off: AtomicBool,
@@ -142,7 +147,7 @@ impl Regions {
             .map(|p| Peer {
                 config: p.clone(),
                 journal: Mutex::new(Journal::default()),
-                pending_bytes: AtomicUsize::new(0),
+                held: AtomicUsize::new(0),
                 dropped: {
                     let m = metrics.peer(&p.name);
                     (m.entries_dropped, m.units_dropped)
@@ -157,6 +162,8 @@ impl Regions {
         Ok(Self {
             config,
             peers,
+            shared: Mutex::new(Journal::default()),
+            shared_at: AtomicU64::new(0),
             store,
             cut_off: AtomicBool::new(false),
             metrics,
@@ -170,9 +177,12 @@ impl Regions {
     }
 
     /// Records usage of `key` under the global `rule` by this region's own
-    /// clients, for each peer region the rule lists (`regions`). A key new
-    /// to a peer's journal while its journal and pending usage hold
-    /// `journal_max_bytes` is dropped for that peer, and counted.
+    /// clients, for each peer region the rule lists (`regions`): one entry
+    /// in the shared journal, whatever the number of peers. A key new to
+    /// it is taken while it fits beside what the peer with the most room
+    /// holds (`journal_max_bytes` in all), else dropped and counted for
+    /// every peer listed; the peers with less room drop it, and count it,
+    /// as they take their share.
     pub fn record(
         &self,
         key: &Bytes,
@@ -182,20 +192,78 @@ impl Regions {
         refunded: u64,
         now: Nanos,
     ) {
-        // Hashed once for every peer's journal.
-        let entry = (self.hasher.hash(key, rule), &key[..], rule);
-        for peer in &self.peers {
+        let mut peers = 0u64;
+        let mut least_held = usize::MAX;
+        for (i, peer) in self.peers.iter().enumerate() {
             if regions.contains(&peer.config.name) {
-                let mut journal = peer.journal.lock();
-                // Relaxed: only raised under this lock; lowered by the
-                // sender, which can only make room.
-                let held = journal.bytes() + peer.pending_bytes.load(Ordering::Relaxed);
-                let room = self.config.journal_max_bytes.saturating_sub(held);
-                if !journal.add(entry, (charged, refunded, now), room) {
-                    drop(journal);
+                peers |= 1 << i;
+                // Relaxed: a bound, read again exactly as shares are taken.
+                least_held = least_held.min(peer.held.load(Ordering::Relaxed));
+            }
+        }
+        if peers == 0 {
+            return;
+        }
+        let entry = (self.hasher.hash(key, rule), &key[..], rule, peers);
+        let mut shared = self.shared.lock();
+        let room = (self.config.journal_max_bytes.saturating_sub(least_held))
+            .saturating_sub(shared.bytes());
+        if !shared.add(entry, (charged, refunded, now), room) {
+            drop(shared);
+            for (i, peer) in self.peers.iter().enumerate() {
+                if peers & (1 << i) != 0 {
                     peer.dropped.0.inc();
                     peer.dropped.1.inc_by(charged.saturating_add(refunded));
                 }
+            }
+        }
+    }
+
+    /// Shares the shared journal out to the peers' journals: each takes
+    /// the entries of the rules listing it, the last one the journal
+    /// itself, so keys are copied only for the peers before it (a Bytes
+    /// clone each, not a copy of the key). A peer whose journal and pending
+    /// usage hold `journal_max_bytes` drops the keys new to it, counted.
+    ///
+    /// Once an interval: the first sender to tick shares out for all, and
+    /// the others, ticking a moment later, find their share waiting. (Shared
+    /// out again for each, the journal would be replaced by one sized for
+    /// that moment's few keys, and grow again all interval long.)
+    fn share_out(&self, now: Nanos) {
+        let half = self.config.interval.as_nanos() as u64 / 2;
+        let recorded = {
+            let mut shared = self.shared.lock();
+            let last = self.shared_at.load(Ordering::Relaxed);
+            if shared.is_empty() || now.saturating_sub(last) < half {
+                return;
+            }
+            // Relaxed: read and written under the shared journal's lock.
+            self.shared_at.store(now, Ordering::Relaxed);
+            let next = Journal::with_capacity(shared.len());
+            std::mem::replace(&mut *shared, next)
+        };
+        let last = self.peers.len().saturating_sub(1);
+        let mut recorded = Some(recorded);
+        for (i, peer) in self.peers.iter().enumerate() {
+            let share = match (i == last, &recorded) {
+                (true, _) => recorded.take().map(|r| r.into_share(i)),
+                (false, Some(r)) => Some(r.share(i)),
+                (false, None) => None,
+            };
+            let Some(share) = share.filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            let mut journal = peer.journal.lock();
+            let before = journal.bytes();
+            let held = peer.held.load(Ordering::Relaxed);
+            let room = self.config.journal_max_bytes.saturating_sub(held);
+            let (entries, units) = journal.absorb_within(share, room);
+            peer.held
+                .fetch_add(journal.bytes() - before, Ordering::Relaxed);
+            drop(journal);
+            if entries > 0 {
+                peer.dropped.0.inc_by(entries);
+                peer.dropped.1.inc_by(units);
             }
         }
     }
@@ -297,23 +365,20 @@ impl Regions {
         Ok(ack(false))
     }
 
-    /// Hands peer `index`'s journal to its sender, counting its bytes as
-    /// pending before the lock is let go (so `record` never sees the room
-    /// of both at once).
-    fn take_journal(&self, index: usize) -> Journal {
-        let peer = &self.peers[index];
-        let mut journal = peer.journal.lock();
-        peer.pending_bytes
-            .fetch_add(journal.bytes(), Ordering::Relaxed);
+    /// Shares the shared journal out, then hands peer `index`'s journal to
+    /// its sender (its bytes still held: they are the sender's pending now).
+    fn take_journal(&self, index: usize, now: Nanos) -> Journal {
+        self.share_out(now);
+        let mut journal = self.peers[index].journal.lock();
         let next = Journal::with_capacity(journal.len());
         std::mem::replace(&mut *journal, next)
     }
 
     /// What peer `index`'s sender holds now (after merging and sealing).
     fn set_pending_bytes(&self, index: usize, bytes: usize) {
-        self.peers[index]
-            .pending_bytes
-            .store(bytes, Ordering::Relaxed);
+        let peer = &self.peers[index];
+        let journal = peer.journal.lock();
+        peer.held.store(journal.bytes() + bytes, Ordering::Relaxed);
     }
 
     /// Re-reads who is stalled; called every interval by the monitor.

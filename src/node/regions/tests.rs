@@ -161,21 +161,31 @@ fn a_region_is_cut_off_when_most_peers_are_stalled() {
 
 #[test]
 fn usage_is_journalled_for_the_peers_the_rule_lists() {
-    let r = regions(&["eu", "ap"]);
+    let r = regions(&["eu", "ap", "sa"]);
     let rule = RuleName::try_from("api").unwrap();
+    let k = Bytes::from_static(b"k");
     r.record(
-        &Bytes::from_static(b"k"),
+        &k,
         &rule,
-        &["us".into(), "eu".into()],
+        &["us".into(), "eu".into(), "sa".into()],
         3,
         0,
         T0,
     );
-    let (eu, _) = r.peers[0].journal.lock().seal(1 << 20, 2);
-    let (ap, _) = r.peers[1].journal.lock().seal(1 << 20, 2);
-    assert_eq!(eu.len(), 1);
-    assert_eq!(eu[0].charged, 3);
-    assert!(ap.is_empty());
+    r.record(&k, &rule, &["ap".into()], 5, 0, T0);
+    // Once in the shared journal per rule's peers, whatever their number.
+    assert_eq!(r.shared.lock().len(), 2);
+    r.share_out(T0);
+    let charged = |i: usize| {
+        let (entries, _) = r.peers[i].journal.lock().seal(1 << 20, 2);
+        entries.iter().map(|e| e.charged).collect::<Vec<_>>()
+    };
+    // eu takes a copy, sa (the last) the journal itself: the same usage.
+    assert_eq!(
+        (charged(0), charged(1), charged(2)),
+        (vec![3], vec![5], vec![3])
+    );
+    assert!(r.shared.lock().is_empty());
 }
 
 #[test]
@@ -192,20 +202,58 @@ fn a_peers_journal_and_pending_usage_stay_within_their_bound() {
         record(&r, i);
     }
     let dropped = || r.metrics.peer("eu").entries_dropped.get();
-    let held = r.peers[0].journal.lock().len();
+    let held = r.shared.lock().len();
     assert!(held > 100 && held < 10_000, "{held}");
     assert_eq!(dropped(), 10_000 - held as u64);
     assert_eq!(r.metrics.peer("eu").units_dropped.get(), dropped());
-    // Handed to the sender, the journal's bytes still count as pending
-    // until the sender says otherwise: no new key fits.
-    let mut pending = r.take_journal(0);
+    // Handed to the sender, the journal's bytes still count as held until
+    // the sender says otherwise: no new key fits.
+    let mut pending = r.take_journal(0, T0);
+    assert_eq!(pending.len(), held);
     record(&r, 20_000);
     assert_eq!(dropped(), 10_000 - held as u64 + 1);
     // Sent (sealed out of the pending usage): room again.
     while pending.seal(1 << 20, 2).1 {}
     r.set_pending_bytes(0, pending.bytes());
     record(&r, 20_001);
-    assert_eq!(r.peers[0].journal.lock().len(), 1);
+    assert_eq!(r.shared.lock().len(), 1);
+}
+
+#[test]
+fn a_full_peer_drops_new_keys_as_it_takes_its_share_and_the_others_keep_them() {
+    let mut r = regions(&["eu", "ap"]);
+    r.config.journal_max_bytes = 64 << 10;
+    let rule = RuleName::try_from("api").unwrap();
+    let listed = ["eu".to_owned(), "ap".to_owned()];
+    let key = |i: u32| Bytes::from(format!("rl:{{k{i}}}"));
+    r.record(&key(0), &rule, &listed, 2, 0, T0);
+    r.share_out(T0);
+    // ap's sender holds a full journal's worth (a peer that is down).
+    r.set_pending_bytes(1, 64 << 10);
+    // eu has room: the shared journal takes new keys, and a key ap holds
+    // already keeps adding up there.
+    r.record(&key(1), &rule, &listed, 1, 0, T0);
+    r.record(&key(0), &rule, &listed, 4, 0, T0);
+    assert_eq!(r.shared.lock().len(), 2);
+    // Shared out once an interval: a sender ticking soon after the one
+    // that shared out finds its share waiting and shares nothing more.
+    r.share_out(T0 + 100 * MS);
+    assert_eq!(r.shared.lock().len(), 2);
+    r.share_out(T0 + 500 * MS);
+    assert!(r.shared.lock().is_empty());
+    let sealed = |i: usize| {
+        let (entries, _) = r.peers[i].journal.lock().seal(1 << 20, 2);
+        let mut got: Vec<_> = entries.iter().map(|e| (e.key.clone(), e.charged)).collect();
+        got.sort();
+        got
+    };
+    assert_eq!(sealed(0), vec![(key(0), 6), (key(1), 1)]);
+    assert_eq!(sealed(1), vec![(key(0), 6)]);
+    let dropped = |p: &str| {
+        let m = r.metrics.peer(p);
+        (m.entries_dropped.get(), m.units_dropped.get())
+    };
+    assert_eq!((dropped("eu"), dropped("ap")), ((0, 0), (1, 1)));
 }
 
 #[test]
