@@ -23,17 +23,23 @@
 //!   and the young one becomes the old. The keys forgotten are always
 //!   older than every key kept, and a new key costs two lookups and an
 //!   insert (one cache miss each at a full memory), where keeping keys in
-//!   order and forgetting the single oldest cost two more misses per check.
+//!   order and forgetting the single oldest cost two more misses per check;
+//! - the insert goes where the young generation's lookup ended
+//!   ([`generation::Probe`]), looked up again only when making room
+//!   emptied it: no other check can remember the key in between, as both
+//!   happen under the shard's lock.
 
 use super::Privilege;
 use crate::clock::Nanos;
 use ahash::RandomState;
-use hashbrown::HashTable;
+use generation::Generation;
 use parking_lot::Mutex;
 use prometheus::{IntCounter, Registry};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::Duration;
 use tollgate_protocol::{CheckResult, ErrorCode, IdempotencyKey, Pair};
+
+mod generation;
 
 /// Shards of the memory: enough that connections on different cores rarely
 /// wait for one another (a lock is held for one check's evaluation).
@@ -95,82 +101,6 @@ struct Entry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Owner(u64);
 
-/// Keys remembered in one stretch of time: their entries in the order
-/// remembered, and an index from key to entry. Appending keeps the writes
-/// of a full memory sequential (the line written next is fetched while
-/// the check is evaluated, [`Generation::prepare`]); the index is small
-/// (4 bytes a key) and stays in cache.
-#[derive(Default)]
-struct Generation {
-    entries: Vec<Entry>,
-    /// Positions in `entries`, by the key's hash.
-    index: HashTable<u32>,
-    /// The latest `at` of its entries: when it is older than the window,
-    /// nothing in the generation is still answering retries.
-    newest: Nanos,
-}
-
-impl Generation {
-    fn find(&self, hash: u64, key: IdempotencyKey) -> Option<usize> {
-        let entries = &self.entries;
-        (self.index)
-            .find(hash, |&at| entries[at as usize].key == key)
-            .map(|&at| at as usize)
-    }
-
-    /// The entry of `key` if it is still inside `window` at `now`.
-    fn live(&self, hash: u64, key: IdempotencyKey, now: Nanos, window: Nanos) -> Option<&Entry> {
-        let entry = &self.entries[self.find(hash, key)?];
-        (now.saturating_sub(entry.at) < window).then_some(entry)
-    }
-
-    /// Starts fetching where the next entry will be written.
-    fn prepare(&self) {
-        if self.entries.len() < self.entries.capacity() {
-            let next = self.entries.as_ptr_range().end as usize;
-            crate::prefetch::line_for_write(next);
-            crate::prefetch::line_for_write(next + std::mem::size_of::<Entry>() - 1);
-        }
-    }
-
-    /// Remembers `entry` (its key hashed to `hash`), over an entry of the
-    /// same key if there is one.
-    fn put(&mut self, hash: u64, entry: Entry, hasher: &RandomState) {
-        self.newest = self.newest.max(entry.at);
-        if let Some(at) = self.find(hash, entry.key) {
-            self.entries[at] = entry;
-            return;
-        }
-        let at = u32::try_from(self.entries.len()).expect("a shard holds under 2^32 keys");
-        self.entries.push(entry);
-        let entries = &self.entries;
-        self.index
-            .insert_unique(hash, at, |&at| hasher.hash_one(entries[at as usize].key));
-    }
-
-    /// Empties it, returning how many of its entries were still inside
-    /// `window` at `now` (forgotten early). Walks the entries only when
-    /// some may be, in order.
-    fn forget(&mut self, now: Nanos, window: Nanos) -> usize {
-        let early = if now.saturating_sub(self.newest) >= window {
-            0
-        } else {
-            (self.entries.iter())
-                .filter(|e| now.saturating_sub(e.at) < window)
-                .count()
-        };
-        // Keeps the allocations: the next generation fills them again.
-        self.entries.clear();
-        self.index.clear();
-        self.newest = 0;
-        early
-    }
-
-    fn len(&self) -> usize {
-        self.entries.len()
-    }
-}
-
 /// One shard: the keys being remembered now, and the generation before.
 /// Forgetting is by whole generations: when `young` is full (half the
 /// shard) the older one is dropped and `young` takes its place, so a new
@@ -183,12 +113,13 @@ struct Shard {
 
 impl Shard {
     /// Makes room for one more key within `cap` keys in all and `half` in
-    /// the young generation; returns how many keys still inside the window
-    /// were forgotten for it.
-    fn make_room(&mut self, cap: usize, half: usize, now: Nanos, window: Nanos) -> usize {
+    /// the young generation; returns, when it had to (and so the young
+    /// generation is a new, empty one), how many keys still inside the
+    /// window were forgotten for it.
+    fn make_room(&mut self, cap: usize, half: usize, now: Nanos, window: Nanos) -> Option<usize> {
         let young = self.young.len();
         if young < half && young + self.old.len() < cap {
-            return 0;
+            return None;
         }
         let mut forgotten = self.old.forget(now, window);
         std::mem::swap(&mut self.young, &mut self.old);
@@ -196,7 +127,7 @@ impl Shard {
             // A shard of one key: it has no room for an older generation.
             forgotten += self.old.forget(now, window);
         }
-        forgotten
+        Some(forgotten)
     }
 }
 
@@ -280,14 +211,21 @@ impl RetryMemory {
         evaluate: impl FnOnce() -> CheckResult,
     ) -> Answered {
         let hash = self.hasher.hash_one(key);
-        // The shard from bits the tables do not index by (they use the low
-        // bits for the bucket and the top seven for the tag).
+        // The shard from bits the generations' indexes do not use (the low
+        // ones choose the home slot, the top ones are the tag).
         let index = (hash >> 32) as usize % self.shards.len();
-        let mut shard = self.shards[index].lock();
+        let mut guard = self.shards[index].lock();
+        let shard = &mut *guard;
+        // Both generations' slots are fetched at once: a new key misses in
+        // both.
+        shard.young.prefetch(hash);
+        shard.old.prefetch(hash);
         // The young generation first: a key remembered again after it
         // expired has its newer entry there.
-        let live = |g: &Generation| g.live(hash, key, now, self.window).copied();
-        if let Some(entry) = live(&shard.young).or_else(|| live(&shard.old)) {
+        let mut young = shard.young.probe(hash, key);
+        let live = (shard.young.live(young, now, self.window))
+            .or_else(|| shard.old.live(shard.old.probe(hash, key), now, self.window));
+        if let Some(entry) = live {
             if entry.scope != scope {
                 self.metrics.refused.inc();
                 return Answered::Refused;
@@ -298,9 +236,16 @@ impl RetryMemory {
         // Room is made before evaluating, so the line the answer goes to is
         // fetched meanwhile (a check that ends in an error, remembered not,
         // only made it a little early).
-        let cap = self.per_shard;
-        let forgotten = shard.make_room(cap, cap.div_ceil(2), now, self.window);
-        self.metrics.evicted.inc_by(forgotten as u64);
+        let (cap, half) = (self.per_shard, self.per_shard.div_ceil(2));
+        if let Some(forgotten) = shard.make_room(cap, half, now, self.window) {
+            // The young generation is another: the probe was of the one
+            // now old (the key is not in the new one, which is empty, so
+            // this lookup only finds its slot).
+            young = shard.young.probe(hash, key);
+            if forgotten > 0 {
+                self.metrics.evicted.inc_by(forgotten as u64);
+            }
+        }
         shard.young.prepare();
         let result = evaluate();
         if let CheckResult::Decision(_) = result {
@@ -310,7 +255,7 @@ impl RetryMemory {
                 scope,
                 at: now,
             };
-            shard.young.put(hash, entry, &self.hasher);
+            shard.young.put(young, hash, entry, half);
         }
         Answered::Fresh(result)
     }

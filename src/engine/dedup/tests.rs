@@ -241,3 +241,69 @@ fn the_scope_tells_owners_and_checks_apart() {
     assert_ne!(base, m.scope(a, &[pair("k", 10, 2)]));
     assert_ne!(base, m.scope(a, &[pair("k", 10, 1), pair("k", 10, 1)]));
 }
+
+/// A retry within the window is replayed, a key of another scope refused,
+/// errors not remembered, and the older generation forgotten whole, exactly
+/// as two plain lists of entries would have it: checks of a few keys of one
+/// shard, at random, so that keys collide in the index, expire and come
+/// back, and generations turn over while a key's lookup is in flight.
+#[test]
+fn the_memory_answers_as_two_plain_lists_of_entries_would() {
+    let window = 50;
+    let mut random = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = move |n: u64| {
+        // xorshift64: deterministic, so a failure is replayed as it was.
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        random % n
+    };
+    for per_shard in [1, 2, 3, 4, 7, 16] {
+        let m = memory(window, SHARDS * per_shard);
+        let keys = same_shard(&m, 3 * per_shard + 2);
+        let half = per_shard.div_ceil(2);
+        let (mut young, mut old) = (Vec::<Entry>::new(), Vec::<Entry>::new());
+        let (mut now, mut evicted) = (0, 0);
+        for step in 0..4000 {
+            now += next(8);
+            let k = keys[next(keys.len() as u64) as usize];
+            let scope = S + u64::from(next(8) == 0);
+            let result = match next(5) {
+                0 => CheckResult::Error(ErrorCode::Shed),
+                _ => allowed(step),
+            };
+            let live = |e: &&Entry| now - e.at < window;
+            let find = |g: &[Entry]| g.iter().find(|e| e.key == k).filter(live).copied();
+            let expected = match find(&young).or_else(|| find(&old)) {
+                Some(e) if e.scope != scope => Answered::Refused,
+                Some(e) => Answered::Replayed(e.result),
+                None => {
+                    if young.len() >= half || young.len() + old.len() >= per_shard {
+                        evicted += old.iter().filter(live).count() as u64;
+                        old = std::mem::take(&mut young);
+                        if old.len() >= per_shard {
+                            evicted += old.iter().filter(live).count() as u64;
+                            old.clear();
+                        }
+                    }
+                    if let CheckResult::Decision(_) = result {
+                        let entry = Entry {
+                            key: k,
+                            result,
+                            scope,
+                            at: now,
+                        };
+                        match young.iter_mut().find(|e| e.key == k) {
+                            Some(e) => *e = entry,
+                            None => young.push(entry),
+                        }
+                    }
+                    Answered::Fresh(result)
+                }
+            };
+            let answered = m.once(k, scope, now, || result);
+            assert_eq!(answered, expected, "share {per_shard}, step {step}");
+        }
+        assert_eq!(m.metrics.evicted.get(), evicted, "share {per_shard}");
+    }
+}
