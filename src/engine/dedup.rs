@@ -36,6 +36,9 @@ use generation::Generation;
 use parking_lot::Mutex;
 use prometheus::{IntCounter, Registry};
 use std::hash::{BuildHasher, Hash, Hasher};
+// std's atomics even under loom (`crate::sync`): a hint synchronises
+// nothing.
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 use tollgate_protocol::{CheckResult, ErrorCode, IdempotencyKey, Pair};
 
@@ -131,9 +134,29 @@ impl Shard {
     }
 }
 
+/// A shard, and where its generations' indexes start (young, old) for
+/// [`RetryMemory::prefetch`] to read without the lock: written under the
+/// lock whenever they move, read with relaxed loads. A stale one (the
+/// generations turned over meanwhile) costs a wasted prefetch and nothing
+/// else: a prefetch reads nothing into the program and never faults.
+#[derive(Default)]
+struct Striped {
+    shard: Mutex<Shard>,
+    hints: [AtomicUsize; 2],
+}
+
+impl Striped {
+    fn publish(&self, shard: &Shard) {
+        self.hints[0].store(shard.young.base(), Relaxed);
+        self.hints[1].store(shard.old.base(), Relaxed);
+    }
+}
+
 /// CHECK2 answers by idempotency key, for a bounded window and memory.
 pub(crate) struct RetryMemory {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[Striped]>,
+    /// `hash & mask` is the slot a key's probe starts at, in every index.
+    mask: usize,
     hasher: RandomState,
     window: Nanos,
     per_shard: usize,
@@ -164,12 +187,14 @@ impl Answered {
 
 impl RetryMemory {
     pub fn new(window: Duration, capacity: usize, metrics: DedupMetrics) -> Self {
-        let shards = (0..SHARDS).map(|_| Mutex::default()).collect();
+        let shards = (0..SHARDS).map(|_| Striped::default()).collect();
+        let per_shard = capacity.div_ceil(SHARDS).max(1);
         Self {
             shards,
+            mask: generation::slots_for(per_shard.div_ceil(2)) - 1,
             hasher: RandomState::new(),
             window: u64::try_from(window.as_nanos()).unwrap_or(u64::MAX),
-            per_shard: capacity.div_ceil(SHARDS).max(1),
+            per_shard,
             metrics,
         }
     }
@@ -199,6 +224,29 @@ impl RetryMemory {
         h.finish()
     }
 
+    /// The hash of `key` and its shard.
+    fn shard_of(&self, key: IdempotencyKey) -> (u64, &Striped) {
+        let hash = self.hasher.hash_one(key);
+        // The shard from bits the generations' indexes do not use (the low
+        // ones choose the home slot, the top ones are the tag).
+        (hash, &self.shards[(hash >> 32) as usize % SHARDS])
+    }
+
+    /// Starts fetching, without taking a lock, the index slots that
+    /// [`RetryMemory::once`] for `key` will look at first: a new key misses
+    /// in both generations, and a frame's checks are prefetched before any
+    /// is evaluated, so these waits overlap the store's.
+    pub fn prefetch(&self, key: IdempotencyKey) {
+        let (hash, striped) = self.shard_of(key);
+        let offset = (hash as usize & self.mask) * generation::SLOT_SIZE;
+        for hint in &striped.hints {
+            let base = hint.load(Relaxed);
+            if base != 0 {
+                crate::prefetch::line(base + offset);
+            }
+        }
+    }
+
     /// The answer remembered under `key` within the window for the same
     /// `scope` ([`RetryMemory::scope`]), a refusal when it is remembered
     /// for another, or else what `evaluate` says now (remembered, as of
@@ -210,16 +258,9 @@ impl RetryMemory {
         now: Nanos,
         evaluate: impl FnOnce() -> CheckResult,
     ) -> Answered {
-        let hash = self.hasher.hash_one(key);
-        // The shard from bits the generations' indexes do not use (the low
-        // ones choose the home slot, the top ones are the tag).
-        let index = (hash >> 32) as usize % self.shards.len();
-        let mut guard = self.shards[index].lock();
+        let (hash, striped) = self.shard_of(key);
+        let mut guard = striped.shard.lock();
         let shard = &mut *guard;
-        // Both generations' slots are fetched at once: a new key misses in
-        // both.
-        shard.young.prefetch(hash);
-        shard.old.prefetch(hash);
         // The young generation first: a key remembered again after it
         // expired has its newer entry there.
         let mut young = shard.young.probe(hash, key);
@@ -242,6 +283,7 @@ impl RetryMemory {
             // now old (the key is not in the new one, which is empty, so
             // this lookup only finds its slot).
             young = shard.young.probe(hash, key);
+            striped.publish(shard);
             if forgotten > 0 {
                 self.metrics.evicted.inc_by(forgotten as u64);
             }
@@ -255,7 +297,12 @@ impl RetryMemory {
                 scope,
                 at: now,
             };
+            let first = shard.young.len() == 0;
             shard.young.put(young, hash, entry, half);
+            if first {
+                // Its index may be new.
+                striped.publish(shard);
+            }
         }
         Answered::Fresh(result)
     }

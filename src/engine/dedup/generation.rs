@@ -32,6 +32,15 @@ pub(super) enum Probe {
     Vacant(usize),
 }
 
+/// Bytes of one slot of the index.
+pub(super) const SLOT_SIZE: usize = std::mem::size_of::<u32>();
+
+/// Slots of the index of a generation of `half` keys: a power of two, at
+/// least twice as many.
+pub(super) fn slots_for(half: usize) -> usize {
+    (2 * half).next_power_of_two()
+}
+
 #[derive(Default)]
 pub(super) struct Generation {
     entries: Vec<Entry>,
@@ -60,10 +69,14 @@ impl Generation {
         hash as usize & (self.slots.len() - 1)
     }
 
-    /// Starts fetching the slot a probe for `hash` begins at.
-    pub(super) fn prefetch(&self, hash: u64) {
-        if !self.slots.is_empty() {
-            crate::prefetch::line(std::ptr::from_ref(&self.slots[self.home(hash)]) as usize);
+    /// Where its index starts (0 before it has one), for a prefetch made
+    /// without the shard's lock: the slot a probe for `hash` starts at is
+    /// [`SLOT_SIZE`] times `hash & (slots_for(half) - 1)` past it.
+    pub(super) fn base(&self) -> usize {
+        if self.slots.is_empty() {
+            0
+        } else {
+            self.slots.as_ptr() as usize
         }
     }
 
@@ -132,13 +145,12 @@ impl Generation {
         self.slots[slot] = self.tag(hash) | position;
     }
 
-    /// Makes the index for `half` keys: at least twice as many slots.
+    /// Makes the index for `half` keys.
     fn allocate(&mut self, half: usize) {
-        let half = u32::try_from(half).ok().filter(|&h| h < 1 << 31);
-        let half = half.expect("a shard holds under 2^31 keys");
-        self.bits = u32::BITS - half.leading_zeros();
-        let slots = (2 * half as usize).next_power_of_two();
-        self.slots = vec![0; slots].into_boxed_slice();
+        let bits = u32::try_from(half).ok().filter(|&h| h < 1 << 31);
+        let bits = bits.expect("a shard holds under 2^31 keys");
+        self.bits = u32::BITS - bits.leading_zeros();
+        self.slots = vec![0; slots_for(half)].into_boxed_slice();
     }
 
     /// Empties it, returning how many of its entries were still inside

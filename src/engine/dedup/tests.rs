@@ -80,7 +80,7 @@ fn a_full_memory_forgets_its_oldest_keys_first() {
         .shards
         .iter()
         .map(|s| {
-            let s = s.lock();
+            let s = s.shard.lock();
             s.young.len() + s.old.len()
         })
         .sum();
@@ -159,7 +159,7 @@ fn no_shard_ever_holds_more_than_its_share() {
         for (at, &k) in k.iter().enumerate() {
             m.once(k, S, at as u64, || allowed(1));
             let held = m.shards.iter().map(|s| {
-                let s = s.lock();
+                let s = s.shard.lock();
                 s.young.len() + s.old.len()
             });
             assert!(held.max().unwrap() <= per_shard, "share {per_shard}");
@@ -169,7 +169,7 @@ fn no_shard_ever_holds_more_than_its_share() {
             .shards
             .iter()
             .map(|s| {
-                let s = s.lock();
+                let s = s.shard.lock();
                 (s.young.len() + s.old.len()) as u64
             })
             .sum();
