@@ -114,7 +114,12 @@ impl Engine {
             batch
                 .iter()
                 .filter(|(tag, _)| !shed(tag))
-                .for_each(|(_, pairs)| evaluation.prefetch(pairs, &mut spots));
+                .for_each(|(tag, pairs)| {
+                    if !tag.idempotency.is_none() {
+                        self.retries.prefetch(tag.idempotency);
+                    }
+                    evaluation.prefetch(pairs, &mut spots);
+                });
             let mut at = 0;
             let results = batch.iter().map(|(tag, pairs)| {
                 let shed = shed(&tag);
