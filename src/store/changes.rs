@@ -42,6 +42,7 @@ use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::Ordering;
 use bytes::Bytes;
+pub use log::Changes;
 pub(super) use log::{Captured, ChangeLog};
 use log::{Recorded, Resync};
 
@@ -88,8 +89,8 @@ impl KeyState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Drained {
     Nothing,
-    /// The states the keys that changed hold now, each key once, sorted.
-    Changes(Vec<KeyState>),
+    /// The states the keys that changed hold now, each key once.
+    Changes(Changes),
     /// Every live entry of the stripe: the standby replaces the stripe's
     /// slots with them. Each entry is one state of one key (a key may
     /// appear twice, once per table).
@@ -247,16 +248,18 @@ impl Store {
                 }
                 return Drained::Whole(whole);
             }
-            // The next pass likely records about as many: sized for them,
-            // the log does not regrow (and copy) record by record.
-            let room = locked.changes.len();
-            std::mem::replace(&mut locked.changes.changes, Vec::with_capacity(room))
+            // The next pass likely records about as many, give or take:
+            // with half as many again of room (never past the cap), the
+            // log seldom regrows, and copies, under the lock.
+            let taken = locked.changes.len();
+            let room = (taken + taken / 2 + 4).min(self.change_cap);
+            locked.changes.take(room)
         };
-        if changes.is_empty() {
+        if changes.changes.is_empty() {
             return Drained::Nothing;
         }
         // Folded outside the lock: the checks wait for none of it.
-        Drained::Changes(log::coalesce(changes, now))
+        Drained::Changes(Changes::new(changes, now))
     }
 
     /// Applies a replicated key (standby side).

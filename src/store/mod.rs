@@ -33,7 +33,7 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Orderin
 
 use tollgate_protocol::Algorithm;
 
-pub use changes::{CaptureStats, Drained, KeyState, KeyWrite, TableWrite};
+pub use changes::{CaptureStats, Changes, Drained, KeyState, KeyWrite, TableWrite};
 use changes::{Captured, ChangeLog};
 pub use group::{Mode, ResolvedPair, Returned};
 pub use key::StoredKey;

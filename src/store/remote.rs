@@ -245,6 +245,7 @@ mod tests {
             .unwrap();
         match s.drain_stripe(0, 100 * S) {
             Drained::Changes(keys) => {
+                let keys: Vec<_> = keys.into_iter().collect();
                 assert_eq!(keys.len(), 1);
                 assert_eq!(keys[0].key.as_bytes(), b"rl:{a}:x");
             }

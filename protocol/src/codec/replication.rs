@@ -396,6 +396,91 @@ fn state_entry(r: &mut PayloadReader) -> Result<StateEntry, DecodeError> {
     Ok(StateEntry { expires_at, state })
 }
 
+/// A REPL_CHANGES frame built record by record: what a primary's sender
+/// uses to encode straight from the states it drained, with no owned
+/// [`Record`] (and no copy of its key) per change on the way. The bytes are
+/// exactly those [`encode_response`](super::encode_response) writes for a
+/// [`ChangeBatch`] of the same records (a test checks it).
+#[derive(Debug)]
+pub struct ChangesFrame {
+    buf: BytesMut,
+    records: u32,
+}
+
+/// Where the batch's offset, then its record count, sit in the frame.
+const CHANGES_OFFSET_AT: usize = super::FRAME_HEADER_LEN + 5;
+const CHANGES_COUNT_AT: usize = CHANGES_OFFSET_AT + 16;
+
+impl ChangesFrame {
+    /// An empty batch sent at `sent_at`, with room for `capacity` bytes.
+    pub fn new(request_id: RequestId, sent_at: u64, capacity: usize) -> Self {
+        let mut buf = BytesMut::with_capacity(capacity.max(CHANGES_COUNT_AT + 4));
+        buf.put_u32(0); // length, patched by `finish`
+        buf.put_u8(opcode::REPL_CHANGES);
+        buf.put_u32(request_id);
+        buf.put_u64(0); // offset, patched by `finish`
+        buf.put_u64(sent_at);
+        buf.put_u32(0); // record count, patched by `finish`
+        Self { buf, records: 0 }
+    }
+
+    /// Appends one record. On an error (a key or state too long for its
+    /// field) the frame is left as it was.
+    pub fn push(
+        &mut self,
+        key: &[u8],
+        token_bucket: &TableState,
+        other: &TableState,
+    ) -> Result<(), EncodeError> {
+        let start = self.buf.len();
+        let pushed = (|| {
+            let records = wire_len(self.records as usize + 1, "records in a frame", u32::MAX)?;
+            self.buf.put_u16(wire_len(key.len(), "key", u16::MAX)?);
+            self.buf.put_slice(key);
+            put_table_state(&mut self.buf, token_bucket)?;
+            put_table_state(&mut self.buf, other)?;
+            Ok(records)
+        })();
+        match pushed {
+            Ok(records) => {
+                self.records = records;
+                Ok(())
+            }
+            Err(e) => {
+                self.buf.truncate(start);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records pushed so far.
+    pub fn records(&self) -> u32 {
+        self.records
+    }
+
+    /// Bytes of the frame so far, header included.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether no record was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.records == 0
+    }
+
+    /// The whole frame, numbered `offset`.
+    pub fn finish(mut self, offset: u64) -> Result<bytes::Bytes, EncodeError> {
+        let body_len = self.buf.len() - super::FRAME_HEADER_LEN;
+        let len =
+            u32::try_from(body_len).map_err(|_| EncodeError::FrameTooLarge { len: body_len })?;
+        self.buf[..4].copy_from_slice(&len.to_be_bytes());
+        self.buf[CHANGES_OFFSET_AT..CHANGES_OFFSET_AT + 8].copy_from_slice(&offset.to_be_bytes());
+        self.buf[CHANGES_COUNT_AT..CHANGES_COUNT_AT + 4]
+            .copy_from_slice(&self.records.to_be_bytes());
+        Ok(self.buf.freeze())
+    }
+}
+
 fn records_hint(records: &[Record]) -> usize {
     records
         .iter()

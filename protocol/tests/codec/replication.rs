@@ -515,4 +515,50 @@ proptest! {
         prop_assert_eq!(decoded, Some((id, response)));
         prop_assert!(buf.is_empty());
     }
+
+    /// The record-by-record encoder the primary's sender uses writes the
+    /// bytes of the batch it stands for, whatever is pushed.
+    #[test]
+    fn a_changes_frame_built_record_by_record_is_the_encoded_batch(
+        id in any::<u32>(),
+        offset in any::<u64>(),
+        sent_at in any::<u64>(),
+        records in prop::collection::vec(record(), 0..16),
+    ) {
+        let mut frame = ChangesFrame::new(id, sent_at, 0);
+        for r in &records {
+            frame.push(&r.key, &r.token_bucket, &r.other).expect("fits");
+        }
+        prop_assert_eq!(frame.records() as usize, records.len());
+        prop_assert_eq!(frame.is_empty(), records.is_empty());
+        let len = frame.len();
+        let streamed = frame.finish(offset).expect("fits");
+        prop_assert_eq!(streamed.len(), len);
+        let batch = Response::Repl(ReplResponse::Changes(ChangeBatch { offset, sent_at, records }));
+        prop_assert_eq!(&streamed[..], &encode_resp(id, &batch)[..]);
+    }
+}
+
+#[test]
+fn a_record_too_long_leaves_the_changes_frame_as_it_was() {
+    let mut frame = ChangesFrame::new(3, 9, 0);
+    frame
+        .push(b"k", &TableState::Absent, &TableState::Unchanged)
+        .expect("fits");
+    let len = frame.len();
+    let long = vec![b'x'; usize::from(u16::MAX) + 1];
+    let err = frame
+        .push(&long, &TableState::Absent, &TableState::Unchanged)
+        .expect_err("a key longer than its length field");
+    assert!(matches!(err, EncodeError::TooLong { field: "key", .. }));
+    assert_eq!((frame.len(), frame.records()), (len, 1));
+    let mut bytes = BytesMut::from(&frame.finish(4).expect("fits")[..]);
+    let decoded = decode_response(&mut bytes, u32::MAX).expect("decodes");
+    let Some((3, Response::Repl(ReplResponse::Changes(batch)))) = decoded else {
+        panic!("a changes frame: {decoded:?}");
+    };
+    assert_eq!(
+        (batch.offset, batch.sent_at, batch.records.len()),
+        (4, 9, 1)
+    );
 }

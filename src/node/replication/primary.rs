@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  every --repl-flush:  for each stripe: drain (changes | whole stripe)
-//!                         -> records -> frames (offset += 1 each)
+//!                         -> frames, encoded change by change (offset += 1 each)
 //!                         -> backlog (bounded) -> standby socket
 //!  every --heartbeat:   REPL_HEARTBEAT; drop a standby silent for --repl-timeout
 //!  REPLICATE handed over by a connection: resume from the backlog, or a
@@ -25,7 +25,7 @@
 //!   standby gets a full sync.
 
 use super::backlog::Backlog;
-use super::records::{change_record, snapshot_record};
+use super::records::{snapshot_record, table_state};
 use crate::node::role::RoleState;
 use crate::node::shared::{Core, Handover};
 use crate::store::Drained;
@@ -38,7 +38,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 use tollgate_protocol::{
-    decode_request, encode_response, ChangeBatch, Record, ReplRequest, ReplResponse, Request,
+    decode_request, encode_response, ChangesFrame, Record, ReplRequest, ReplResponse, Request,
     RequestId, Response, SnapshotPart,
 };
 
@@ -259,34 +259,36 @@ impl Feed {
         let store = self.core.store.clone();
         let stripes = store.stripe_count();
         let now = self.core.clock.now();
-        let mut records = Vec::new();
-        let mut size = 0;
+        // Each change is encoded straight into the frame being built: no
+        // owned record, no copy of its key, per change.
+        let mut frame: Option<ChangesFrame> = None;
         for index in 0..stripes {
             match store.drain_stripe(index, now) {
                 Drained::Nothing => {}
                 Drained::Changes(states) => {
-                    for state in &states {
-                        let record = change_record(state);
-                        size += record_size(&record);
-                        records.push(record);
-                        if size >= CHUNK {
-                            self.emit_changes(std::mem::take(&mut records), now).await;
-                            size = 0;
+                    for state in states {
+                        let building = frame.get_or_insert_with(|| self.changes_frame(now));
+                        let pushed = building.push(
+                            state.key.as_bytes(),
+                            &table_state(&state.bucket),
+                            &table_state(&state.other),
+                        );
+                        if let Err(e) = pushed {
+                            self.encoding_failed(&e);
+                            return;
+                        }
+                        if building.len() >= CHUNK {
+                            self.emit_changes(frame.take()).await;
                         }
                     }
                 }
                 Drained::Whole(entries) => {
-                    if !records.is_empty() {
-                        self.emit_changes(std::mem::take(&mut records), now).await;
-                        size = 0;
-                    }
+                    self.emit_changes(frame.take()).await;
                     self.emit_stripe(index, stripes, &entries).await;
                 }
             }
         }
-        if !records.is_empty() {
-            self.emit_changes(records, now).await;
-        }
+        self.emit_changes(frame.take()).await;
         self.node().stats.passes.fetch_add(1, Ordering::Relaxed);
         if self.syncing {
             self.syncing = false;
@@ -347,14 +349,23 @@ impl Feed {
         }
     }
 
-    async fn emit_changes(&mut self, records: Vec<Record>, sent_at: u64) {
-        let offset = self.offset + 1;
-        let batch = ChangeBatch {
-            offset,
-            sent_at,
-            records,
+    /// A changes frame to build, addressed to the attached standby, with
+    /// room for a chunk and its last record.
+    fn changes_frame(&self, sent_at: u64) -> ChangesFrame {
+        let id = self.standby.as_ref().map_or(0, |s| s.request_id);
+        ChangesFrame::new(id, sent_at, CHUNK + CHUNK / 8)
+    }
+
+    /// Numbers, keeps and sends a changes frame, if any was built.
+    async fn emit_changes(&mut self, frame: Option<ChangesFrame>) {
+        let Some(frame) = frame.filter(|f| !f.is_empty()) else {
+            return;
         };
-        self.emit(offset, ReplResponse::Changes(batch)).await;
+        let offset = self.offset + 1;
+        match frame.finish(offset) {
+            Ok(frame) => self.emit_encoded(offset, frame).await,
+            Err(e) => self.encoding_failed(&e),
+        }
     }
 
     /// Sends stripe `index` (of `stripes`) whole, as one unit of parts.
@@ -397,22 +408,30 @@ impl Feed {
 
     /// Numbers, keeps and sends one data frame.
     async fn emit(&mut self, offset: u64, frame: ReplResponse) {
-        self.offset = offset;
-        self.core.role.set_offset(offset);
         let id = self.standby.as_ref().map_or(0, |s| s.request_id);
         let mut buf = BytesMut::new();
-        if let Err(e) = encode_response(id, &Response::Repl(frame), &mut buf) {
-            // Cannot happen with frames bounded by CHUNK; a standby that
-            // misses a frame would diverge, so make it resync.
-            tracing::error!(error = %e, "cannot encode a replication frame");
-            self.backlog.clear();
-            self.detach("a frame could not be encoded");
-            self.core.store.start_capture();
-            return;
+        match encode_response(id, &Response::Repl(frame), &mut buf) {
+            Ok(()) => self.emit_encoded(offset, buf.freeze()).await,
+            Err(e) => self.encoding_failed(&e),
         }
-        let frame = buf.freeze();
+    }
+
+    /// Keeps and sends frame number `offset`.
+    async fn emit_encoded(&mut self, offset: u64, frame: Bytes) {
+        self.offset = offset;
+        self.core.role.set_offset(offset);
         self.backlog.push(offset, frame.clone());
         self.send(frame).await;
+    }
+
+    /// A data frame could not be encoded. Cannot happen with frames bounded
+    /// by CHUNK and keys by the key length limit; a standby that missed a
+    /// frame would diverge, so it is made to resync.
+    fn encoding_failed(&mut self, e: &tollgate_protocol::EncodeError) {
+        tracing::error!(error = %e, "cannot encode a replication frame");
+        self.backlog.clear();
+        self.detach("a frame could not be encoded");
+        self.core.store.start_capture();
     }
 
     async fn send_response(&mut self, response: ReplResponse) {

@@ -4,7 +4,7 @@
 //! algorithm), so a standby holds bit for bit what the primary held.
 
 use crate::algorithm::{FixedWindowState, Lease, LeaseSet, LogState, State, WindowState};
-use crate::store::{Entry, KeyState, KeyWrite, StoredKey, TableWrite};
+use crate::store::{Entry, KeyWrite, StoredKey, TableWrite};
 use bytes::Bytes;
 use tollgate_protocol::{LeaseState, Record, StateEntry, StateValue, TableState};
 
@@ -77,21 +77,13 @@ pub(crate) fn from_wire(entry: &StateEntry) -> Entry {
     Entry { state, expires_at }
 }
 
-fn table(write: &TableWrite) -> TableState {
+/// A drained table write as the stream carries it (`Unchanged`: a table
+/// the key did not write since the last drain).
+pub(crate) fn table_state(write: &TableWrite) -> TableState {
     match write {
         TableWrite::Keep => TableState::Unchanged,
         TableWrite::Remove => TableState::Absent,
         TableWrite::Put(e) => TableState::Present(to_wire(e)),
-    }
-}
-
-/// A drained change: what the key holds now in each table it wrote
-/// (`Unchanged`: a table it did not write since the last drain).
-pub(crate) fn change_record(change: &KeyState) -> Record {
-    Record {
-        key: Bytes::copy_from_slice(change.key.as_bytes()),
-        token_bucket: table(&change.bucket),
-        other: table(&change.other),
     }
 }
 

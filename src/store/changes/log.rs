@@ -67,7 +67,7 @@ fn table_of(entry: &Entry) -> Table {
 }
 
 /// One recorded write.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Change {
     key: StoredKey,
     captured: Captured,
@@ -84,6 +84,37 @@ pub(in crate::store) struct ChangeLog {
     /// The stripe must be sent whole, and why. `changes` stays empty
     /// meanwhile.
     pub(super) resync: Option<Resync>,
+    /// One bit per key fingerprint of the records in `changes`
+    /// ([`fingerprint`]): a key recorded twice always finds its bit set,
+    /// so a log in which no record found its bit set holds each key once,
+    /// and the drain sends it as it is, unsorted ([`Taken::distinct`]).
+    seen: [u64; 4],
+    /// A record found its bit set: a key may be in the log twice.
+    repeats: bool,
+}
+
+/// A log taken by the drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Taken {
+    pub changes: Vec<Change>,
+    /// Each key is in `changes` once (false: maybe not).
+    pub distinct: bool,
+}
+
+/// One of 256 bits for `key`, from its length and its first and last
+/// (up to) eight bytes, where rate-limit keys differ: a few nanoseconds,
+/// no full hash. Equal keys always get the same bit.
+fn fingerprint(key: &[u8]) -> usize {
+    let word = |b: &[u8]| {
+        let mut w = [0u8; 8];
+        w[..b.len()].copy_from_slice(b);
+        u64::from_le_bytes(w)
+    };
+    let n = key.len();
+    let head = word(&key[..n.min(8)]);
+    let tail = word(&key[n.saturating_sub(8)..]);
+    let mixed = (head ^ tail.rotate_left(29) ^ n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (mixed >> 56) as usize
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,12 +172,26 @@ impl ChangeLog {
     fn push(&mut self, key: StoredKey, captured: Captured, cap: usize) -> Recorded {
         if self.changes.len() >= cap {
             // Free the memory, not only the length: this is the bound.
-            self.changes = Vec::new();
-            self.resync = Some(Resync::Overflow);
+            self.clear(Some(Resync::Overflow));
             return Recorded::Overflowed;
         }
+        let bit = fingerprint(key.as_bytes());
+        let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+        self.repeats |= self.seen[word] & mask != 0;
+        self.seen[word] |= mask;
         self.changes.push(Change { key, captured });
         Recorded::Added
+    }
+
+    /// Takes the records for the drain, leaving an empty log with room
+    /// for `room` records.
+    pub(super) fn take(&mut self, room: usize) -> Taken {
+        let distinct = !std::mem::take(&mut self.repeats);
+        self.seen = [0; 4];
+        Taken {
+            changes: std::mem::replace(&mut self.changes, Vec::with_capacity(room)),
+            distinct,
+        }
     }
 
     /// Records waiting for the sender.
@@ -158,14 +203,91 @@ impl ChangeLog {
     pub(super) fn clear(&mut self, resync: Option<Resync>) {
         self.changes = Vec::new();
         self.resync = resync;
+        self.seen = [0; 4];
+        self.repeats = false;
     }
 }
 
-/// Folds a log's records, in log order, into one write per key: per table,
-/// the last state recorded; a table no record wrote is left as it is
-/// ([`TableWrite::Keep`]). A state that has expired by `now` is sent as a
-/// removal (an expired state is absent everywhere). Keys come out sorted.
-pub(super) fn coalesce(mut changes: Vec<Change>, now: Nanos) -> Vec<KeyState> {
+/// What a stripe's writes left since the last drain, one write per key:
+/// per table, the last state recorded; a table no record wrote is left as
+/// it is ([`TableWrite::Keep`]). A state that has expired by the drain is
+/// sent as a removal (an expired state is absent everywhere). A log that
+/// holds each key once is folded record by record as it is iterated, in
+/// log order, with no copy of the log; any other is folded at once, its
+/// keys sorted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changes(Folding);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Folding {
+    Distinct { changes: Vec<Change>, now: Nanos },
+    Folded(Vec<KeyState>),
+}
+
+impl Changes {
+    pub(super) fn new(taken: Taken, now: Nanos) -> Self {
+        Self(if taken.distinct {
+            // The usual case (a stripe sees a few keys per pass): nothing
+            // to fold, so no sort and no key comparisons.
+            Folding::Distinct {
+                changes: taken.changes,
+                now,
+            }
+        } else {
+            Folding::Folded(coalesce(taken.changes, now))
+        })
+    }
+}
+
+impl IntoIterator for Changes {
+    type Item = KeyState;
+    type IntoIter = ChangesIter;
+
+    fn into_iter(self) -> ChangesIter {
+        ChangesIter(match self.0 {
+            Folding::Distinct { changes, now } => Iter::Distinct(changes.into_iter(), now),
+            Folding::Folded(states) => Iter::Folded(states.into_iter()),
+        })
+    }
+}
+
+/// The keys of [`Changes`], each once.
+pub struct ChangesIter(Iter);
+
+enum Iter {
+    Distinct(std::vec::IntoIter<Change>, Nanos),
+    Folded(std::vec::IntoIter<KeyState>),
+}
+
+impl Iterator for ChangesIter {
+    type Item = KeyState;
+
+    fn next(&mut self) -> Option<KeyState> {
+        match &mut self.0 {
+            Iter::Distinct(changes, now) => changes.next().map(|Change { key, captured }| {
+                let mut state = KeyState {
+                    key,
+                    bucket: TableWrite::Keep,
+                    other: TableWrite::Keep,
+                };
+                fold(&mut state, captured, *now);
+                state
+            }),
+            Iter::Folded(states) => states.next(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match &self.0 {
+            Iter::Distinct(changes, _) => changes.size_hint(),
+            Iter::Folded(states) => states.size_hint(),
+        }
+    }
+}
+
+/// Folds a log that may hold a key several times, in log order, into one
+/// write per key (see [`Changes`]). Keys come out sorted.
+fn coalesce(mut changes: Vec<Change>, now: Nanos) -> Vec<KeyState> {
     // Sorted by key then log position: each key's records together, in
     // log order. Positions are sorted, not the records: a record is 64
     // bytes to move, a position 4.
@@ -197,21 +319,26 @@ pub(super) fn coalesce(mut changes: Vec<Change>, now: Nanos) -> Vec<KeyState> {
             });
         }
         let state = out.last_mut().expect("a key's state, pushed above");
-        match captured {
-            Captured::Put(entry) => {
-                let table = table_of(&entry);
-                *state.table_mut(table) = if entry.expires_at > now {
-                    TableWrite::Put(entry)
-                } else {
-                    TableWrite::Remove
-                };
-            }
-            Captured::Removed(table) => *state.table_mut(table) = TableWrite::Remove,
-            Captured::RemovedAll => {
-                state.bucket = TableWrite::Remove;
-                state.other = TableWrite::Remove;
-            }
-        }
+        fold(state, captured, now);
     }
     out
+}
+
+/// Folds one record, the latest so far, into its key's state.
+fn fold(state: &mut KeyState, captured: Captured, now: Nanos) {
+    match captured {
+        Captured::Put(entry) => {
+            let table = table_of(&entry);
+            *state.table_mut(table) = if entry.expires_at > now {
+                TableWrite::Put(entry)
+            } else {
+                TableWrite::Remove
+            };
+        }
+        Captured::Removed(table) => *state.table_mut(table) = TableWrite::Remove,
+        Captured::RemovedAll => {
+            state.bucket = TableWrite::Remove;
+            state.other = TableWrite::Remove;
+        }
+    }
 }

@@ -178,6 +178,35 @@ fn the_last_state_written_is_the_one_drained() {
     assert_eq!(drain_all(&s, S + 4), (vec![], vec![]));
 }
 
+/// A log that holds each key once is sent as it is, in log order (no
+/// sort); one where keys repeat apart is folded, each key once with its
+/// last state, however many keys share a fingerprint bit.
+#[test]
+fn a_log_of_distinct_keys_drains_in_log_order_and_repeats_are_folded() {
+    let s = store(1, 4096);
+    s.start_capture();
+    drain_all(&s, S);
+    for key in ["z", "a", "m"] {
+        s.check(&[tb(key)], S, Mode::Charge);
+    }
+    let (changes, _) = drain_all(&s, S);
+    let keys: Vec<&[u8]> = changes.iter().map(|c| c.key.as_bytes()).collect();
+    assert_eq!(keys, [&b"z"[..], b"a", b"m"], "log order, not sorted");
+
+    // 600 keys in 256 fingerprint bits, every one written twice, apart.
+    let keys: Vec<String> = (0..600).map(|i| format!("rl:{{c{i}}}:s")).collect();
+    for round in 0..2 {
+        for key in &keys {
+            s.check(&[tb(key)], S + round, Mode::Charge);
+        }
+    }
+    let (changes, _) = drain_all(&s, S + 1);
+    assert_eq!(changes.len(), keys.len(), "each key once");
+    for key in &keys {
+        assert_eq!(drained(&changes, key).bucket, bucket_of(&s, key, S + 1));
+    }
+}
+
 /// A key's two tables are folded apart: each table's last write wins, a
 /// reset removes both, and a write after the reset puts its own table
 /// back while the other stays removed.

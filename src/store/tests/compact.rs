@@ -39,7 +39,9 @@ fn replicate(primary: &Store, standby: &Store, now: Nanos) {
     for i in 0..primary.stripe_count() {
         match primary.drain_stripe(i, now) {
             Drained::Nothing => {}
-            Drained::Changes(states) => states.iter().for_each(|s| standby.apply(&write_of(s))),
+            Drained::Changes(states) => states
+                .into_iter()
+                .for_each(|s| standby.apply(&write_of(&s))),
             Drained::Whole(entries) => {
                 let writes: Vec<KeyWrite> =
                     entries.iter().map(|(k, e)| write_of_entry(k, e)).collect();

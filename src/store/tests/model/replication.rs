@@ -261,8 +261,8 @@ impl Replicated {
         match self.primary.drain_stripe(index, self.now) {
             Drained::Nothing => {}
             Drained::Changes(states) => {
-                for state in &states {
-                    self.standby.apply(&change_write(state));
+                for state in states {
+                    self.standby.apply(&change_write(&state));
                 }
             }
             Drained::Whole(entries) => {
