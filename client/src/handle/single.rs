@@ -33,11 +33,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
 use smallvec::smallvec;
 use tokio::time::Instant;
 use tollgate_protocol::slot::Slot;
 use tollgate_protocol::{CheckResult, CheckTag, IdempotencyKey, Pair};
 
+use super::resend::Resend;
 use super::route::Route;
 use super::{Client, Kept};
 use crate::calls::{self, one_result};
@@ -75,14 +77,15 @@ enum Step<'a> {
         retry: Option<Checks>,
     },
     /// Cluster mode, on the connection of the slot's shard (see
-    /// [`Cluster::ready`]); `retry` is the copy kept for the resend rules,
-    /// `generation` that of the map the call was routed by.
+    /// [`Cluster::ready`]); `resend` is what the resend rules need beside
+    /// `Single::pair` to send the checks again, `generation` that of the
+    /// map the call was routed by.
     ClusterCall {
         cluster: &'a Cluster,
         call: OwnedCall,
         slot: u16,
         generation: u64,
-        retry: Checks,
+        resend: Resend,
     },
     /// Through the shared code (cluster resends, connecting, resend).
     Routed(Boxed<'a, Result<Answer, Error>>),
@@ -149,14 +152,15 @@ impl<'a> Single<'a> {
                 match cluster.ready(slot) {
                     Ready::Conn { generation, conn } => {
                         calls::check_limits(&checks, &conn.info().limits)?;
-                        let retry = checks.clone();
+                        // Not a clone of the checks: see `resend`.
+                        let resend = Resend::of(checks_key(&checks), tag);
                         let call = conn.exchange_owned(Outgoing::Checks { kind, checks }, deadline);
                         Step::ClusterCall {
                             cluster,
                             call,
                             slot,
                             generation,
-                            retry,
+                            resend,
                         }
                     }
                     Ready::Failed { generation, error } => Step::Routed(Box::pin(cluster.resume(
@@ -272,7 +276,7 @@ impl<'a> Future for Single<'a> {
                         call,
                         slot,
                         generation,
-                        retry,
+                        resend,
                     } = std::mem::replace(&mut this.step, Step::Done)
                     else {
                         unreachable!("matched above");
@@ -283,7 +287,7 @@ impl<'a> Future for Single<'a> {
                     this.step = Step::Routed(Box::pin(cluster.resume(
                         this.kind,
                         slot,
-                        retry,
+                        resend.checks(&this.pair),
                         FirstAttempt {
                             generation,
                             conn: Some(conn),
@@ -308,12 +312,11 @@ impl<'a> Future for Single<'a> {
 
 /// The key of a one-pair check (plain or tagged); empty for any other
 /// shape, which a one-pair check never has.
-fn checks_key(checks: &Checks) -> &[u8] {
+fn checks_key(checks: &Checks) -> &Bytes {
+    static EMPTY: Bytes = Bytes::new();
     match checks {
         Checks::One(pair) => &pair.key,
-        Checks::Tagged(_, pairs) | Checks::Group(pairs) => {
-            pairs.first().map_or(&[][..], |p| &p.key[..])
-        }
-        Checks::Batch(_) => &[],
+        Checks::Tagged(_, pairs) | Checks::Group(pairs) => pairs.first().map_or(&EMPTY, |p| &p.key),
+        Checks::Batch(_) => &EMPTY,
     }
 }
