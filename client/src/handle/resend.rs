@@ -14,8 +14,8 @@
 //! (a small `memcpy` into the check's own state, nothing shared touched);
 //! a longer key is still shared.
 //!
-//! Invariant: [`Resend::checks`] gives back exactly the checks that were
-//! sent (same key bytes, limit, cost and tag), so a resend is the same
+//! Invariant: [`checks`] over what [`KeptKey::take`] gives back is exactly
+//! the checks that were sent (same key bytes, limit, cost and tag), so a resend is the same
 //! request, and a CHECK2 keeps its idempotency key.
 
 use bytes::Bytes;
@@ -27,64 +27,61 @@ use crate::connection::pending::Checks;
 /// (`rl:{tenant}:route`) fit; the size keeps [`KeptKey`] at 40 bytes.
 const INLINE: usize = 38;
 
-/// A copy of a key, by value when short.
-#[derive(Clone)]
+/// A copy of a check's key, by value when short. It lives in the check's
+/// future and is written there in place ([`keep`](Self::keep)): built
+/// aside and moved in, the copy's bytes were read back right after the
+/// copy wrote them, in wider pieces than it wrote, and the processor
+/// stalled on that (a failed store forwarding, per check).
 pub(super) enum KeptKey {
-    Inline { len: u8, bytes: [u8; INLINE] },
+    /// Nothing kept (not a cluster check, or already taken).
+    None,
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE],
+    },
     Shared(Bytes),
 }
 
 impl KeptKey {
-    pub(super) fn of(key: &Bytes) -> Self {
+    /// Keeps a copy of `key`, in place.
+    pub(super) fn keep(&mut self, key: &Bytes) {
         match u8::try_from(key.len()) {
             Ok(len) if key.len() <= INLINE => {
-                let mut bytes = [0; INLINE];
-                bytes[..key.len()].copy_from_slice(key);
-                Self::Inline { len, bytes }
+                *self = Self::Inline {
+                    len,
+                    bytes: [0; INLINE],
+                };
+                if let Self::Inline { bytes, .. } = self {
+                    bytes[..key.len()].copy_from_slice(key);
+                }
             }
-            _ => Self::Shared(key.clone()),
+            _ => *self = Self::Shared(key.clone()),
         }
     }
 
-    /// The key as sent (a new buffer for a short key: only a resend pays
-    /// for it).
-    pub(super) fn into_bytes(self) -> Bytes {
-        match self {
-            Self::Inline { len, bytes } => Bytes::copy_from_slice(&bytes[..usize::from(len)]),
-            Self::Shared(key) => key,
+    /// The key kept, as sent (a new buffer for a short key: only a resend
+    /// pays for it); `None` when nothing is kept.
+    pub(super) fn take(&mut self) -> Option<Bytes> {
+        match std::mem::replace(self, Self::None) {
+            Self::None => None,
+            Self::Inline { len, bytes } => Some(Bytes::copy_from_slice(&bytes[..usize::from(len)])),
+            Self::Shared(key) => Some(key),
         }
     }
 }
 
-/// What a one-pair check keeps to be sent again.
-pub(super) struct Resend {
-    key: KeptKey,
-    /// The CHECK2 tag: a resend reuses its idempotency key.
-    tag: Option<CheckTag>,
-}
-
-impl Resend {
-    /// What to keep of a check of the pair with key `key`, sent with
-    /// `tag` (`Checks::Tagged`) or without (`Checks::One`).
-    pub(super) fn of(key: &Bytes, tag: Option<CheckTag>) -> Self {
-        Self {
-            key: KeptKey::of(key),
-            tag,
-        }
-    }
-
-    /// The checks as they were sent; `pair` gives the limit and cost (its
-    /// key is not read: it may have gone with the call).
-    pub(super) fn checks(self, pair: &Pair) -> Checks {
-        let pair = Pair {
-            key: self.key.into_bytes(),
-            limit: pair.limit.clone(),
-            cost: pair.cost,
-        };
-        match self.tag {
-            Some(tag) => Checks::Tagged(tag, vec![pair]),
-            None => Checks::One(pair),
-        }
+/// The checks of a one-pair check as they were sent: its key `key`, its
+/// CHECK2 tag if any, and `pair`'s limit and cost (`pair`'s key is not
+/// read: it may have gone with the call).
+pub(super) fn checks(key: Bytes, tag: Option<CheckTag>, pair: &Pair) -> Checks {
+    let pair = Pair {
+        key,
+        limit: pair.limit.clone(),
+        cost: pair.cost,
+    };
+    match tag {
+        Some(tag) => Checks::Tagged(tag, vec![pair]),
+        None => Checks::One(pair),
     }
 }
 
@@ -100,18 +97,22 @@ mod tests {
     }
 
     /// Keys on both sides of the inline size, the empty key and a key too
-    /// long for a `u8` length all come back as they went.
+    /// long for a `u8` length all come back as they went, once.
     #[test]
-    fn kept_keys_come_back_byte_for_byte() {
-        for len in [0, 1, 17, INLINE - 1, INLINE, INLINE + 1, 255, 256, 1000] {
+    fn kept_keys_come_back_byte_for_byte_once() {
+        let mut kept = KeptKey::None;
+        assert_eq!(kept.take(), None);
+        for len in [0, 1, 17, INLINE - 1, INLINE, INLINE + 1, 255, 256, 1000, 3] {
             let key = Bytes::from((0..len).map(|i| (i % 251) as u8).collect::<Vec<_>>());
-            let kept = KeptKey::of(&key);
+            // Over whatever was kept before (a longer key, a shared one).
+            kept.keep(&key);
             assert_eq!(
                 matches!(kept, KeptKey::Inline { .. }),
                 len <= INLINE,
                 "len {len}"
             );
-            assert_eq!(kept.into_bytes(), key, "len {len}");
+            assert_eq!(kept.take(), Some(key), "len {len}");
+            assert_eq!(kept.take(), None, "len {len}");
         }
     }
 
@@ -129,21 +130,21 @@ mod tests {
             key: Bytes::new(),
             ..sent.clone()
         };
-        let checks = Resend::of(&sent.key, None).checks(&kept_pair);
-        assert!(
-            matches!(&checks, Checks::One(p) if *p == sent),
-            "{checks:?}"
-        );
+        let mut kept = KeptKey::None;
+        kept.keep(&sent.key);
+        let again = checks(kept.take().expect("kept"), None, &kept_pair);
+        assert!(matches!(&again, Checks::One(p) if *p == sent), "{again:?}");
 
         let tag = CheckTag::new(IdempotencyKey::from_u128(42), Priority::High);
         let long = Pair {
             key: Bytes::from(vec![b'k'; 300]),
             ..sent.clone()
         };
-        let checks = Resend::of(&long.key, Some(tag)).checks(&kept_pair);
+        kept.keep(&long.key);
+        let again = checks(kept.take().expect("kept"), Some(tag), &kept_pair);
         assert!(
-            matches!(&checks, Checks::Tagged(t, pairs) if *t == tag && pairs[..] == [long.clone()]),
-            "{checks:?}"
+            matches!(&again, Checks::Tagged(t, pairs) if *t == tag && pairs[..] == [long.clone()]),
+            "{again:?}"
         );
     }
 }

@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use tollgate_protocol::slot::Slot;
 use tollgate_protocol::{CheckResult, CheckTag, IdempotencyKey, Pair};
 
-use super::resend::Resend;
+use super::resend::{self, KeptKey};
 use super::route::Route;
 use super::{Client, Kept};
 use crate::calls::{self, one_result};
@@ -63,6 +63,10 @@ pub(crate) struct Single<'a> {
     /// Set on the first poll: the check's one clock read (its deadline,
     /// its lease time, its latency).
     started: Option<Instant>,
+    /// Cluster mode: the key sent, kept for the resend rules (its limit
+    /// and cost stay in `pair`). Here rather than in the step, so it is
+    /// written in place: see `KeptKey`.
+    kept: KeptKey,
     step: Step<'a>,
 }
 
@@ -77,15 +81,15 @@ enum Step<'a> {
         retry: Option<Checks>,
     },
     /// Cluster mode, on the connection of the slot's shard (see
-    /// [`Cluster::ready`]); `resend` is what the resend rules need beside
-    /// `Single::pair` to send the checks again, `generation` that of the
-    /// map the call was routed by.
+    /// [`Cluster::ready`]); the checks are sent again, if the resend rules
+    /// say so, from `Single::kept`, `tag` and `Single::pair`;
+    /// `generation` is that of the map the call was routed by.
     ClusterCall {
         cluster: &'a Cluster,
         call: OwnedCall,
         slot: u16,
         generation: u64,
-        resend: Resend,
+        tag: Option<CheckTag>,
     },
     /// Through the shared code (cluster resends, connecting, resend).
     Routed(Boxed<'a, Result<Answer, Error>>),
@@ -99,6 +103,7 @@ impl<'a> Single<'a> {
             kind,
             pair,
             started: None,
+            kept: KeptKey::None,
             step: Step::Start,
         }
     }
@@ -153,14 +158,14 @@ impl<'a> Single<'a> {
                     Ready::Conn { generation, conn } => {
                         calls::check_limits(&checks, &conn.info().limits)?;
                         // Not a clone of the checks: see `resend`.
-                        let resend = Resend::of(checks_key(&checks), tag);
+                        self.kept.keep(checks_key(&checks));
                         let call = conn.exchange_owned(Outgoing::Checks { kind, checks }, deadline);
                         Step::ClusterCall {
                             cluster,
                             call,
                             slot,
                             generation,
-                            resend,
+                            tag,
                         }
                     }
                     Ready::Failed { generation, error } => Step::Routed(Box::pin(cluster.resume(
@@ -276,7 +281,7 @@ impl<'a> Future for Single<'a> {
                         call,
                         slot,
                         generation,
-                        resend,
+                        tag,
                     } = std::mem::replace(&mut this.step, Step::Done)
                     else {
                         unreachable!("matched above");
@@ -284,10 +289,11 @@ impl<'a> Future for Single<'a> {
                     let conn = Arc::clone(call.conn());
                     drop(call);
                     let deadline = this.deadline(started);
+                    let key = this.kept.take().expect("kept when the call was sent");
                     this.step = Step::Routed(Box::pin(cluster.resume(
                         this.kind,
                         slot,
-                        resend.checks(&this.pair),
+                        resend::checks(key, tag, &this.pair),
                         FirstAttempt {
                             generation,
                             conn: Some(conn),
