@@ -74,6 +74,7 @@ fn crc_step<const N: usize>(crc: u16, bytes: &[u8; N]) -> u16 {
 /// tail). Every check pays for its key's slot, in the client's cluster
 /// mode and the server's store: a byte-at-a-time table walk is one
 /// dependent load per byte, this about one per eight (issue 25).
+#[inline]
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc = 0u16;
     let mut words = bytes.chunks_exact(8);
@@ -97,6 +98,7 @@ fn crc16(bytes: &[u8]) -> u16 {
 
 /// The index of the first `needle` in `hay`, eight bytes at a time (a
 /// key's braces are looked for on every check).
+#[inline]
 fn find(hay: &[u8], needle: u8) -> Option<usize> {
     const LOW: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -125,6 +127,11 @@ pub struct Slot(u16);
 
 impl Slot {
     /// The slot of `key`, honouring its hash tag.
+    ///
+    /// `#[inline]`, as the functions it calls: it is a few dozen
+    /// instructions on every routed check, and out of line in another
+    /// crate each of them was a call through the GOT.
+    #[inline]
     pub fn of(key: &[u8]) -> Self {
         Slot(crc16(hash_tag(key)) % SLOT_COUNT)
     }
@@ -136,6 +143,7 @@ impl Slot {
 
 /// The bytes that decide a key's slot: the non-empty text between the first
 /// `{` and the first `}` after it, or the whole key.
+#[inline]
 pub fn hash_tag(key: &[u8]) -> &[u8] {
     if let Some(open) = find(key, b'{') {
         let rest = &key[open + 1..];
