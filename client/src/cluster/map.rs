@@ -79,14 +79,19 @@ impl SlotMap {
             runs => &runs[runs.partition_point(|&(last, _)| last < slot_in_range)],
         };
         let index = run.1;
-        self.shards
+        // Not `ok_or(Error::NoOwner ..)`: that builds the error on every
+        // routed check and calls its drop glue when there is an owner.
+        match self
+            .shards
             .get(usize::from(index))
             .and_then(|s| s.shard.as_ref())
-            .map(|s| (usize::from(index), s))
-            .ok_or(Error::NoOwner {
+        {
+            Some(shard) => Ok((usize::from(index), shard)),
+            None => Err(Error::NoOwner {
                 slot,
                 version: self.version,
-            })
+            }),
+        }
     }
 
     /// Every node address the map names.

@@ -5,6 +5,7 @@
 
 mod decide;
 mod keyed;
+mod resend;
 mod route;
 mod single;
 

@@ -33,11 +33,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
+use bytes::Bytes;
 use smallvec::smallvec;
 use tokio::time::Instant;
 use tollgate_protocol::slot::Slot;
 use tollgate_protocol::{CheckResult, CheckTag, IdempotencyKey, Pair};
 
+use super::resend::{self, KeptKey};
 use super::route::Route;
 use super::{Client, Kept};
 use crate::calls::{self, one_result};
@@ -61,6 +63,10 @@ pub(crate) struct Single<'a> {
     /// Set on the first poll: the check's one clock read (its deadline,
     /// its lease time, its latency).
     started: Option<Instant>,
+    /// Cluster mode: the key sent, kept for the resend rules (its limit
+    /// and cost stay in `pair`). Here rather than in the step, so it is
+    /// written in place: see `KeptKey`.
+    kept: KeptKey,
     step: Step<'a>,
 }
 
@@ -75,14 +81,15 @@ enum Step<'a> {
         retry: Option<Checks>,
     },
     /// Cluster mode, on the connection of the slot's shard (see
-    /// [`Cluster::ready`]); `retry` is the copy kept for the resend rules,
-    /// `generation` that of the map the call was routed by.
+    /// [`Cluster::ready`]); the checks are sent again, if the resend rules
+    /// say so, from `Single::kept`, `tag` and `Single::pair`;
+    /// `generation` is that of the map the call was routed by.
     ClusterCall {
         cluster: &'a Cluster,
         call: OwnedCall,
         slot: u16,
         generation: u64,
-        retry: Checks,
+        tag: Option<CheckTag>,
     },
     /// Through the shared code (cluster resends, connecting, resend).
     Routed(Boxed<'a, Result<Answer, Error>>),
@@ -96,6 +103,7 @@ impl<'a> Single<'a> {
             kind,
             pair,
             started: None,
+            kept: KeptKey::None,
             step: Step::Start,
         }
     }
@@ -149,14 +157,15 @@ impl<'a> Single<'a> {
                 match cluster.ready(slot) {
                     Ready::Conn { generation, conn } => {
                         calls::check_limits(&checks, &conn.info().limits)?;
-                        let retry = checks.clone();
+                        // Not a clone of the checks: see `resend`.
+                        self.kept.keep(checks_key(&checks));
                         let call = conn.exchange_owned(Outgoing::Checks { kind, checks }, deadline);
                         Step::ClusterCall {
                             cluster,
                             call,
                             slot,
                             generation,
-                            retry,
+                            tag,
                         }
                     }
                     Ready::Failed { generation, error } => Step::Routed(Box::pin(cluster.resume(
@@ -272,7 +281,7 @@ impl<'a> Future for Single<'a> {
                         call,
                         slot,
                         generation,
-                        retry,
+                        tag,
                     } = std::mem::replace(&mut this.step, Step::Done)
                     else {
                         unreachable!("matched above");
@@ -280,10 +289,11 @@ impl<'a> Future for Single<'a> {
                     let conn = Arc::clone(call.conn());
                     drop(call);
                     let deadline = this.deadline(started);
+                    let key = this.kept.take().expect("kept when the call was sent");
                     this.step = Step::Routed(Box::pin(cluster.resume(
                         this.kind,
                         slot,
-                        retry,
+                        resend::checks(key, tag, &this.pair),
                         FirstAttempt {
                             generation,
                             conn: Some(conn),
@@ -308,12 +318,11 @@ impl<'a> Future for Single<'a> {
 
 /// The key of a one-pair check (plain or tagged); empty for any other
 /// shape, which a one-pair check never has.
-fn checks_key(checks: &Checks) -> &[u8] {
+fn checks_key(checks: &Checks) -> &Bytes {
+    static EMPTY: Bytes = Bytes::new();
     match checks {
         Checks::One(pair) => &pair.key,
-        Checks::Tagged(_, pairs) | Checks::Group(pairs) => {
-            pairs.first().map_or(&[][..], |p| &p.key[..])
-        }
-        Checks::Batch(_) => &[],
+        Checks::Tagged(_, pairs) | Checks::Group(pairs) => pairs.first().map_or(&EMPTY, |p| &p.key),
+        Checks::Batch(_) => &EMPTY,
     }
 }

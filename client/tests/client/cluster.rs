@@ -3,16 +3,32 @@
 //! itself (a probe connection asks, the shard's connection then carries
 //! the checks). What is checked is what the wire shows: concurrent checks
 //! routed by slot still leave as one frame, and a MOVED answer to a check
-//! sent on the connected shard is followed once, with a refresh.
+//! sent on the connected shard is followed once, with a refresh, and the
+//! resend is the request first sent (key, limit, cost, CHECK2 tag).
 
 use super::*;
 
-/// What the node saw: the number of checks in each CHECK frame.
-type Frames = Arc<std::sync::Mutex<Vec<usize>>>;
+/// What the node saw: each CHECK and CHECK2 frame.
+type Frames = Arc<std::sync::Mutex<Vec<Request>>>;
+
+/// The number of checks in each frame the node saw.
+fn sizes(frames: &Frames) -> Vec<usize> {
+    frames
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .map(|frame| match frame {
+            Request::Check(batch) => batch.len(),
+            Request::Check2(tagged) => tagged.len(),
+            other => panic!("not a check frame: {other:?}"),
+        })
+        .collect()
+}
 
 /// A node that answers every connection: TOPOLOGY with UnknownOpcode, the
-/// first `moved` CHECK frames with MOVED (naming itself), everything else
-/// as [`answer`] does. Each read's requests are answered with one write.
+/// first `moved` CHECK or CHECK2 frames with MOVED (naming itself),
+/// everything else as [`answer`] does. Each read's requests are answered
+/// with one write.
 fn spawn_node(listener: TcpListener, moved: usize) -> Frames {
     let frames = Frames::default();
     let seen = Arc::clone(&frames);
@@ -28,19 +44,22 @@ fn spawn_node(listener: TcpListener, moved: usize) -> Frames {
                     let answers: Vec<_> = requests
                         .iter()
                         .map(|(id, request)| {
-                            let Request::Check(batch) = request else {
-                                return (*id, answer(request));
+                            let first_key = match request {
+                                Request::Check(batch) => batch.iter().next().map(|c| &c[0].key),
+                                Request::Check2(tagged) => {
+                                    tagged.iter().next().map(|(_, c)| &c[0].key)
+                                }
+                                _ => return (*id, answer(request)),
                             };
-                            seen.lock().expect("not poisoned").push(batch.len());
+                            let first_key = first_key.expect("a check").clone();
+                            seen.lock().expect("not poisoned").push(request.clone());
                             let follow = moved
                                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                                     n.checked_sub(1)
                                 })
                                 .is_ok();
                             if follow {
-                                let slot = tollgate_protocol::slot::Slot::of(
-                                    &batch.iter().next().expect("a check")[0].key,
-                                );
+                                let slot = tollgate_protocol::slot::Slot::of(&first_key);
                                 let moved = tollgate_protocol::Moved {
                                     slot: slot.get(),
                                     version: 1,
@@ -87,7 +106,7 @@ async fn concurrent_cluster_checks_leave_as_one_check_frame() {
             let (i, outcome) = call.await.expect("call task");
             assert_eq!(remaining(&outcome), Some(i), "caller {i} got {outcome:?}");
         }
-        let frames = frames.lock().expect("not poisoned").clone();
+        let frames = sizes(&frames);
         assert_eq!(
             frames,
             vec![CALLS],
@@ -123,7 +142,7 @@ async fn moved_on_a_connected_shard_is_followed_once() {
         let stats = client.cluster_stats().expect("cluster mode");
         assert_eq!(stats.moved, 1, "{stats:?}");
         assert_eq!(stats.refreshes, before.refreshes + 1, "{stats:?}");
-        assert_eq!(*frames.lock().expect("not poisoned"), vec![1, 1]);
+        assert_eq!(sizes(&frames), vec![1, 1]);
 
         // A node answering every CHECK with MOVED: the call follows the
         // first, and the second is its answer (no decision).
@@ -145,7 +164,70 @@ async fn moved_on_a_connected_shard_is_followed_once() {
             "got {outcome:?}"
         );
         assert_eq!(client.cluster_stats().expect("cluster mode").moved, 1);
-        assert_eq!(*frames.lock().expect("not poisoned"), vec![1, 1]);
+        assert_eq!(sizes(&frames), vec![1, 1]);
+    })
+    .await;
+}
+
+/// The check sent again after a MOVED is the check first sent: the same
+/// key, limit and cost, and for a CHECK2 the same idempotency key and
+/// priority (nothing was charged, so the server must see the same request
+/// again). Short keys and keys longer than what a check keeps by value,
+/// plain and CHECK2.
+#[tokio::test]
+async fn a_resend_after_moved_is_the_check_first_sent() {
+    within(async {
+        let other = Limit {
+            algorithm: Algorithm::SlidingWindow,
+            count: 70,
+            period_ms: 60_000,
+            burst: 0,
+        };
+        for key in ["k7".to_owned(), format!("k{:0>90}", 7)] {
+            for priority in [None, Some(tollgate_client::Priority::High)] {
+                let (listener, addr) = listen().await;
+                let frames = spawn_node(listener, 1);
+                let client = Client::connect_cluster(vec![addr.to_string()], config(PATIENT))
+                    .await
+                    .expect("connect");
+                // Connect the shard with a call that is not a CHECK frame,
+                // so that the check below takes the connected path.
+                assert_eq!(remaining(&client.peek("k0", limit(), 1).await), Some(0));
+                let client = match priority {
+                    Some(priority) => client.with_priority(priority),
+                    None => client,
+                };
+                let outcome = client.check(key.clone(), other, 3).await;
+                let case = format!("key of {} bytes, priority {priority:?}", key.len());
+                assert_eq!(remaining(&outcome), Some(7), "{case}: {outcome:?}");
+                assert_eq!(
+                    client.cluster_stats().expect("cluster mode").moved,
+                    1,
+                    "{case}"
+                );
+                let frames = frames.lock().expect("not poisoned").clone();
+                assert_eq!(frames.len(), 2, "{case}: {frames:?}");
+                assert_eq!(frames[0], frames[1], "{case}: the resend differs");
+                let sent = Pair {
+                    key: Bytes::from(key.clone()),
+                    limit: other.into(),
+                    cost: 3,
+                };
+                match (&frames[0], priority) {
+                    (Request::Check(batch), None) => {
+                        assert_eq!(batch.len(), 1, "{case}");
+                        assert_eq!(batch.iter().next().expect("a check"), [sent], "{case}");
+                    }
+                    (Request::Check2(tagged), Some(priority)) => {
+                        let (tag, check) = tagged.iter().next().expect("a check");
+                        assert_eq!(check, [sent], "{case}");
+                        assert_eq!(tag.priority, priority, "{case}");
+                        assert_ne!(tag.idempotency, Default::default(), "{case}");
+                    }
+                    (frame, _) => panic!("{case}: unexpected frame {frame:?}"),
+                }
+            }
+        }
     })
     .await;
 }
