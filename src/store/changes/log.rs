@@ -4,8 +4,9 @@
 //! A write records what it left in the table(s) it wrote ([`Captured`]),
 //! under the stripe lock it holds, so the log is the stripe's writes in the
 //! order the lock serialised them. The drain keeps, per key and per table,
-//! the last state recorded ([`coalesce`]): the state the key holds now, as
-//! long as every write is recorded. Nothing is read back from the tables,
+//! the last state recorded ([`Changes`]): the state the key holds now, as
+//! long as every write is recorded. A log with no key twice (a fingerprint
+//! per record tells) needs no folding and is sent as it is. Nothing is read back from the tables,
 //! which is the point: the drain neither takes the lock again nor probes
 //! the tables once per key (two cache misses per key on a large store).
 
@@ -174,6 +175,12 @@ impl ChangeLog {
             // Free the memory, not only the length: this is the bound.
             self.clear(Some(Resync::Overflow));
             return Recorded::Overflowed;
+        }
+        if self.changes.len() == self.changes.capacity() {
+            // Grown by doubling, but never past the cap: the cap bounds the
+            // memory a log holds, not only its length.
+            let more = self.changes.len().max(4).min(cap - self.changes.len());
+            self.changes.reserve_exact(more);
         }
         let bit = fingerprint(key.as_bytes());
         let (word, mask) = (bit / 64, 1u64 << (bit % 64));

@@ -328,3 +328,20 @@ fn replacing_slots_copies_the_primary_whatever_the_stripe_counts() {
         assert_eq!(standby.len(), primary.len());
     }
 }
+
+/// A log's memory stays within its cap of records, however it grew: the
+/// cap is what `--repl-buffer-cap` documents as the bound.
+#[test]
+fn a_log_never_holds_room_past_its_cap() {
+    for cap in [1, 5, 700, 1024] {
+        let mut log = ChangeLog::default();
+        for i in 0..cap {
+            let key = format!("k{i}");
+            assert_eq!(
+                log.record(key.as_bytes(), cap, || Captured::RemovedAll),
+                log::Recorded::Added
+            );
+            assert!(log.changes.capacity() <= cap, "cap {cap}, {i} records");
+        }
+    }
+}
