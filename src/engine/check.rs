@@ -169,7 +169,7 @@ impl Engine {
         let evaluation = Evaluation {
             engine: self,
             rules: &rules,
-            now: self.clock.now(),
+            now: self.clock.now_at(started),
             verb,
             gate,
             inline: Tally::default(),
@@ -250,11 +250,14 @@ struct Evaluation<'a> {
 type Spots = SmallVec<[Spot; 32]>;
 
 /// A check's pairs as the store takes them (rules resolved to their
-/// limits), and the rule of each (None: inline).
-type Resolved<'p, 'r> = (
-    SmallVec<[ResolvedPair<'p>; 4]>,
-    SmallVec<[Option<&'r Rule>; 4]>,
-);
+/// limits), and the rule of each (None: inline). Filled in place by
+/// [`Evaluation::resolve`] in the caller's frame: returned by value, the
+/// two inline arrays (some 270 bytes) were copied twice per check.
+#[derive(Default)]
+struct Resolved<'p, 'r> {
+    checks: SmallVec<[ResolvedPair<'p>; 4]>,
+    rules: SmallVec<[Option<&'r Rule>; 4]>,
+}
 
 /// How a check ended, for counting.
 enum Decided<'r> {
@@ -424,19 +427,19 @@ impl Evaluation<'_> {
         }
     }
 
-    /// The pairs as the store takes them: inline limits as they are, rule
-    /// names resolved to their rule's limit (`cost` 0 taking the rule's
-    /// default), and the rule of each (None: inline); UnknownRule for a
-    /// name the frame's rules do not have. Keys are borrowed, not copied.
-    fn resolve<'p>(&self, pairs: &'p [Pair]) -> Result<Resolved<'p, '_>, ErrorCode> {
-        let mut checks: SmallVec<[ResolvedPair<'p>; 4]> = SmallVec::with_capacity(pairs.len());
-        let mut rules: SmallVec<[Option<&Rule>; 4]> = SmallVec::with_capacity(pairs.len());
+    /// Fills `into` (empty) with the pairs as the store takes them: inline
+    /// limits as they are, rule names resolved to their rule's limit
+    /// (`cost` 0 taking the rule's default), and the rule of each (None:
+    /// inline); UnknownRule for a name the frame's rules do not have. Keys
+    /// are borrowed, not copied.
+    fn resolve<'p, 'r>(
+        &'r self,
+        pairs: &'p [Pair],
+        into: &mut Resolved<'p, 'r>,
+    ) -> Result<(), ErrorCode> {
         for pair in pairs {
-            match &pair.limit {
-                LimitRef::Inline(limit) => {
-                    checks.push(ResolvedPair::new(&pair.key, *limit, pair.cost));
-                    rules.push(None);
-                }
+            let (limit, cost, rule) = match &pair.limit {
+                LimitRef::Inline(limit) => (*limit, pair.cost, None),
                 LimitRef::Rule(name) => {
                     let rule = self
                         .rules
@@ -447,12 +450,13 @@ impl Evaluation<'_> {
                     } else {
                         pair.cost
                     };
-                    checks.push(ResolvedPair::new(&pair.key, rule.limit, cost));
-                    rules.push(Some(rule));
+                    (rule.limit, cost, Some(rule))
                 }
-            }
+            };
+            into.checks.push(ResolvedPair::new(&pair.key, limit, cost));
+            into.rules.push(rule);
         }
-        Ok((checks, rules))
+        Ok(())
     }
 
     /// A REFUND check: resolved like a CHECK, then refunded as one group
@@ -471,9 +475,10 @@ impl Evaluation<'_> {
         returned: Option<&mut Returned>,
     ) -> Decided<'_> {
         let store = &self.engine.store;
-        let result = match (self.resolve(pairs), returned) {
-            (Ok((checks, _)), Some(r)) => store.refund_returning(&checks, spots, self.now, r),
-            (Ok((checks, _)), None) => store.refund_at(&checks, spots, self.now),
+        let mut resolved = Resolved::default();
+        let result = match (self.resolve(pairs, &mut resolved), returned) {
+            (Ok(()), Some(r)) => store.refund_returning(&resolved.checks, spots, self.now, r),
+            (Ok(()), None) => store.refund_at(&resolved.checks, spots, self.now),
             (Err(code), _) => CheckResult::Error(code),
         };
         match result {
@@ -486,15 +491,16 @@ impl Evaluation<'_> {
     /// when a pair names a shadow rule, two ([`Self::evaluate_shadow`]).
     fn evaluate(&self, pairs: &[Pair], spots: &[Spot], mode: Mode) -> Decided<'_> {
         // Resolve names against this frame's rules; unknown names first.
-        let (checks, rules) = match self.resolve(pairs) {
-            Ok(r) => r,
-            Err(code) => return Decided::Error(code),
-        };
+        let mut resolved = Resolved::default();
+        if let Err(code) = self.resolve(pairs, &mut resolved) {
+            return Decided::Error(code);
+        }
+        let Resolved { checks, rules } = &resolved;
         if rules.iter().any(|r| r.is_some_and(Rule::shadow)) {
-            return self.evaluate_shadow(&checks, &rules, spots, mode);
+            return self.evaluate_shadow(checks, rules, spots, mode);
         }
         // Resolved pairs keep their keys and order: the same spots.
-        match self.store_check(&checks, spots, mode) {
+        match self.store_check(checks, spots, mode) {
             Ok(decision) => Decided::decision(decision, rules[usize::from(decision.pair)]),
             Err(code) => Decided::Error(code),
         }
