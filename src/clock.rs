@@ -62,6 +62,14 @@ pub const SLEW_SHIFT: u32 = 4;
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Nanos;
 
+    /// The clock at `at`, an instant the caller has just read for itself
+    /// (a frame's latency starts there): one read of the monotonic clock
+    /// serves both. Clocks that follow no `Instant` answer [`Self::now`].
+    fn now_at(&self, at: Instant) -> Nanos {
+        let _ = at;
+        self.now()
+    }
+
     /// Compares the clock with the wall clock and corrects it (see the
     /// module docs). `None` for clocks that follow no wall clock (tests).
     fn check_wall(&self) -> Option<WallCheck> {
@@ -88,6 +96,13 @@ pub trait TimeSources: Send + Sync + 'static {
     fn wall(&self) -> Nanos;
     /// Monotonic nanoseconds since some fixed origin.
     fn monotonic(&self) -> Nanos;
+
+    /// [`Self::monotonic`] at `at` (sources that do not follow `Instant`
+    /// read themselves).
+    fn monotonic_at(&self, at: Instant) -> Nanos {
+        let _ = at;
+        self.monotonic()
+    }
 }
 
 /// The system's wall clock and `Instant`.
@@ -107,7 +122,11 @@ impl TimeSources for SystemSources {
     }
 
     fn monotonic(&self) -> Nanos {
-        self.origin.elapsed().as_nanos() as Nanos
+        self.monotonic_at(Instant::now())
+    }
+
+    fn monotonic_at(&self, at: Instant) -> Nanos {
+        at.saturating_duration_since(self.origin).as_nanos() as Nanos
     }
 }
 
@@ -215,6 +234,15 @@ impl<S: TimeSources> Clock for MonotonicClock<S> {
         // Read after the anchor: the writer read its `at` before publishing,
         // so this is at least `at`.
         let mono = self.sources.monotonic();
+        advance(value, mono.saturating_sub(at), slow)
+    }
+
+    fn now_at(&self, instant: Instant) -> Nanos {
+        let (at, value, slow) = self.anchor();
+        // Read before the anchor, so it may be short of a just-published
+        // `at`: the clock then reads the anchor's value, which is never
+        // behind what the previous anchor gave at that instant.
+        let mono = self.sources.monotonic_at(instant);
         advance(value, mono.saturating_sub(at), slow)
     }
 
