@@ -247,6 +247,41 @@ async fn shutdown_answers_requests_in_flight_then_closes() {
     );
 }
 
+/// A connection that was served and has gone quiet (asleep, its stops'
+/// waits registered once) is still told of the drain and closed at once,
+/// not when its idle timeout would end it.
+#[tokio::test]
+async fn shutdown_reaches_a_connection_asleep_after_serving() {
+    let server = TestServer::start_with(|c| {
+        // No timer of the connection's fires within the test's patience:
+        // only the drain can wake it.
+        c.network.shutdown_grace = Duration::from_secs(30);
+        c.network.idle_timeout = Duration::from_secs(60);
+        c.network.handshake_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let mut conn = RawConn::ready(server.addr).await;
+    for id in 1..=3u32 {
+        let results = conn
+            .check(id, batch_of(vec![vec![tb("asleep", 10, 1000, 10, 1)]]))
+            .await;
+        assert!(allowed(&results[0]));
+        // Asleep between checks: each read finds the socket drained.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.shutdown.cancel();
+    match conn.try_recv().await {
+        Some((0, Response::Error { code, .. })) => assert_eq!(code, ErrorCode::ShuttingDown),
+        other => panic!("expected ShuttingDown within {PATIENCE:?}: {other:?}"),
+    }
+    conn.expect_closed().await;
+    tokio::time::timeout(PATIENCE, server.join)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
 #[tokio::test]
 async fn shutdown_grace_cuts_off_a_client_that_never_reads() {
     let server =

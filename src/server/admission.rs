@@ -27,6 +27,7 @@
 //!   is refused in its own words ([`Answer`]).
 
 use super::connection::secure;
+use super::stop::Stop;
 use super::Shared;
 use bytes::BytesMut;
 use parking_lot::Mutex;
@@ -39,7 +40,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tollgate_protocol::{encode_response, ErrorCode, Response};
 
 /// Refusals being written at once; past this a refused socket is closed
@@ -77,7 +77,7 @@ struct Live {
     sheddable: bool,
     /// When it last sent something, in milliseconds since start.
     last_active: AtomicU64,
-    shed: CancellationToken,
+    shed: Stop,
 }
 
 /// Why a connection is refused.
@@ -177,7 +177,7 @@ impl Admission {
             ip,
             sheddable,
             last_active: AtomicU64::new(now),
-            shed: CancellationToken::new(),
+            shed: Stop::default(),
         });
         t.live.insert(id, live.clone());
         *t.by_ip.entry(ip).or_default() += 1;
@@ -272,7 +272,7 @@ impl Ticket {
     }
 
     /// Cancelled when the connection is shed to make room.
-    pub fn shed(&self) -> &CancellationToken {
+    pub fn shed(&self) -> &Stop {
         &self.live.shed
     }
 

@@ -1,7 +1,7 @@
 //! The network server: accept loop, connection tasks (the ports over the
 //! check engine, `crate::engine`), shutdown (`run.rs`).
 //!
-//! [`Server::run`] takes an already bound listener and a [`CancellationToken`],
+//! [`Server::run`] takes an already bound listener and a [`CancellationToken`](tokio_util::sync::CancellationToken),
 //! so tests bind port 0 and drive shutdown themselves. Invariants:
 //! - every connection is accepted, then admitted or refused
 //!   (`admission.rs`): at most `max_connections` are served, at most
@@ -58,6 +58,7 @@ mod resp;
 mod run;
 mod scrape;
 mod status_page;
+mod stop;
 mod tls;
 
 use crate::clock::{Clock, MonotonicClock};
@@ -79,8 +80,8 @@ use prometheus::Registry;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use stop::Stop;
 use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 use tollgate_protocol::{ClusterTopology, ServerLimits};
 
 pub use listener::bind;
@@ -149,9 +150,9 @@ impl Metrics {
 pub(crate) struct Lifecycle {
     /// Cancelled when the server starts draining: connections stop reading
     /// new work after answering what they hold.
-    pub draining: CancellationToken,
+    pub draining: Stop,
     /// Cancelled when the grace period is over: connections stop at once.
-    pub abort: CancellationToken,
+    pub abort: Stop,
 }
 
 /// A configured server, ready to run on a listener.
@@ -281,8 +282,8 @@ impl Server {
             budget,
             metrics,
             lifecycle: Lifecycle {
-                draining: CancellationToken::new(),
-                abort: CancellationToken::new(),
+                draining: Stop::default(),
+                abort: Stop::default(),
             },
             engine,
         });

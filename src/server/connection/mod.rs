@@ -258,8 +258,9 @@ impl Connection {
         // waiter every time).
         let mut aborted = std::pin::pin!(self.abort.clone().cancelled_owned());
         let mut drained = std::pin::pin!(self.draining.clone().cancelled_owned());
-        let shed_token = self.ticket.shed().clone();
-        let mut shed = std::pin::pin!(shed_token.clone().cancelled_owned());
+        let mut shed = std::pin::pin!(self.ticket.shed().cancelled_owned());
+        // The waker the three waits are registered with (see `wait`).
+        let mut registered = None;
         // One timer for the connection's life rather than one per read: the
         // idle deadline moves with every read, but the timer is only moved
         // earlier at once (a frame's deadline); when it fires before the
@@ -298,9 +299,10 @@ impl Connection {
             loop {
                 let woke = {
                     let read = std::pin::pin!(self.stream.read_buf(&mut self.rbuf.buf));
-                    let stops = [&self.abort, &self.draining, &shed_token];
+                    let lifecycle = &shared.lifecycle;
+                    let stops = [&lifecycle.abort, &lifecycle.draining, self.ticket.shed()];
                     let waits = [aborted.as_mut(), drained.as_mut(), shed.as_mut()];
-                    wait::next_read(stops, waits, read, timer.as_mut()).await
+                    wait::next_read(stops, waits, &mut registered, read, timer.as_mut()).await
                 };
                 match woke {
                     Woke::Aborted => return Ok(()),
@@ -524,7 +526,14 @@ impl Connection {
     }
 
     async fn flush(&mut self) -> Result<(), ConnError> {
-        if write_out(&mut self.stream, &self.wbuf, &self.shared, &self.abort).await? {
+        if write_out(
+            &mut self.stream,
+            &self.wbuf,
+            &self.shared,
+            &self.shared.lifecycle.abort,
+        )
+        .await?
+        {
             self.wbuf.clear();
         }
         Ok(())

@@ -2,11 +2,11 @@
 //! out of any TLS buffer, stopped when the server aborts; on plain TCP one
 //! `try_write` first, which is all most batches of answers need.
 
+use crate::server::stop::Stop;
 use crate::server::Shared;
 use crate::tls::Socket;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
-use tokio_util::sync::CancellationToken;
 
 /// Why answers could not be written out.
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +26,7 @@ pub(in crate::server) async fn write_out(
     stream: &mut Socket,
     bytes: &[u8],
     shared: &Shared,
-    abort: &CancellationToken,
+    abort: &Stop,
 ) -> Result<bool, WriteError> {
     if bytes.is_empty() {
         return Ok(true);

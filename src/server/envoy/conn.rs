@@ -90,7 +90,7 @@ impl Conn {
     /// `handshake`: time for the first authorized call; `idle`: most time
     /// between two.
     pub fn new(socket: Socket, ticket: Ticket, handshake: Duration, idle: Duration) -> Self {
-        let shed = ticket.shed().clone();
+        let shed = ticket.shed().cancelled_owned();
         let close = CancellationToken::new();
         let closed = close.clone();
         let opened = Instant::now();
@@ -108,7 +108,7 @@ impl Conn {
             timer: Box::pin(tokio::time::sleep_until(opened + handshake)),
             ended: Box::pin(async move {
                 tokio::select! {
-                    _ = shed.cancelled() => {}
+                    _ = shed => {}
                     _ = closed.cancelled() => {}
                 }
             }),
