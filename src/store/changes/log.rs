@@ -92,6 +92,10 @@ pub(in crate::store) struct ChangeLog {
     seen: [u64; 4],
     /// A record found its bit set: a key may be in the log twice.
     repeats: bool,
+    /// The fingerprint of the last record's key (when there is one): a
+    /// write of another key skips reading that record, a line that has
+    /// usually left the cache since the stripe's previous write.
+    last_bit: u8,
 }
 
 /// A log taken by the drain.
@@ -157,20 +161,24 @@ impl ChangeLog {
         // state replaces the last record in place when it says all the
         // older one said, without searching the whole log (the drain
         // folds the rest).
-        if let Some(last) = self.changes.last_mut() {
-            if last.key.is(key) {
-                let captured = captured();
-                if captured.covers(&last.captured) {
-                    last.captured = captured;
-                    return Recorded::Nothing;
+        let bit = fingerprint(key);
+        if usize::from(self.last_bit) == bit {
+            if let Some(last) = self.changes.last_mut() {
+                if last.key.is(key) {
+                    let captured = captured();
+                    if captured.covers(&last.captured) {
+                        last.captured = captured;
+                        return Recorded::Nothing;
+                    }
+                    return self.push(StoredKey::new(key), bit, captured, cap);
                 }
-                return self.push(StoredKey::new(key), captured, cap);
             }
         }
-        self.push(StoredKey::new(key), captured(), cap)
+        self.push(StoredKey::new(key), bit, captured(), cap)
     }
 
-    fn push(&mut self, key: StoredKey, captured: Captured, cap: usize) -> Recorded {
+    /// Appends a record of `key`, whose fingerprint is `bit`.
+    fn push(&mut self, key: StoredKey, bit: usize, captured: Captured, cap: usize) -> Recorded {
         if self.changes.len() >= cap {
             // Free the memory, not only the length: this is the bound.
             self.clear(Some(Resync::Overflow));
@@ -182,10 +190,11 @@ impl ChangeLog {
             let more = self.changes.len().max(4).min(cap - self.changes.len());
             self.changes.reserve_exact(more);
         }
-        let bit = fingerprint(key.as_bytes());
         let (word, mask) = (bit / 64, 1u64 << (bit % 64));
         self.repeats |= self.seen[word] & mask != 0;
         self.seen[word] |= mask;
+        // A fingerprint is one of 256 values.
+        self.last_bit = bit as u8;
         self.changes.push(Change { key, captured });
         Recorded::Added
     }
