@@ -36,7 +36,7 @@ use tollgate_protocol::Algorithm;
 pub use changes::{CaptureStats, Changes, Drained, KeyState, KeyWrite, TableWrite};
 use changes::{Captured, ChangeLog};
 pub use group::{Mode, ResolvedPair, Returned};
-pub use key::StoredKey;
+pub use key::{StoredKey, INLINE as MAX_INLINE_KEY};
 pub use merge::MergeRefused;
 pub use remote::{AbsorbError, RemoteUsage};
 pub use tables::Full;

@@ -27,8 +27,15 @@ use crate::store::{Mode, ResolvedPair, Returned, Spot};
 use smallvec::SmallVec;
 use tollgate_protocol::{CheckResult, Decision, LimitRef, Pair, RuleName};
 
-/// Appended to a key to name its ceiling key.
-const CEILING_SUFFIX: &[u8] = b"\x00region-ceiling";
+/// Appended to a key to name its ceiling key. Two bytes no text key
+/// holds (NUL, then 0xFF, which UTF-8 never uses), then two letters:
+/// short, so that the ceiling key of a key of up to 18 bytes is held
+/// inline in its table entry like the key's own (`MAX_INLINE_KEY`).
+/// The suffix was 15 bytes before, which sent the ceiling key of any key
+/// over 7 bytes to the heap: its lookup compared through a pointer, a
+/// third cache miss per global check (5% of the server's CPU at 1M keys).
+const CEILING_SUFFIX: &[u8] = b"\x00\xffrc";
+const _: () = assert!(18 + CEILING_SUFFIX.len() <= crate::store::MAX_INLINE_KEY);
 
 /// The pairs of a check naming a global rule: index, rule name, rule.
 type GlobalPairs<'p, 'r> = SmallVec<[(usize, &'p RuleName, &'r Rule); 2]>;
