@@ -437,6 +437,9 @@ impl Evaluation<'_> {
         pairs: &'p [Pair],
         into: &mut Resolved<'p, 'r>,
     ) -> Result<(), ErrorCode> {
+        // Free when the pairs fit inline (four: nearly every check).
+        into.checks.reserve(pairs.len());
+        into.rules.reserve(pairs.len());
         for pair in pairs {
             let (limit, cost, rule) = match &pair.limit {
                 LimitRef::Inline(limit) => (*limit, pair.cost, None),

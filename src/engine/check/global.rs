@@ -27,8 +27,8 @@ use crate::store::{Mode, ResolvedPair, Returned, Spot};
 use smallvec::SmallVec;
 use tollgate_protocol::{CheckResult, Decision, LimitRef, Pair, RuleName};
 
-/// Appended to a key to name its ceiling key. Two bytes no text key
-/// holds (NUL, then 0xFF, which UTF-8 never uses), then two letters:
+/// Appended to a key to name its ceiling key: NUL, then 0xFF (a byte no
+/// UTF-8 text holds, so no text key ends this way), then two letters:
 /// short, so that the ceiling key of a key of up to 18 bytes is held
 /// inline in its table entry like the key's own (`MAX_INLINE_KEY`).
 /// The suffix was 15 bytes before, which sent the ceiling key of any key

@@ -289,6 +289,8 @@ impl Connection {
                         }
                     }
                 }
+                // The waits were polled here, maybe with another waker.
+                registered = None;
                 continue;
             }
             if deadline < timer.deadline() {
@@ -530,7 +532,7 @@ impl Connection {
             &mut self.stream,
             &self.wbuf,
             &self.shared,
-            &self.shared.lifecycle.abort,
+            (&self.shared.lifecycle.abort, || self.abort.cancelled()),
         )
         .await?
         {

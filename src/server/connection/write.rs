@@ -5,6 +5,7 @@
 use crate::server::stop::Stop;
 use crate::server::Shared;
 use crate::tls::Socket;
+use std::future::Future;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 
@@ -20,13 +21,15 @@ pub(in crate::server) enum WriteError {
 /// Writes `bytes` out within the write timeout, flushed: TLS may keep the
 /// tail of a write in its buffer when the socket is full (a no-op on plain
 /// TCP). Ok(false) when the server aborted first (`abort`: the server's
-/// token or one cancelled with it; nothing more is sent); the protocol port
-/// and the RESP front end share it.
-pub(in crate::server) async fn write_out(
+/// stop, tested by its flag; `aborted`: a wait for it, made only when the
+/// write must wait: on a connection's own child token where it has one, so
+/// that waiting takes no lock every connection shares; nothing more is
+/// sent); the protocol port and the RESP front end share it.
+pub(in crate::server) async fn write_out<W: Future<Output = ()>>(
     stream: &mut Socket,
     bytes: &[u8],
     shared: &Shared,
-    abort: &Stop,
+    (abort, aborted): (&Stop, impl FnOnce() -> W),
 ) -> Result<bool, WriteError> {
     if bytes.is_empty() {
         return Ok(true);
@@ -54,7 +57,7 @@ pub(in crate::server) async fn write_out(
     let t = shared.network.write_timeout;
     tokio::select! {
         biased;
-        _ = abort.cancelled() => Ok(false),
+        _ = aborted() => Ok(false),
         r = tokio::time::timeout(t, async {
             stream.write_all(bytes).await?;
             stream.flush().await

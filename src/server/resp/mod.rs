@@ -324,7 +324,9 @@ impl Connection {
             &mut self.stream,
             &self.wbuf,
             &self.shared,
-            &self.shared.lifecycle.abort,
+            (&self.shared.lifecycle.abort, || {
+                self.shared.lifecycle.abort.cancelled()
+            }),
         )
         .await?
         {
