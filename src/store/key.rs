@@ -37,6 +37,28 @@ impl StoredKey {
         }
     }
 
+    /// The empty key, for [`Self::fill`] to write in place.
+    pub const EMPTY: StoredKey = StoredKey::Inline {
+        len: 0,
+        bytes: [0; INLINE],
+    };
+
+    /// Makes this key, [`EMPTY`](Self::EMPTY) where it is to stay, `key`:
+    /// as [`Self::new`], but a short key's bytes are copied in place. Built
+    /// aside and moved, the move reads back in wide loads what the copy
+    /// wrote in narrower stores, a store-forwarding stall (a standby's
+    /// capture paid it on every write it recorded).
+    pub fn fill(&mut self, key: &[u8]) {
+        match self {
+            // EMPTY's bytes are all zero, as `new` pads them.
+            StoredKey::Inline { len, bytes } if *len == 0 && key.len() <= INLINE => {
+                bytes[..key.len()].copy_from_slice(key);
+                *len = key.len() as u8;
+            }
+            _ => *self = StoredKey::new(key),
+        }
+    }
+
     pub fn as_bytes(&self) -> &[u8] {
         match self {
             StoredKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
@@ -160,6 +182,23 @@ mod tests {
         let inner = [b'a', 0, 0, b'b'];
         assert_eq!(ShortKey::new(&inner).unwrap().as_bytes(), &inner[..]);
         assert_ne!(ShortKey::new(b"ab"), ShortKey::new(b"abc"));
+    }
+
+    /// A key filled in place is the key `new` builds (bytes, padding and
+    /// all: equality compares the whole inline array), at every length
+    /// around the inline size; a non-empty key is replaced whole.
+    #[test]
+    fn a_key_filled_in_place_is_the_key_new_builds() {
+        for len in 0..=INLINE + 3 {
+            let key: Vec<u8> = (0..len).map(|i| i as u8 + 1).collect();
+            let mut filled = StoredKey::EMPTY;
+            filled.fill(&key);
+            assert!(filled == StoredKey::new(&key), "{len}");
+            assert_eq!(filled.as_bytes(), &key[..]);
+            let mut reused = StoredKey::new(&[0xee; INLINE]);
+            reused.fill(&key);
+            assert!(reused == StoredKey::new(&key), "{len} over a full key");
+        }
     }
 
     /// `is` answers as comparing the bytes would, at every length around

@@ -170,15 +170,15 @@ impl ChangeLog {
                         last.captured = captured;
                         return Recorded::Nothing;
                     }
-                    return self.push(StoredKey::new(key), bit, captured, cap);
+                    return self.push(key, bit, captured, cap);
                 }
             }
         }
-        self.push(StoredKey::new(key), bit, captured(), cap)
+        self.push(key, bit, captured(), cap)
     }
 
     /// Appends a record of `key`, whose fingerprint is `bit`.
-    fn push(&mut self, key: StoredKey, bit: usize, captured: Captured, cap: usize) -> Recorded {
+    fn push(&mut self, key: &[u8], bit: usize, captured: Captured, cap: usize) -> Recorded {
         if self.changes.len() >= cap {
             // Free the memory, not only the length: this is the bound.
             self.clear(Some(Resync::Overflow));
@@ -195,7 +195,15 @@ impl ChangeLog {
         self.seen[word] |= mask;
         // A fingerprint is one of 256 values.
         self.last_bit = bit as u8;
-        self.changes.push(Change { key, captured });
+        // The key is written into the record where it stays (see
+        // `StoredKey::fill`).
+        self.changes.push(Change {
+            key: StoredKey::EMPTY,
+            captured,
+        });
+        if let Some(last) = self.changes.last_mut() {
+            last.key.fill(key);
+        }
         Recorded::Added
     }
 
