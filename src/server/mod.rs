@@ -1,8 +1,9 @@
 //! The network server: accept loop, connection tasks (the ports over the
 //! check engine, `crate::engine`), shutdown (`run.rs`).
 //!
-//! [`Server::run`] takes an already bound listener and a [`CancellationToken`](tokio_util::sync::CancellationToken),
-//! so tests bind port 0 and drive shutdown themselves. Invariants:
+//! [`Server::run`] takes an already bound listener and a
+//! [`CancellationToken`](tokio_util::sync::CancellationToken), so tests
+//! bind port 0 and drive shutdown themselves. Invariants:
 //! - every connection is accepted, then admitted or refused
 //!   (`admission.rs`): at most `max_connections` are served, at most
 //!   `max_connections_per_ip` from one address; when full the quietest

@@ -15,8 +15,8 @@
 //! a longer key is still shared.
 //!
 //! Invariant: [`checks`] over what [`KeptKey::take`] gives back is exactly
-//! the checks that were sent (same key bytes, limit, cost and tag), so a resend is the same
-//! request, and a CHECK2 keeps its idempotency key.
+//! the checks that were sent (same key bytes, limit, cost and tag), so a
+//! resend is the same request, and a CHECK2 keeps its idempotency key.
 
 use bytes::Bytes;
 use tollgate_protocol::{CheckTag, Pair};

@@ -6,9 +6,10 @@
 //! order the lock serialised them. The drain keeps, per key and per table,
 //! the last state recorded ([`Changes`]): the state the key holds now, as
 //! long as every write is recorded. A log with no key twice (a fingerprint
-//! per record tells) needs no folding and is sent as it is. Nothing is read back from the tables,
-//! which is the point: the drain neither takes the lock again nor probes
-//! the tables once per key (two cache misses per key on a large store).
+//! per record tells) needs no folding and is sent as it is. Nothing is
+//! read back from the tables, which is the point: the drain neither takes
+//! the lock again nor probes the tables once per key (two cache misses per
+//! key on a large store).
 
 use super::{Entry, KeyState, StoredKey, TableWrite};
 use crate::algorithm::State;
