@@ -301,7 +301,10 @@ impl Evaluation<'_> {
             let algorithm = match &pair.limit {
                 LimitRef::Inline(limit) => limit.algorithm,
                 LimitRef::Rule(name) => match self.rules.get(name.as_bytes()) {
-                    Some(rule) => rule.limit.algorithm,
+                    Some(rule) => {
+                        self.prefetch_ceiling(pair, rule);
+                        rule.limit.algorithm
+                    }
                     None => continue,
                 },
             };

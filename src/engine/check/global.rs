@@ -19,7 +19,7 @@
 //! only local usage: remote usage is absorbed into the key itself.
 //! Inline limits and PEEK never touch any of it.
 
-use super::{Decided, Evaluation};
+use super::{Decided, Evaluation, Verb};
 use crate::engine::{Engine, Privilege};
 use crate::node::regions::Regions;
 use crate::rules::Rule;
@@ -64,6 +64,23 @@ impl<'a> Evaluation<'a> {
                 LimitRef::Inline(_) => None,
             })
             .collect()
+    }
+
+    /// Starts fetching the ceiling key of `pair` when its `rule` is global
+    /// on a node in a region (see `Evaluation::prefetch`): the check charges
+    /// it after the key itself, and unfetched it was the costlier of the two
+    /// lookups (17.5% of the server's CPU against 9% for the key's own, at
+    /// one check per frame, in perf).
+    pub(super) fn prefetch_ceiling(&self, pair: &Pair, rule: &Rule) {
+        if rule.global().is_empty() || self.verb == Verb::Check(Mode::Peek) {
+            return;
+        }
+        if self.engine.node.regions().is_none() {
+            return;
+        }
+        let store = &self.engine.store;
+        let key = ceiling_key(&pair.key);
+        store.prefetch(&key, store.spot(&key), rule.limit.algorithm);
     }
 
     /// The units a pair takes (cost 0: the rule's default).
