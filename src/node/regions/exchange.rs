@@ -150,8 +150,9 @@ async fn exchange_once(
 ) -> bool {
     let peer = &regions.peers[index];
     let metrics = regions.metrics.peer(&peer.config.name);
-    let fresh = regions.take_journal(index, core.clock.now());
-    s.pending.absorb(fresh);
+    let mut fresh = regions.take_journal(index, core.clock.now());
+    s.pending.absorb(&mut fresh);
+    regions.recycle(fresh);
     let report = match s.unanswered.take() {
         Some(report) => report,
         None => {

@@ -132,6 +132,26 @@ impl Journal {
         }
     }
 
+    /// Empties the journal and keeps its table's room, for the next
+    /// interval's keys (see `spares.rs`).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.names.clear();
+        self.bytes = 0;
+    }
+
+    /// Makes room for `entries` entries in all, so they go in without the
+    /// table growing (and moving every entry) on the way.
+    pub fn reserve(&mut self, entries: usize) {
+        let more = entries.saturating_sub(self.entries.len());
+        self.entries.reserve(more, |e| e.hash);
+    }
+
+    /// How many entries the table holds before it grows.
+    pub fn capacity(&self) -> usize {
+        self.entries.capacity()
+    }
+
     /// The index of `rule` for `peers` among the names, if it is there. A
     /// linear walk: a journal names a handful of global rules.
     fn name_index(&self, rule: &[u8], peers: u64) -> Option<u16> {
@@ -204,7 +224,7 @@ impl Journal {
     /// Moves everything of `other` into this journal (no room asked: what
     /// `other` holds was counted against the same bound already, and a key
     /// in both takes less room merged).
-    pub fn absorb(&mut self, other: Journal) {
+    pub fn absorb(&mut self, other: &mut Journal) {
         self.absorb_within(other, usize::MAX);
     }
 
@@ -213,16 +233,18 @@ impl Journal {
     /// entries and units (charged and refunded). The smaller of the two is
     /// walked when all of `other` fits: a sender taking each interval's
     /// usage into a pending one that is empty (the peer keeps up) only
-    /// swaps them.
-    pub fn absorb_within(&mut self, mut other: Journal, room: usize) -> (u64, u64) {
+    /// swaps them. `other` is left empty, holding one of the two tables,
+    /// for reuse.
+    pub fn absorb_within(&mut self, other: &mut Journal, room: usize) -> (u64, u64) {
         let mut room = room;
         if other.bytes <= room && other.entries.len() > self.entries.len() {
             // All of other fits, so whatever this journal adds to it counts
             // against nothing: it was held already.
-            std::mem::swap(self, &mut other);
+            std::mem::swap(self, other);
             room = usize::MAX;
         }
         if other.entries.is_empty() {
+            other.clear();
             return (0, 0);
         }
         // Other's name indexes, as indexes here. A name that finds no room
@@ -234,7 +256,7 @@ impl Journal {
             .map(|n| self.intern(&n.rule, n.peers))
             .collect();
         let (mut added, mut dropped) = (0, (0, 0));
-        for mut entry in other.entries {
+        for mut entry in other.entries.drain() {
             let units = entry.usage.charged.saturating_add(entry.usage.refunded);
             let Some(rule) = names[usize::from(entry.rule)] else {
                 dropped = (dropped.0 + 1, dropped.1 + units);
@@ -257,6 +279,7 @@ impl Journal {
             self.insert_new(entry);
         }
         self.bytes += added;
+        other.clear();
         dropped
     }
 
@@ -265,18 +288,17 @@ impl Journal {
         entry_bytes(&entry.key, &self.names[usize::from(entry.rule)].rule)
     }
 
-    /// The entries for peer `peer` (a copy; keys are shared, not copied).
-    pub fn share(&self, peer: usize) -> Journal {
-        let mut out = Journal {
-            entries: HashTable::with_capacity(self.entries.len()),
-            names: self.names.clone(),
-            bytes: 0,
-        };
+    /// Puts the entries for peer `peer` into `out`, an empty journal (a
+    /// copy; keys are shared, not copied).
+    pub fn share_into(&self, peer: usize, out: &mut Journal) {
+        debug_assert!(out.is_empty(), "shared into a journal holding entries");
+        out.clear();
+        out.reserve(self.entries.len());
+        out.names.clone_from(&self.names);
         for e in self.entries.iter().filter(|e| self.goes_to(e, peer)) {
             out.bytes += self.bytes_of(e);
             out.insert_new(e.clone());
         }
-        out
     }
 
     /// The entries for peer `peer`, this journal's own (its last taker).
@@ -409,7 +431,7 @@ mod tests {
             (1, 0, 1),
             ROOM,
         );
-        pending.absorb(j);
+        pending.absorb(&mut j);
         assert_eq!((pending.len(), pending.bytes()), (10, 10 * one));
         let (entries, left) = pending.seal(1 << 20, 2);
         assert!(!left);
@@ -435,7 +457,7 @@ mod tests {
         put(&mut b, &x, 1000);
         put(&mut b, &x, 1000);
         let one = entry_bytes(b"k", &x);
-        a.absorb(b);
+        a.absorb(&mut b);
         assert_eq!((a.len(), a.bytes()), (2, 2 * one));
         let (entries, left) = a.seal(1 << 20, 2);
         assert!(!left);

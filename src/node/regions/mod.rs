@@ -24,6 +24,7 @@
 mod exchange;
 mod journal;
 mod metrics;
+mod spares;
 
 pub(crate) use exchange::run;
 
@@ -36,6 +37,7 @@ use journal::{Journal, JournalHasher};
 use metrics::RegionMetrics;
 use prometheus::Registry;
 use serde::Serialize;
+use spares::Spares;
 use std::time::Duration;
 use tollgate_protocol::{Limit, RuleName, UsageAck, UsageReport};
 
@@ -131,6 +133,8 @@ pub(crate) struct Regions {
     metrics: RegionMetrics,
     /// The hasher of every journal here, the senders' pending ones too.
     hasher: JournalHasher,
+    /// Emptied journals, for the next interval's usage.
+    spares: Spares,
 }
 
 impl Regions {
@@ -160,7 +164,6 @@ impl Regions {
             })
             .collect();
         Ok(Self {
-            config,
             peers,
             shared: Mutex::new(Journal::default()),
             shared_at: AtomicU64::new(0),
@@ -168,6 +171,8 @@ impl Regions {
             cut_off: AtomicBool::new(false),
             metrics,
             hasher: JournalHasher::default(),
+            spares: Spares::new(config.peers.len() + 1),
+            config,
         })
     }
 
@@ -239,7 +244,9 @@ impl Regions {
             }
             // Relaxed: read and written under the shared journal's lock.
             self.shared_at.store(now, Ordering::Relaxed);
-            let next = Journal::with_capacity(shared.len());
+            // A spare: popped from a short list, a table only when none
+            // is kept (the first intervals).
+            let next = self.spares.take(shared.len());
             std::mem::replace(&mut *shared, next)
         };
         let last = self.peers.len().saturating_sub(1);
@@ -247,20 +254,27 @@ impl Regions {
         for (i, peer) in self.peers.iter().enumerate() {
             let share = match (i == last, &recorded) {
                 (true, _) => recorded.take().map(|r| r.into_share(i)),
-                (false, Some(r)) => Some(r.share(i)),
+                (false, Some(r)) => {
+                    let mut share = self.spares.take(r.len());
+                    r.share_into(i, &mut share);
+                    Some(share)
+                }
                 (false, None) => None,
             };
-            let Some(share) = share.filter(|s| !s.is_empty()) else {
+            let Some(mut share) = share else { continue };
+            if share.is_empty() {
+                self.spares.give_back(share);
                 continue;
-            };
+            }
             let mut journal = peer.journal.lock();
             let before = journal.bytes();
             let held = peer.held.load(Ordering::Relaxed);
             let room = self.config.journal_max_bytes.saturating_sub(held);
-            let (entries, units) = journal.absorb_within(share, room);
+            let (entries, units) = journal.absorb_within(&mut share, room);
             peer.held
                 .fetch_add(journal.bytes() - before, Ordering::Relaxed);
             drop(journal);
+            self.spares.give_back(share);
             if entries > 0 {
                 peer.dropped.0.inc_by(entries);
                 peer.dropped.1.inc_by(units);
@@ -369,9 +383,14 @@ impl Regions {
     /// its sender (its bytes still held: they are the sender's pending now).
     fn take_journal(&self, index: usize, now: Nanos) -> Journal {
         self.share_out(now);
-        let mut journal = self.peers[index].journal.lock();
-        let next = Journal::with_capacity(journal.len());
-        std::mem::replace(&mut *journal, next)
+        // The share out swaps its share in for the empty journal left
+        // here (journal.rs, `absorb_within`), so it needs no table.
+        std::mem::take(&mut *self.peers[index].journal.lock())
+    }
+
+    /// Keeps a journal a sender has emptied, for the next interval.
+    fn recycle(&self, journal: Journal) {
+        self.spares.give_back(journal);
     }
 
     /// What peer `index`'s sender holds now (after merging and sealing).

@@ -284,3 +284,36 @@ fn an_older_session_is_refused_while_the_newer_one_is_live() {
         .is_ok());
     assert_eq!(remaining(&r), 600 - 30 - 1);
 }
+
+#[test]
+fn the_tables_one_interval_empties_hold_the_next_ones_usage() {
+    let r = regions(&["eu", "ap"]);
+    let rule = RuleName::try_from("api").unwrap();
+    let listed = ["eu".to_owned(), "ap".to_owned()];
+    let mut pending = [Journal::default(), Journal::default()];
+    // Two intervals of the same 1,000 keys, each charged `units` once;
+    // what each sender seals is exactly that interval's usage.
+    for (interval, units) in [(0, 1), (1, 2), (2, 3)] {
+        for i in 0..1000 {
+            let key = Bytes::from(format!("rl:{{k{i}}}"));
+            r.record(&key, &rule, &listed, units, 0, T0);
+        }
+        let now = T0 + interval * 500 * MS;
+        for (i, pending) in pending.iter_mut().enumerate() {
+            let mut fresh = r.take_journal(i, now);
+            pending.absorb(&mut fresh);
+            r.recycle(fresh);
+            let (entries, left) = pending.seal(1 << 20, 2);
+            assert!(!left);
+            assert_eq!(entries.len(), 1000, "interval {interval}, peer {i}");
+            assert!(entries.iter().all(|e| e.charged == units));
+        }
+        // From the second interval on, the shared journal's replacement
+        // is a table an earlier interval emptied, with room for all the
+        // keys: none is allocated, and none grows.
+        if interval > 0 {
+            assert!(r.shared.lock().capacity() >= 1000, "interval {interval}");
+            assert!(r.spares.len() > 0, "interval {interval}");
+        }
+    }
+}

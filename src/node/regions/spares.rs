@@ -1,0 +1,100 @@
+//! Emptied journals kept for the next interval's usage.
+//!
+//! Every interval the shared journal is replaced, each peer but the last
+//! gets a copy of its share, and each sender's emptied pending journal is
+//! swapped out for the new usage (journal.rs). Those tables hold one
+//! interval's keys (135,000 entries, some 18 MiB, at 270,000 global checks
+//! a second and the default half-second interval). Freed, the allocator
+//! hands their pages back to the OS at once (`huge_pages.rs`: mimalloc's
+//! purge delay is 0), so each new table took a page fault on every page
+//! as the check path wrote its first entries, and grew (moving every
+//! entry) whenever one interval's keys outnumbered the last's: 8% of the
+//! server's CPU under a global rule, in perf. Kept here, emptied, the
+//! tables are written again where they already are.
+//!
+//! At most one spare per peer and one more is kept (what one interval
+//! frees), so what this holds is bounded by the tables the journals held
+//! at their largest, themselves bounded by `region-journal-max-bytes`.
+
+use super::journal::Journal;
+use crate::sync::Mutex;
+
+/// Room kept beyond the last interval's count, so an interval a little
+/// busier than the last does not grow its table.
+const HEADROOM_DIVISOR: usize = 4;
+
+#[derive(Debug)]
+pub(super) struct Spares {
+    kept: Mutex<Vec<Journal>>,
+    /// At most this many kept.
+    max: usize,
+}
+
+impl Spares {
+    /// Keeps at most `max` journals.
+    pub fn new(max: usize) -> Self {
+        Self {
+            kept: Mutex::new(Vec::with_capacity(max)),
+            max,
+        }
+    }
+
+    /// An empty journal with room for `entries` entries and a quarter more:
+    /// a spare if one is kept (the roomiest), else a new one.
+    pub fn take(&self, entries: usize) -> Journal {
+        let want = entries.saturating_add(entries / HEADROOM_DIVISOR);
+        let spare = self.kept.lock().pop();
+        match spare {
+            Some(mut journal) => {
+                journal.reserve(want);
+                journal
+            }
+            None => Journal::with_capacity(want),
+        }
+    }
+
+    /// Keeps `journal`, emptied, unless it has no table or enough are kept.
+    pub fn give_back(&self, mut journal: Journal) {
+        if journal.capacity() == 0 {
+            return;
+        }
+        journal.clear();
+        let mut kept = self.kept.lock();
+        if kept.len() < self.max {
+            // Roomiest last, where `take` pops.
+            let at = kept.partition_point(|j| j.capacity() <= journal.capacity());
+            kept.insert(at, journal);
+        }
+    }
+
+    /// How many are kept.
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.kept.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_journal_given_back_is_taken_again_with_its_room() {
+        let spares = Spares::new(2);
+        let big = Journal::with_capacity(1000);
+        let room = big.capacity();
+        spares.give_back(Journal::with_capacity(10));
+        spares.give_back(big);
+        // A third is not kept, nor one without a table.
+        spares.give_back(Journal::with_capacity(10));
+        spares.give_back(Journal::default());
+        assert_eq!(spares.len(), 2);
+        let taken = spares.take(100);
+        assert_eq!(taken.capacity(), room, "the roomiest, not grown");
+        assert!(taken.is_empty());
+        // The small one is grown to what is asked, and a quarter more.
+        assert!(spares.take(100).capacity() >= 125);
+        assert_eq!(spares.len(), 0);
+        assert!(spares.take(100).capacity() >= 125);
+    }
+}
