@@ -63,10 +63,22 @@ struct Sender {
     primary: bool,
     seq: u64,
     pending: Journal,
+    /// The entries of the last message answered, emptied: the next message
+    /// is sealed into this list, where its pages are already.
+    entries: Vec<tollgate_protocol::UsageEntry>,
     unanswered: Option<UsageReport>,
     link: Option<Link>,
     /// Whether the peer's last answer refused our credentials (warned once).
     refused_auth: bool,
+}
+
+impl Sender {
+    /// Keeps the list of `report`, a message done with, for the next one.
+    fn keep_entries(&mut self, report: UsageReport) {
+        let mut entries = report.entries;
+        entries.clear();
+        self.entries = entries;
+    }
 }
 
 async fn send_loop(
@@ -84,6 +96,7 @@ async fn send_loop(
         primary: false,
         seq: 0,
         pending: Journal::default(),
+        entries: Vec::new(),
         unanswered: None,
         link: None,
         refused_auth: false,
@@ -156,9 +169,12 @@ async fn exchange_once(
     let report = match s.unanswered.take() {
         Some(report) => report,
         None => {
-            let (entries, left) = s
-                .pending
-                .seal(regions.config.max_message_bytes, regions.name().len());
+            let mut entries = std::mem::take(&mut s.entries);
+            let left = s.pending.seal_into(
+                regions.config.max_message_bytes,
+                regions.name().len(),
+                &mut entries,
+            );
             if left {
                 regions.metrics.capped.inc();
             }
@@ -188,6 +204,7 @@ async fn exchange_once(
         Ok(_) => {
             s.refused_auth = false;
             metrics.keys_sent.inc_by(report.entries.len() as u64);
+            s.keep_entries(report);
             peer.last_acked
                 .fetch_max(core.clock.now(), crate::sync::Ordering::Relaxed);
             peer.acked.fetch_add(1, crate::sync::Ordering::Relaxed);
@@ -204,6 +221,7 @@ async fn exchange_once(
             );
             metrics.send_failures.inc();
             s.link = None;
+            s.keep_entries(report);
             false
         }
         // Anything else (a standby answering NotPrimary during a failover
