@@ -63,8 +63,9 @@ struct Sender {
     primary: bool,
     seq: u64,
     pending: Journal,
-    /// The entries of the last message answered, emptied: the next message
-    /// is sealed into this list, where its pages are already.
+    /// The entries of the last message done with (answered, or dropped),
+    /// emptied: the next message is sealed into this list, where its pages
+    /// are already.
     entries: Vec<tollgate_protocol::UsageEntry>,
     unanswered: Option<UsageReport>,
     link: Option<Link>,
@@ -199,6 +200,7 @@ async fn exchange_once(
                 "the address of a peer region leads to another region; usage dropped"
             );
             metrics.send_failures.inc();
+            s.keep_entries(report);
             false
         }
         Ok(_) => {

@@ -121,9 +121,9 @@ pub(super) struct Journal {
 const MAX_NAMES: usize = u16::MAX as usize + 1;
 
 impl Journal {
-    /// An empty journal whose table has room for `entries` entries: the
-    /// journal handed to a sender is replaced by one sized like it, so the
-    /// next interval's keys do not grow a table from nothing again.
+    /// An empty journal whose table has room for `entries` entries (a new
+    /// spare, `spares.rs`), so an interval's keys do not grow a table from
+    /// nothing.
     pub fn with_capacity(entries: usize) -> Self {
         Self {
             entries: HashTable::with_capacity(entries),
@@ -135,7 +135,10 @@ impl Journal {
     /// Empties the journal and keeps its table's room, for the next
     /// interval's keys (see `spares.rs`).
     pub fn clear(&mut self) {
-        self.entries.clear();
+        // Clearing resets every control byte: not again when empty.
+        if !self.entries.is_empty() {
+            self.entries.clear();
+        }
         self.names.clear();
         self.bytes = 0;
     }
@@ -145,6 +148,12 @@ impl Journal {
     pub fn reserve(&mut self, entries: usize) {
         let more = entries.saturating_sub(self.entries.len());
         self.entries.reserve(more, |e| e.hash);
+    }
+
+    /// Gives back the table's room beyond `entries` entries (or those it
+    /// holds, if more).
+    pub fn shrink_to(&mut self, entries: usize) {
+        self.entries.shrink_to(entries, |e| e.hash);
     }
 
     /// How many entries the table holds before it grows.
@@ -246,6 +255,12 @@ impl Journal {
         if other.entries.is_empty() {
             other.clear();
             return (0, 0);
+        }
+        if self.capacity() == 0 {
+            // A peer's hand-over slot keeps no table (mod.rs,
+            // `take_journal`); one that did not fit all of `other` is
+            // sized for it at once rather than grown key by key.
+            self.reserve(other.len());
         }
         // Other's name indexes, as indexes here. A name that finds no room
         // (65,536 names already) loses its entries, counted like keys

@@ -384,7 +384,8 @@ impl Regions {
     fn take_journal(&self, index: usize, now: Nanos) -> Journal {
         self.share_out(now);
         // The share out swaps its share in for the empty journal left
-        // here (journal.rs, `absorb_within`), so it needs no table.
+        // here (journal.rs, `absorb_within`), so it needs no table; one
+        // that does not fit whole is walked into a table sized for it.
         std::mem::take(&mut *self.peers[index].journal.lock())
     }
 

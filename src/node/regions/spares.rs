@@ -13,8 +13,11 @@
 //! tables are written again where they already are.
 //!
 //! At most one spare per peer and one more is kept (what one interval
-//! frees), so what this holds is bounded by the tables the journals held
-//! at their largest, themselves bounded by `region-journal-max-bytes`.
+//! frees). A kept table is empty: no journal's bytes count it. Each is at
+//! most the table of a journal at its largest (bounded by
+//! `region-journal-max-bytes`); one over four times what an interval asks
+//! for (left by a backlog) is shrunk when taken, so after an outage the
+//! spares come back to the size of the traffic.
 
 use super::journal::Journal;
 use crate::sync::Mutex;
@@ -22,6 +25,10 @@ use crate::sync::Mutex;
 /// Room kept beyond the last interval's count, so an interval a little
 /// busier than the last does not grow its table.
 const HEADROOM_DIVISOR: usize = 4;
+
+/// A spare with room for more than this many times what is asked is
+/// shrunk to the request.
+const SHRINK_OVER: usize = 4;
 
 #[derive(Debug)]
 pub(super) struct Spares {
@@ -46,6 +53,9 @@ impl Spares {
         let spare = self.kept.lock().pop();
         match spare {
             Some(mut journal) => {
+                if journal.capacity() / SHRINK_OVER > want {
+                    journal.shrink_to(want);
+                }
                 journal.reserve(want);
                 journal
             }
@@ -60,11 +70,20 @@ impl Spares {
         }
         journal.clear();
         let mut kept = self.kept.lock();
-        if kept.len() < self.max {
-            // Roomiest last, where `take` pops.
-            let at = kept.partition_point(|j| j.capacity() <= journal.capacity());
-            kept.insert(at, journal);
+        if kept.len() >= self.max {
+            // Full: the newcomer replaces the smallest kept if roomier.
+            if kept
+                .first()
+                .is_some_and(|j| j.capacity() < journal.capacity())
+            {
+                kept.remove(0);
+            } else {
+                return;
+            }
         }
+        // Roomiest last, where `take` pops.
+        let at = kept.partition_point(|j| j.capacity() <= journal.capacity());
+        kept.insert(at, journal);
     }
 
     /// How many are kept.
@@ -85,16 +104,33 @@ mod tests {
         let room = big.capacity();
         spares.give_back(Journal::with_capacity(10));
         spares.give_back(big);
-        // A third is not kept, nor one without a table.
+        // A third is not kept (no roomier than the smallest), nor one
+        // without a table.
         spares.give_back(Journal::with_capacity(10));
         spares.give_back(Journal::default());
         assert_eq!(spares.len(), 2);
-        let taken = spares.take(100);
+        let taken = spares.take(500);
         assert_eq!(taken.capacity(), room, "the roomiest, not grown");
         assert!(taken.is_empty());
         // The small one is grown to what is asked, and a quarter more.
         assert!(spares.take(100).capacity() >= 125);
         assert_eq!(spares.len(), 0);
         assert!(spares.take(100).capacity() >= 125);
+    }
+
+    #[test]
+    fn a_full_pool_keeps_the_roomier_and_a_spare_far_too_big_shrinks() {
+        let spares = Spares::new(1);
+        spares.give_back(Journal::with_capacity(10));
+        spares.give_back(Journal::with_capacity(100_000));
+        let kept = spares.kept.lock()[0].capacity();
+        assert!(kept >= 100_000, "the roomier was kept: {kept}");
+        // Taken for an interval of 100 keys, it comes back to their size.
+        let small = spares.take(100);
+        assert!(
+            (125..1000).contains(&small.capacity()),
+            "{}",
+            small.capacity()
+        );
     }
 }

@@ -291,7 +291,7 @@ fn the_tables_one_interval_empties_hold_the_next_ones_usage() {
     let rule = RuleName::try_from("api").unwrap();
     let listed = ["eu".to_owned(), "ap".to_owned()];
     let mut pending = [Journal::default(), Journal::default()];
-    // Two intervals of the same 1,000 keys, each charged `units` once;
+    // Three intervals of the same 1,000 keys, each charged `units` once;
     // what each sender seals is exactly that interval's usage.
     for (interval, units) in [(0, 1), (1, 2), (2, 3)] {
         for i in 0..1000 {
