@@ -15,29 +15,12 @@ use crate::router::Router;
 use crate::support::http_get;
 
 /// The descriptor value `u<i>` whose key (`edge|user=u<i>`) the node at
-/// `owner` serves, as `router` sees the cluster (None: no key of it).
-fn user_of(router: &Router, owner: &str) -> Option<String> {
+/// `owner` serves.
+fn user_of(router: &Router, owner: &str) -> String {
     (0..10_000)
         .map(|i| format!("u{i}"))
         .find(|u| router.owner(format!("edge|user={u}").as_bytes()).as_deref() == Some(owner))
-}
-
-/// A user of each of `owners`' shards, once the topology `router` reads
-/// names every owner: a node learns the other shards' primaries from etcd
-/// a moment after the shards have settled.
-async fn users_of(router: &mut Router, owners: [&str; 2]) -> [String; 2] {
-    let deadline = tokio::time::Instant::now() + crate::common::PATIENCE;
-    loop {
-        assert!(router.refresh().await);
-        if let [Some(a), Some(b)] = owners.map(|o| user_of(router, o)) {
-            return [a, b];
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the topology never named both shards' primaries"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+        .expect("a key of the shard")
 }
 
 async fn should_rate_limit(envoy: SocketAddr, users: &[&str]) -> Answer {
@@ -82,7 +65,11 @@ async fn an_rls_call_for_another_shards_key_is_moved_and_counted_nowhere() {
         .collect();
     let (node0, node1) = (&d.nodes[0][0], &d.nodes[1][0]);
     let mut router = Router::new(vec![node0.addr.clone()]);
-    let [u0, u1] = users_of(&mut router, [&node0.addr, &node1.addr]).await;
+    router
+        .refresh_until_primaries(&[&node0.addr, &node1.addr])
+        .await;
+    let u0 = user_of(&router, &node0.addr);
+    let u1 = user_of(&router, &node1.addr);
     let slot1 = Slot::of(format!("edge|user={u1}").as_bytes()).get();
 
     // Shard 1's key at shard 0's port: MOVED naming the owner on this

@@ -52,27 +52,18 @@ async fn a_key_of_another_shard_is_moved_and_not_counted() {
     d.nodes[0].push(standby);
     d.settled().await;
     let mut router = Router::new(vec![d.nodes[0][0].addr.clone()]);
+    router
+        .refresh_until_primaries(&[&d.nodes[0][0].addr, &d.nodes[1][0].addr])
+        .await;
+    let map = router.map().unwrap().clone();
     let keys = keys_named("resp", 100);
-    // A key of each shard, once the topology node 0 answers names both
-    // (it learns the other shard from etcd a moment after they settle).
-    let deadline = tokio::time::Instant::now() + crate::common::PATIENCE;
-    let (k0, k1) = loop {
-        assert!(router.refresh().await);
-        let map = router.map().unwrap();
-        let of_shard = |shard: u16| {
-            keys.iter()
-                .find(|k| map.owner(Slot::of(k.as_bytes()).get()).map(|s| s.id) == Some(shard))
-                .cloned()
-        };
-        if let (Some(k0), Some(k1)) = (of_shard(0), of_shard(1)) {
-            break (k0, k1);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the topology never named both shards"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let of_shard = |shard: u16| {
+        keys.iter()
+            .find(|k| map.owner(Slot::of(k.as_bytes()).get()).map(|s| s.id) == Some(shard))
+            .expect("a key of the shard")
+            .clone()
     };
+    let (k0, k1) = (of_shard(0), of_shard(1));
     let slot1 = Slot::of(k1.as_bytes()).get();
     // Every node runs its RESP front end on the same port in a deployment:
     // the owner's host, this node's RESP port.

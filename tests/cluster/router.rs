@@ -156,6 +156,30 @@ impl Router {
         false
     }
 
+    /// Refreshes the map until it names each of `primaries` as a shard's
+    /// primary (a node learns the other shards' primaries from etcd a
+    /// moment after the shards have settled); panics past the tests'
+    /// patience.
+    pub async fn refresh_until_primaries(&mut self, primaries: &[&str]) {
+        let deadline = Instant::now() + crate::common::PATIENCE;
+        loop {
+            assert!(self.refresh().await);
+            let named = |p: &&str| {
+                self.map
+                    .as_ref()
+                    .is_some_and(|m| m.shards.iter().any(|s| s.primary == *p))
+            };
+            if primaries.iter().all(named) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the topology never named the primaries {primaries:?}"
+            );
+            tokio::time::sleep(RETRY).await;
+        }
+    }
+
     /// Sends `request` to `addr` on a connection of its own; None when the
     /// node cannot be reached or does not answer in time.
     pub async fn call(&mut self, addr: &str, request: &Request) -> Option<Response> {

@@ -308,9 +308,9 @@ fn the_tables_one_interval_empties_hold_the_next_ones_usage() {
             assert_eq!(entries.len(), 1000, "interval {interval}, peer {i}");
             assert!(entries.iter().all(|e| e.charged == units));
         }
-        // From the second interval on, the shared journal's replacement
-        // is a table an earlier interval emptied, with room for all the
-        // keys: none is allocated, and none grows.
+        // From the second interval on, the tables the senders emptied are
+        // kept for the next interval, and the shared journal's replacement
+        // has room for all the keys.
         if interval > 0 {
             assert!(r.shared.lock().capacity() >= 1000, "interval {interval}");
             assert!(r.spares.len() > 0, "interval {interval}");
