@@ -66,7 +66,7 @@ async fn an_rls_call_for_another_shards_key_is_moved_and_counted_nowhere() {
     let (node0, node1) = (&d.nodes[0][0], &d.nodes[1][0]);
     let mut router = Router::new(vec![node0.addr.clone()]);
     router
-        .refresh_until_primaries(&[&node0.addr, &node1.addr])
+        .refresh_until_primaries(&[&node0.addr, &node1.addr], crate::common::PATIENCE)
         .await;
     let u0 = user_of(&router, &node0.addr);
     let u1 = user_of(&router, &node1.addr);

@@ -53,7 +53,10 @@ async fn a_key_of_another_shard_is_moved_and_not_counted() {
     d.settled().await;
     let mut router = Router::new(vec![d.nodes[0][0].addr.clone()]);
     router
-        .refresh_until_primaries(&[&d.nodes[0][0].addr, &d.nodes[1][0].addr])
+        .refresh_until_primaries(
+            &[&d.nodes[0][0].addr, &d.nodes[1][0].addr],
+            crate::common::PATIENCE,
+        )
         .await;
     let map = router.map().unwrap().clone();
     let keys = keys_named("resp", 100);

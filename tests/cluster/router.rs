@@ -158,10 +158,9 @@ impl Router {
 
     /// Refreshes the map until it names each of `primaries` as a shard's
     /// primary (a node learns the other shards' primaries from etcd a
-    /// moment after the shards have settled); panics past the tests'
-    /// patience.
-    pub async fn refresh_until_primaries(&mut self, primaries: &[&str]) {
-        let deadline = Instant::now() + crate::common::PATIENCE;
+    /// moment after the shards have settled); panics past `patience`.
+    pub async fn refresh_until_primaries(&mut self, primaries: &[&str], patience: Duration) {
+        let deadline = Instant::now() + patience;
         loop {
             assert!(self.refresh().await);
             let named = |p: &&str| {
