@@ -37,7 +37,7 @@
 
 mod log;
 
-use super::{Entry, Store, StoredKey, Tables};
+use super::{Entry, Spot, Store, StoredKey, Tables};
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::Ordering;
@@ -45,6 +45,7 @@ use bytes::Bytes;
 pub use log::Changes;
 pub(super) use log::{Captured, ChangeLog};
 use log::{Recorded, Resync};
+use tollgate_protocol::Algorithm;
 
 impl super::Stripe {
     /// Tells the sender this stripe has something, under its lock. A busy
@@ -114,6 +115,25 @@ pub struct KeyWrite {
     /// Must hold any other state when `Put`.
     pub other: TableWrite,
 }
+
+impl KeyWrite {
+    /// The algorithm of the table this write will probe first, to fetch
+    /// its slot ahead (None: only a removal from the other table, whose
+    /// kind the write does not say).
+    fn algorithm(&self) -> Option<Algorithm> {
+        match (&self.bucket, &self.other) {
+            (TableWrite::Put(_) | TableWrite::Remove, _) => Some(Algorithm::TokenBucket),
+            (TableWrite::Keep, TableWrite::Put(entry)) => Some(entry.state.algorithm()),
+            (TableWrite::Keep, _) => None,
+        }
+    }
+}
+
+/// How many keys ahead of the one it writes [`Store::apply_all`] fetches:
+/// enough misses in flight to overlap (a core has about ten line fill
+/// buffers), few enough that a fetched line is still there when its key's
+/// turn comes.
+const APPLY_AHEAD: usize = 8;
 
 /// Counters of the change capture, for status and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -267,6 +287,29 @@ impl Store {
         let hash = self.hash(&write.key);
         let mut locked = self.stripe(Slot::of(&write.key)).lock();
         apply_to(&mut locked.tables, &self.hasher, hash, write);
+    }
+
+    /// Applies a frame's replicated keys in order (standby side), as
+    /// [`Store::apply`] one by one would, but with each key's table slot
+    /// fetched [`APPLY_AHEAD`] keys before it is written. Keys of a large
+    /// store are a cache miss each, and a standby applying them one after
+    /// the other waited on every miss in turn: a standby spent half its CPU
+    /// there, a third of a core at 700,000 checks a second.
+    pub fn apply_all(&self, writes: &[KeyWrite]) {
+        let spots: Vec<Spot> = writes.iter().map(|w| self.spot(&w.key)).collect();
+        let fetch = |i: usize| {
+            if let (Some(write), Some(&spot)) = (writes.get(i), spots.get(i)) {
+                if let Some(algorithm) = write.algorithm() {
+                    self.prefetch(&write.key, spot, algorithm);
+                }
+            }
+        };
+        (0..APPLY_AHEAD).for_each(fetch);
+        for (i, (write, spot)) in writes.iter().zip(&spots).enumerate() {
+            fetch(i + APPLY_AHEAD);
+            let mut locked = self.stripe(spot.slot).lock();
+            apply_to(&mut locked.tables, &self.hasher, spot.hash, write);
+        }
     }
 
     /// Replaces everything held for the slots `s` with `s % slot_mod ==

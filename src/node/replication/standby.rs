@@ -270,9 +270,8 @@ impl Applier<'_> {
                 "changes inside a snapshot unit".into(),
             ));
         }
-        for record in &batch.records {
-            self.core.store.apply(&key_write(record));
-        }
+        let writes: Vec<_> = batch.records.iter().map(key_write).collect();
+        self.core.store.apply_all(&writes);
         let node = &self.core.role;
         node.set_offset(batch.offset);
         node.stats

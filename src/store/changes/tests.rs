@@ -345,3 +345,53 @@ fn a_log_never_holds_room_past_its_cap() {
         }
     }
 }
+
+/// A standby applies a frame with each key's slot fetched a few keys
+/// ahead: what it ends with must be what applying the writes one by one,
+/// in order, leaves (a key written twice in the frame keeps its last
+/// write; removals and both tables included; more keys than the fetch
+/// runs ahead, so the tail is applied after the fetches end).
+#[test]
+fn a_frame_applied_with_its_keys_fetched_ahead_ends_as_applied_one_by_one() {
+    let keys: Vec<String> = (0..25).map(|i| format!("user:{i}")).collect();
+    let source = store(16, 64);
+    for k in &keys {
+        source.check(&[tb(k)], S, Mode::Charge);
+        source.check(&[fw(k)], S, Mode::Charge);
+    }
+    let writes: Vec<KeyWrite> = (0..3 * keys.len() + 1)
+        .map(|i| {
+            let key = &keys[i % keys.len()];
+            let entries = source.entries(key.as_bytes(), S);
+            let (bucket, other) = match i % 4 {
+                0 => (TableWrite::Put(entries[0].clone()), TableWrite::Keep),
+                1 => (TableWrite::Keep, TableWrite::Put(entries[1].clone())),
+                2 => (TableWrite::Remove, TableWrite::Keep),
+                _ => (TableWrite::Keep, TableWrite::Remove),
+            };
+            KeyWrite {
+                key: Bytes::copy_from_slice(key.as_bytes()),
+                bucket,
+                other,
+            }
+        })
+        .collect();
+    let (one_by_one, ahead) = (store(16, 64), store(4, 64));
+    for target in [&one_by_one, &ahead] {
+        // Earlier state, for the removals to remove.
+        for k in keys.iter().step_by(2) {
+            target.check(&[tb(k)], 2 * S, Mode::Charge);
+            target.check(&[fw(k)], 2 * S, Mode::Charge);
+        }
+    }
+    writes.iter().for_each(|w| one_by_one.apply(w));
+    ahead.apply_all(&writes);
+    for k in &keys {
+        assert_eq!(
+            ahead.entries(k.as_bytes(), S),
+            one_by_one.entries(k.as_bytes(), S),
+            "{k}"
+        );
+    }
+    assert_eq!(ahead.len(), one_by_one.len());
+}

@@ -261,9 +261,9 @@ impl Replicated {
         match self.primary.drain_stripe(index, self.now) {
             Drained::Nothing => {}
             Drained::Changes(states) => {
-                for state in states {
-                    self.standby.apply(&change_write(&state));
-                }
+                // As the standby applies a frame: its keys fetched ahead.
+                let writes: Vec<KeyWrite> = states.into_iter().map(|s| change_write(&s)).collect();
+                self.standby.apply_all(&writes);
             }
             Drained::Whole(entries) => {
                 let writes: Vec<KeyWrite> = entries
