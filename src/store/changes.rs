@@ -37,7 +37,7 @@
 
 mod log;
 
-use super::{Entry, Spot, Store, StoredKey, Tables};
+use super::{Entry, Guard, Spot, Store, StoredKey, Tables};
 use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::Ordering;
@@ -305,9 +305,19 @@ impl Store {
             }
         };
         (0..APPLY_AHEAD).for_each(fetch);
+        // A stripe's keys come together (the primary drains stripe by
+        // stripe): one lock for each run of them, not one per key.
+        let mut held: Option<(usize, Guard<'_>)> = None;
         for (i, (write, spot)) in writes.iter().zip(&spots).enumerate() {
             fetch(i + APPLY_AHEAD);
-            let mut locked = self.stripe(spot.slot).lock();
+            let index = usize::from(spot.slot.get()) & self.mask;
+            if held.as_ref().is_none_or(|(at, _)| *at != index) {
+                // The last run's lock is let go before the next is taken
+                // (never two stripes held at once).
+                drop(held.take());
+                held = Some((index, self.stripes[index].lock()));
+            }
+            let (_, locked) = held.as_mut().expect("locked just above");
             apply_to(&mut locked.tables, &self.hasher, spot.hash, write);
         }
     }

@@ -105,15 +105,26 @@ pub(crate) fn snapshot_record(key: &StoredKey, entry: &Entry) -> Record {
 /// What a standby does with a record. The decoder has already checked that
 /// each state is in its own table.
 pub(crate) fn key_write(record: &Record) -> KeyWrite {
+    write_of(record.key.clone(), &record.token_bucket, &record.other)
+}
+
+/// [`key_write`] of a record no longer needed: its key is moved, not
+/// cloned (a clone and a drop are two atomic updates of the frame's
+/// reference count per key, 16% of a standby's CPU).
+pub(crate) fn into_key_write(record: Record) -> KeyWrite {
+    write_of(record.key, &record.token_bucket, &record.other)
+}
+
+fn write_of(key: Bytes, token_bucket: &TableState, other: &TableState) -> KeyWrite {
     let write = |t: &TableState| match t {
         TableState::Unchanged => TableWrite::Keep,
         TableState::Absent => TableWrite::Remove,
         TableState::Present(e) => TableWrite::Put(from_wire(e)),
     };
     KeyWrite {
-        key: record.key.clone(),
-        bucket: write(&record.token_bucket),
-        other: write(&record.other),
+        key,
+        bucket: write(token_bucket),
+        other: write(other),
     }
 }
 

@@ -19,7 +19,7 @@
 //! is below the one it knows.
 
 use super::handoff::hand_off;
-use super::records::key_write;
+use super::records::into_key_write;
 use crate::node::link::{unexpected, Link, LinkError};
 use crate::node::role::{EpochError, RoleState};
 use crate::node::shared::Core;
@@ -270,7 +270,7 @@ impl Applier<'_> {
                 "changes inside a snapshot unit".into(),
             ));
         }
-        let writes: Vec<_> = batch.records.iter().map(key_write).collect();
+        let writes: Vec<_> = batch.records.into_iter().map(into_key_write).collect();
         self.core.store.apply_all(&writes);
         let node = &self.core.role;
         node.set_offset(batch.offset);
@@ -306,7 +306,7 @@ impl Applier<'_> {
             return Ok(());
         }
         let done = self.unit.take().expect("just inserted");
-        let writes: Vec<_> = done.records.iter().map(key_write).collect();
+        let writes: Vec<_> = done.records.into_iter().map(into_key_write).collect();
         let skipped = self
             .core
             .store
