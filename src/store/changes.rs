@@ -306,7 +306,9 @@ impl Store {
         };
         (0..APPLY_AHEAD).for_each(fetch);
         // A stripe's keys come together (the primary drains stripe by
-        // stripe): one lock for each run of them, not one per key.
+        // stripe): one lock for each run of them, not one per key. Runs
+        // only coalesce when this store has no more stripes than the
+        // primary's; with more, each key still gets its own right lock.
         let mut held: Option<(usize, Guard<'_>)> = None;
         for (i, (write, spot)) in writes.iter().zip(&spots).enumerate() {
             fetch(i + APPLY_AHEAD);
