@@ -20,19 +20,23 @@
 //! usage of a hot key by checking many cold ones.
 //!
 //! Rule names are kept once per journal (a handful of global rules against
-//! up to millions of keys): an entry names its rule by index, so recording
-//! a new key allocates its key alone, and sealing hands out clones of one
-//! shared name rather than a copy per entry.
+//! up to millions of keys): an entry names its rule by index, and sealing
+//! hands out clones of one shared name rather than a copy per entry. Keys
+//! are held as the store holds them ([`StoredKey`]: inline when short), so
+//! recording a new key allocates nothing and an entry fills one cache line;
+//! a sealed message's keys are copied into one block, which its entries
+//! slice ([`Journal::seal_into`]).
 
 use crate::clock::Nanos;
+use crate::store::StoredKey;
 use ahash::RandomState;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use hashbrown::HashTable;
 use tollgate_protocol::{usage_header_len, RuleName, UsageEntry};
 
 /// What an entry is counted as besides its key and rule name: the table's
 /// slot, doubled for the spare room a hash table keeps as it grows, and the
-/// headers of the two heap blocks the names take.
+/// headers of the heap blocks a long key and the names take.
 const ENTRY_OVERHEAD: usize = 2 * std::mem::size_of::<Entry>() + 32;
 
 /// The bytes an entry of `key` under `rule` is counted as.
@@ -66,7 +70,7 @@ impl Usage {
 #[derive(Debug, Clone)]
 struct Entry {
     hash: u64,
-    key: Bytes,
+    key: StoredKey,
     /// Its rule and peers: an index into the journal's `names`.
     rule: u16,
     usage: Usage,
@@ -86,9 +90,13 @@ impl JournalHasher {
 
 impl Entry {
     fn is(&self, key: &[u8], rule: u16) -> bool {
-        self.rule == rule && self.key[..] == *key
+        self.rule == rule && self.key.is(key)
     }
 }
+
+// One cache line: an entry new to the journal is one miss to write, not
+// two (as an entry with a `Bytes` key, 72 bytes, mostly was).
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
 
 /// A rule name and the peer regions its rule lists, as bits (bit `i`:
 /// peer `i` of the node; a node has at most
@@ -113,6 +121,11 @@ pub(super) struct Journal {
     names: Vec<Name>,
     /// The entries' bytes as [`entry_bytes`] counts them.
     bytes: usize,
+    /// The entries [`Journal::seal_into`] takes out for one message, before
+    /// their keys are copied into the message's block; empty between
+    /// calls, and kept by the journal it belongs to (a sender's pending
+    /// one) when [`Journal::absorb_within`] swaps contents.
+    sealing: Vec<Entry>,
 }
 
 /// At most this many rule names in one journal: an entry's index is a
@@ -129,6 +142,7 @@ impl Journal {
             entries: HashTable::with_capacity(entries),
             names: Vec::new(),
             bytes: 0,
+            sealing: Vec::new(),
         }
     }
 
@@ -217,7 +231,7 @@ impl Journal {
         };
         let entry = Entry {
             hash,
-            key: Bytes::copy_from_slice(key),
+            key: StoredKey::new(key),
             rule,
             usage,
         };
@@ -248,8 +262,11 @@ impl Journal {
         let mut room = room;
         if other.bytes <= room && other.entries.len() > self.entries.len() {
             // All of other fits, so whatever this journal adds to it counts
-            // against nothing: it was held already.
-            std::mem::swap(self, other);
+            // against nothing: it was held already. The contents swap; each
+            // keeps its `sealing` list, where its pages are.
+            std::mem::swap(&mut self.entries, &mut other.entries);
+            std::mem::swap(&mut self.names, &mut other.names);
+            std::mem::swap(&mut self.bytes, &mut other.bytes);
             room = usize::MAX;
         }
         if other.entries.is_empty() {
@@ -280,7 +297,7 @@ impl Journal {
             entry.rule = rule;
             if let Some(mine) = self
                 .entries
-                .find_mut(entry.hash, |e| e.is(&entry.key, rule))
+                .find_mut(entry.hash, |e| e.is(entry.key.as_bytes(), rule))
             {
                 mine.usage.merge(entry.usage);
                 continue;
@@ -300,7 +317,10 @@ impl Journal {
 
     /// What `entry` is counted as ([`entry_bytes`]).
     fn bytes_of(&self, entry: &Entry) -> usize {
-        entry_bytes(&entry.key, &self.names[usize::from(entry.rule)].rule)
+        entry_bytes(
+            entry.key.as_bytes(),
+            &self.names[usize::from(entry.rule)].rule,
+        )
     }
 
     /// Puts the entries for peer `peer` into `out`, an empty journal (a
@@ -324,7 +344,7 @@ impl Journal {
             let name = &names[usize::from(e.rule)];
             let keep = name.peers & (1 << peer) != 0;
             if !keep {
-                freed += entry_bytes(&e.key, &name.rule);
+                freed += entry_bytes(e.key.as_bytes(), &name.rule);
             }
             keep
         });
@@ -364,6 +384,11 @@ impl Journal {
     /// list allocated per message faulted in its pages as it filled, 2% of
     /// the server's CPU under a global rule); the rest stays. Returns
     /// whether some were left for lack of room.
+    ///
+    /// The entries' keys are copied into one block, which each entry's key
+    /// slices: a message costs one allocation for its keys, not one per
+    /// key, and is freed with it (a key per allocation was a `malloc` on
+    /// the check path and a `free` per key per peer once sent).
     pub fn seal_into(
         &mut self,
         max_bytes: usize,
@@ -375,43 +400,61 @@ impl Journal {
         let room = std::cell::Cell::new(max_bytes.saturating_sub(usage_header_len(region_len)));
         let names = &self.names;
         // Sized for the entries of average size that fill the message (or
-        // all of them), so that the list is not grown entry by entry.
+        // all of them), so that the lists are not grown entry by entry.
         let Some(Name { rule: name, .. }) = names.first() else {
             return false;
         };
         let len = self.entries.len();
         let names_and_keys = (self.bytes / len.max(1)).saturating_sub(ENTRY_OVERHEAD);
         let fixed = UsageEntry::encoded_len(b"", name) - name.len();
-        out.reserve(len.min(room.get() / (names_and_keys + fixed) + 1));
-        let mut freed = 0;
+        let fits = len.min(room.get() / (names_and_keys + fixed) + 1);
+        let sealing = &mut self.sealing;
+        debug_assert!(sealing.is_empty(), "a seal left entries behind");
+        sealing.clear();
+        sealing.reserve(fits);
         let taken = self.entries.extract_if(|e| {
-            let len = UsageEntry::encoded_len(&e.key, &names[usize::from(e.rule)].rule);
+            let len = UsageEntry::encoded_len(e.key.as_bytes(), &names[usize::from(e.rule)].rule);
             let fits = len <= room.get();
             if fits {
                 room.set(room.get() - len);
             }
             fits
         });
-        for Entry {
-            key, rule, usage, ..
-        } in taken
-        {
-            let rule = names[usize::from(rule)].rule.clone();
-            freed += entry_bytes(&key, &rule);
-            let len = UsageEntry::encoded_len(&key, &rule);
-            out.push(UsageEntry {
-                key,
-                rule,
-                charged: usage.charged,
-                refunded: usage.refunded,
-                at: usage.at,
-            });
+        let mut key_bytes = 0;
+        for entry in taken {
+            let len =
+                UsageEntry::encoded_len(entry.key.as_bytes(), &names[usize::from(entry.rule)].rule);
+            key_bytes += entry.key.as_bytes().len();
+            sealing.push(entry);
             // Full, as near as entries of this size tell: stop here rather
             // than walk the rest of a large journal for a smaller entry
             // (what is not walked stays, for the next message).
             if room.get() < len {
                 break;
             }
+        }
+        let mut block = BytesMut::with_capacity(key_bytes);
+        for entry in sealing.iter() {
+            block.extend_from_slice(entry.key.as_bytes());
+        }
+        let block = block.freeze();
+        out.reserve(sealing.len());
+        let (mut at, mut freed) = (0, 0);
+        for Entry {
+            key, rule, usage, ..
+        } in sealing.drain(..)
+        {
+            let rule = names[usize::from(rule)].rule.clone();
+            let key = key.as_bytes();
+            freed += entry_bytes(key, &rule);
+            out.push(UsageEntry {
+                key: block.slice(at..at + key.len()),
+                rule,
+                charged: usage.charged,
+                refunded: usage.refunded,
+                at: usage.at,
+            });
+            at += key.len();
         }
         self.bytes -= freed;
         if self.entries.is_empty() {
@@ -511,6 +554,45 @@ mod tests {
         let at = entries[0].key.as_ptr() as usize;
         let start = frame.as_ptr() as usize;
         assert!(!(start..start + frame.len()).contains(&at));
+    }
+
+    #[test]
+    fn a_messages_keys_short_and_long_are_slices_of_one_block() {
+        let mut j = Journal::default();
+        // Inline (up to 22 bytes) and on the heap, each with its own usage.
+        let keys: Vec<Vec<u8>> = (1..=40).map(|n| vec![b'a' + (n % 26) as u8; n]).collect();
+        for (i, key) in keys.iter().enumerate() {
+            add(&mut j, key, (i as u64 + 1, 0, 7), ROOM);
+        }
+        // Through a second journal, as a peer's share and a sender's
+        // pending one take them.
+        let mut pending = Journal::default();
+        add(&mut pending, &keys[0], (100, 0, 3), ROOM);
+        pending.absorb(&mut j);
+        let (entries, left) = pending.seal(1 << 20, 2);
+        assert!(!left);
+        assert_eq!(entries.len(), keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            let e = entries.iter().find(|e| e.key[..] == key[..]).unwrap();
+            let extra = if i == 0 { 100 } else { 0 };
+            assert_eq!(
+                e.charged,
+                i as u64 + 1 + extra,
+                "key of {} bytes",
+                key.len()
+            );
+        }
+        let start = entries
+            .iter()
+            .map(|e| e.key.as_ptr() as usize)
+            .min()
+            .unwrap();
+        let total: usize = keys.iter().map(Vec::len).sum();
+        for e in &entries {
+            let at = e.key.as_ptr() as usize - start;
+            assert!(at + e.key.len() <= total, "a key outside the block");
+        }
+        assert_eq!((pending.len(), pending.bytes()), (0, 0));
     }
 
     #[test]
