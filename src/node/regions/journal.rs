@@ -324,7 +324,9 @@ impl Journal {
     }
 
     /// Puts the entries for peer `peer` into `out`, an empty journal (a
-    /// copy; keys are shared, not copied).
+    /// copy, walked in this table's slot order: an entry's slot in `out`
+    /// starts from the same hash bits, so they land in about that order,
+    /// not at random).
     pub fn share_into(&self, peer: usize, out: &mut Journal) {
         debug_assert!(out.is_empty(), "shared into a journal holding entries");
         out.clear();

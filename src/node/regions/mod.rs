@@ -226,9 +226,9 @@ impl Regions {
 
     /// Shares the shared journal out to the peers' journals: each takes
     /// the entries of the rules listing it, the last one the journal
-    /// itself, so keys are copied only for the peers before it (a Bytes
-    /// clone each, not a copy of the key). A peer whose journal and pending
-    /// usage hold `journal_max_bytes` drops the keys new to it, counted.
+    /// itself, so entries are copied only for the peers before it. A peer
+    /// whose journal and pending usage hold `journal_max_bytes` drops the
+    /// keys new to it, counted.
     ///
     /// Once an interval: the first sender to tick shares out for all, and
     /// the others, ticking a moment later, find their share waiting. (Shared
