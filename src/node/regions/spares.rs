@@ -15,9 +15,16 @@
 //! At most one spare per peer and one more is kept (what one interval
 //! frees). A kept table is empty: no journal's bytes count it. Each is at
 //! most the table of a journal at its largest (bounded by
-//! `region-journal-max-bytes`); one over four times what an interval asks
-//! for (left by a backlog) is shrunk when taken, so after an outage the
-//! spares come back to the size of the traffic.
+//! `region-journal-max-bytes`); one over four times what the recent
+//! intervals asked for (left by a backlog) is shrunk when taken, so after
+//! an outage the spares come back to the size of the traffic.
+//!
+//! "Recent" is a peak that decays by an eighth at each take, not the last
+//! ask alone: intervals are uneven (the first sender to tick shares out,
+//! and a sender draining a backlog ticks late), and under a global rule
+//! at 1M keys their keys went 50,000, 200,000, 70,000, 220,000. Shrunk to
+//! each small one, the table grew twice in the next, on the check path,
+//! each time into new pages.
 
 use super::journal::Journal;
 use crate::sync::Mutex;
@@ -30,18 +37,32 @@ const HEADROOM_DIVISOR: usize = 4;
 /// shrunk to the request.
 const SHRINK_OVER: usize = 4;
 
+/// The recent peak loses this fraction of itself at each take.
+const PEAK_DECAY_DIVISOR: usize = 8;
+
 #[derive(Debug)]
 pub(super) struct Spares {
-    kept: Mutex<Vec<Journal>>,
+    kept: Mutex<Kept>,
     /// At most this many kept.
     max: usize,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    /// Roomiest last.
+    journals: Vec<Journal>,
+    /// The largest room asked for recently (see the module's header).
+    peak: usize,
 }
 
 impl Spares {
     /// Keeps at most `max` journals.
     pub fn new(max: usize) -> Self {
         Self {
-            kept: Mutex::new(Vec::with_capacity(max)),
+            kept: Mutex::new(Kept {
+                journals: Vec::with_capacity(max),
+                peak: 0,
+            }),
             max,
         }
     }
@@ -50,11 +71,15 @@ impl Spares {
     /// a spare if one is kept (the roomiest), else a new one.
     pub fn take(&self, entries: usize) -> Journal {
         let want = entries.saturating_add(entries / HEADROOM_DIVISOR);
-        let spare = self.kept.lock().pop();
+        let (spare, peak) = {
+            let mut kept = self.kept.lock();
+            kept.peak = want.max(kept.peak - kept.peak / PEAK_DECAY_DIVISOR);
+            (kept.journals.pop(), kept.peak)
+        };
         match spare {
             Some(mut journal) => {
-                if journal.capacity() / SHRINK_OVER > want {
-                    journal.shrink_to(want);
+                if journal.capacity() / SHRINK_OVER > peak {
+                    journal.shrink_to(peak);
                 }
                 journal.reserve(want);
                 journal
@@ -70,6 +95,7 @@ impl Spares {
         }
         journal.clear();
         let mut kept = self.kept.lock();
+        let kept = &mut kept.journals;
         if kept.len() >= self.max {
             // Full: the newcomer replaces the smallest kept if roomier.
             if kept
@@ -89,7 +115,7 @@ impl Spares {
     /// How many are kept.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.kept.lock().len()
+        self.kept.lock().journals.len()
     }
 }
 
@@ -119,11 +145,35 @@ mod tests {
     }
 
     #[test]
+    fn uneven_intervals_keep_the_room_of_the_busy_ones_until_it_fades() {
+        let spares = Spares::new(1);
+        spares.give_back(spares.take(200_000));
+        let busy = spares.kept.lock().journals[0].capacity();
+        // A quiet interval between busy ones: the table keeps its room
+        // (shrunk to it, the next busy interval would grow it again).
+        for _ in 0..3 {
+            let quiet = spares.take(40_000);
+            assert_eq!(quiet.capacity(), busy);
+            spares.give_back(quiet);
+            let again = spares.take(200_000);
+            assert_eq!(again.capacity(), busy);
+            spares.give_back(again);
+        }
+        // Quiet for good: the peak fades and the table comes back to the
+        // traffic's size.
+        for _ in 0..40 {
+            spares.give_back(spares.take(1_000));
+        }
+        let faded = spares.kept.lock().journals[0].capacity();
+        assert!(faded < 10_000, "{faded}");
+    }
+
+    #[test]
     fn a_full_pool_keeps_the_roomier_and_a_spare_far_too_big_shrinks() {
         let spares = Spares::new(1);
         spares.give_back(Journal::with_capacity(10));
         spares.give_back(Journal::with_capacity(100_000));
-        let kept = spares.kept.lock()[0].capacity();
+        let kept = spares.kept.lock().journals[0].capacity();
         assert!(kept >= 100_000, "the roomier was kept: {kept}");
         // Taken for an interval of 100 keys, it comes back to their size.
         let small = spares.take(100);
