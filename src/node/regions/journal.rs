@@ -22,10 +22,11 @@
 //! Rule names are kept once per journal (a handful of global rules against
 //! up to millions of keys): an entry names its rule by index, and sealing
 //! hands out clones of one shared name rather than a copy per entry. Keys
-//! are held as the store holds them ([`StoredKey`]: inline when short), so
-//! recording a new key allocates nothing and an entry fills one cache line;
-//! a sealed message's keys are copied into one block, which its entries
-//! slice ([`Journal::seal_into`]).
+//! are held as the store holds them ([`StoredKey`]: inline up to 22 bytes),
+//! so recording a short key allocates nothing and an entry fills one cache
+//! line (a longer key is allocated once per journal it is in); a sealed
+//! message's keys are copied into one block, which its entries share
+//! ([`Journal::seal_into`]).
 
 use crate::clock::Nanos;
 use crate::store::StoredKey;
@@ -68,6 +69,7 @@ impl Usage {
 /// check's usage is hashed once for all its peers, and neither a table's
 /// growth nor a sender absorbing a journal hashes a key again.
 #[derive(Debug, Clone)]
+#[repr(align(64))]
 struct Entry {
     hash: u64,
     key: StoredKey,
@@ -94,8 +96,9 @@ impl Entry {
     }
 }
 
-// One cache line: an entry new to the journal is one miss to write, not
-// two (as an entry with a `Bytes` key, 72 bytes, mostly was).
+// One cache line, aligned to one (a table's slots then are too): an entry
+// new to the journal is one miss to write, not two (as an entry with a
+// `Bytes` key, 72 bytes, mostly was).
 const _: () = assert!(std::mem::size_of::<Entry>() == 64);
 
 /// A rule name and the peer regions its rule lists, as bits (bit `i`:
@@ -121,11 +124,6 @@ pub(super) struct Journal {
     names: Vec<Name>,
     /// The entries' bytes as [`entry_bytes`] counts them.
     bytes: usize,
-    /// The entries [`Journal::seal_into`] takes out for one message, before
-    /// their keys are copied into the message's block; empty between
-    /// calls, and kept by the journal it belongs to (a sender's pending
-    /// one) when [`Journal::absorb_within`] swaps contents.
-    sealing: Vec<Entry>,
 }
 
 /// At most this many rule names in one journal: an entry's index is a
@@ -142,7 +140,6 @@ impl Journal {
             entries: HashTable::with_capacity(entries),
             names: Vec::new(),
             bytes: 0,
-            sealing: Vec::new(),
         }
     }
 
@@ -268,11 +265,8 @@ impl Journal {
         let mut room = room;
         if other.bytes <= room && other.entries.len() > self.entries.len() {
             // All of other fits, so whatever this journal adds to it counts
-            // against nothing: it was held already. The contents swap; each
-            // keeps its `sealing` list, where its pages are.
-            std::mem::swap(&mut self.entries, &mut other.entries);
-            std::mem::swap(&mut self.names, &mut other.names);
-            std::mem::swap(&mut self.bytes, &mut other.bytes);
+            // against nothing: it was held already.
+            std::mem::swap(self, other);
             room = usize::MAX;
         }
         if other.entries.is_empty() {
@@ -394,9 +388,9 @@ impl Journal {
     /// whether some were left for lack of room.
     ///
     /// The entries' keys are copied into one block, which each entry's key
-    /// slices: a message costs one allocation for its keys, not one per
-    /// key, and is freed with it (a key per allocation was a `malloc` on
-    /// the check path and a `free` per key per peer once sent).
+    /// shares: a message costs one allocation for its keys, freed with it,
+    /// where a key of its own per entry was a `malloc` on the check path
+    /// and a `free` once the message was answered.
     pub fn seal_into(
         &mut self,
         max_bytes: usize,
@@ -408,18 +402,20 @@ impl Journal {
         let room = std::cell::Cell::new(max_bytes.saturating_sub(usage_header_len(region_len)));
         let names = &self.names;
         // Sized for the entries of average size that fill the message (or
-        // all of them), so that the lists are not grown entry by entry.
+        // all of them), so that the list is not grown entry by entry.
         let Some(Name { rule: name, .. }) = names.first() else {
             return false;
         };
         let len = self.entries.len();
         let names_and_keys = (self.bytes / len.max(1)).saturating_sub(ENTRY_OVERHEAD);
         let fixed = UsageEntry::encoded_len(b"", name) - name.len();
-        let fits = len.min(room.get() / (names_and_keys + fixed) + 1);
-        let sealing = &mut self.sealing;
-        debug_assert!(sealing.is_empty(), "a seal left entries behind");
-        sealing.clear();
-        sealing.reserve(fits);
+        out.reserve(len.min(room.get() / (names_and_keys + fixed) + 1));
+        // Room for every key the message can take: no more than the room
+        // itself, nor than the keys of the whole journal. (Short of it, the
+        // block would only move on to a second allocation.)
+        let all_keys = self.bytes.saturating_sub(len * ENTRY_OVERHEAD);
+        let mut block = BytesMut::with_capacity(room.get().min(all_keys));
+        let mut freed = 0;
         let taken = self.entries.extract_if(|e| {
             let len = UsageEntry::encoded_len(e.key.as_bytes(), &names[usize::from(e.rule)].rule);
             let fits = len <= room.get();
@@ -428,41 +424,28 @@ impl Journal {
             }
             fits
         });
-        let mut key_bytes = 0;
-        for entry in taken {
-            let len =
-                UsageEntry::encoded_len(entry.key.as_bytes(), &names[usize::from(entry.rule)].rule);
-            key_bytes += entry.key.as_bytes().len();
-            sealing.push(entry);
+        for Entry {
+            key, rule, usage, ..
+        } in taken
+        {
+            let rule = names[usize::from(rule)].rule.clone();
+            let key = key.as_bytes();
+            freed += entry_bytes(key, &rule);
+            let len = UsageEntry::encoded_len(key, &rule);
+            block.extend_from_slice(key);
+            out.push(UsageEntry {
+                key: block.split().freeze(),
+                rule,
+                charged: usage.charged,
+                refunded: usage.refunded,
+                at: usage.at,
+            });
             // Full, as near as entries of this size tell: stop here rather
             // than walk the rest of a large journal for a smaller entry
             // (what is not walked stays, for the next message).
             if room.get() < len {
                 break;
             }
-        }
-        let mut block = BytesMut::with_capacity(key_bytes);
-        for entry in sealing.iter() {
-            block.extend_from_slice(entry.key.as_bytes());
-        }
-        let block = block.freeze();
-        out.reserve(sealing.len());
-        let (mut at, mut freed) = (0, 0);
-        for Entry {
-            key, rule, usage, ..
-        } in sealing.drain(..)
-        {
-            let rule = names[usize::from(rule)].rule.clone();
-            let key = key.as_bytes();
-            freed += entry_bytes(key, &rule);
-            out.push(UsageEntry {
-                key: block.slice(at..at + key.len()),
-                rule,
-                charged: usage.charged,
-                refunded: usage.refunded,
-                at: usage.at,
-            });
-            at += key.len();
         }
         self.bytes -= freed;
         if self.entries.is_empty() {

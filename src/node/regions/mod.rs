@@ -245,7 +245,9 @@ impl Regions {
             // Relaxed: read and written under the shared journal's lock.
             self.shared_at.store(now, Ordering::Relaxed);
             // A spare: popped from a short list, a table only when none
-            // is kept (the first intervals).
+            // is kept (the first intervals). Once an interval, here, the
+            // spares' recent peak fades.
+            self.spares.fade();
             let next = self.spares.take(shared.len());
             std::mem::replace(&mut *shared, next)
         };

@@ -19,12 +19,12 @@
 //! intervals asked for (left by a backlog) is shrunk when taken, so after
 //! an outage the spares come back to the size of the traffic.
 //!
-//! "Recent" is a peak that decays by an eighth at each take, not the last
-//! ask alone: intervals are uneven (the first sender to tick shares out,
-//! and a sender draining a backlog ticks late), and under a global rule
-//! at 1M keys their keys went 50,000, 200,000, 70,000, 220,000. Shrunk to
-//! each small one, the table grew twice in the next, on the check path,
-//! each time into new pages.
+//! "Recent" is a peak that fades by an eighth each interval
+//! ([`Spares::fade`]), not the last ask alone: intervals are uneven (the
+//! first sender to tick shares out, and a sender draining a backlog ticks
+//! late), and under a global rule at 1M keys their keys went 50,000,
+//! 200,000, 70,000, 220,000. Shrunk to each small one, the table grew
+//! twice in the next, on the check path, each time into new pages.
 
 use super::journal::Journal;
 use crate::sync::Mutex;
@@ -33,11 +33,11 @@ use crate::sync::Mutex;
 /// busier than the last does not grow its table.
 const HEADROOM_DIVISOR: usize = 4;
 
-/// A spare with room for more than this many times what is asked is
-/// shrunk to the request.
+/// A spare with room for more than this many times the recent peak of
+/// what was asked is shrunk to that peak.
 const SHRINK_OVER: usize = 4;
 
-/// The recent peak loses this fraction of itself at each take.
+/// The recent peak loses this fraction of itself each interval.
 const PEAK_DECAY_DIVISOR: usize = 8;
 
 #[derive(Debug)]
@@ -73,7 +73,7 @@ impl Spares {
         let want = entries.saturating_add(entries / HEADROOM_DIVISOR);
         let (spare, peak) = {
             let mut kept = self.kept.lock();
-            kept.peak = want.max(kept.peak - kept.peak / PEAK_DECAY_DIVISOR);
+            kept.peak = kept.peak.max(want);
             (kept.journals.pop(), kept.peak)
         };
         match spare {
@@ -86,6 +86,14 @@ impl Spares {
             }
             None => Journal::with_capacity(want),
         }
+    }
+
+    /// Lets the recent peak fade by an eighth: once an interval, before
+    /// its tables are taken (once per take, it would fade faster the more
+    /// peers take a share).
+    pub fn fade(&self) {
+        let mut kept = self.kept.lock();
+        kept.peak -= kept.peak / PEAK_DECAY_DIVISOR;
     }
 
     /// Keeps `journal`, emptied, unless it has no table or enough are kept.
@@ -152,9 +160,11 @@ mod tests {
         // A quiet interval between busy ones: the table keeps its room
         // (shrunk to it, the next busy interval would grow it again).
         for _ in 0..3 {
+            spares.fade();
             let quiet = spares.take(40_000);
             assert_eq!(quiet.capacity(), busy);
             spares.give_back(quiet);
+            spares.fade();
             let again = spares.take(200_000);
             assert_eq!(again.capacity(), busy);
             spares.give_back(again);
@@ -162,6 +172,7 @@ mod tests {
         // Quiet for good: the peak fades and the table comes back to the
         // traffic's size.
         for _ in 0..40 {
+            spares.fade();
             spares.give_back(spares.take(1_000));
         }
         let faded = spares.kept.lock().journals[0].capacity();
