@@ -468,24 +468,27 @@ impl Evaluation<'_> {
     /// A REFUND check: resolved like a CHECK, then refunded as one group
     /// (shadow rules too: their units were charged when their part passed).
     fn refund(&self, pairs: &[Pair], spots: &[Spot]) -> Decided<'_> {
-        self.refund_returning(pairs, spots, None)
+        let mut resolved = Resolved::default();
+        match self.resolve(pairs, &mut resolved) {
+            Ok(()) => self.refund_resolved(&resolved.checks, spots, None),
+            Err(code) => Decided::Error(code),
+        }
     }
 
-    /// [`Self::refund`], filling `returned`, when given, with the units each
-    /// pair gave back (see `Store::refund_returning`): what a global rule's
-    /// refund reports to the peers; a plain refund does not count them.
-    fn refund_returning(
+    /// The refund of pairs resolved already, filling `returned`, when
+    /// given, with the units each pair gave back (see
+    /// `Store::refund_returning`): what a global rule's refund reports to
+    /// the peers; a plain refund does not count them.
+    fn refund_resolved(
         &self,
-        pairs: &[Pair],
+        checks: &[ResolvedPair<'_>],
         spots: &[Spot],
         returned: Option<&mut Returned>,
     ) -> Decided<'_> {
         let store = &self.engine.store;
-        let mut resolved = Resolved::default();
-        let result = match (self.resolve(pairs, &mut resolved), returned) {
-            (Ok(()), Some(r)) => store.refund_returning(&resolved.checks, spots, self.now, r),
-            (Ok(()), None) => store.refund_at(&resolved.checks, spots, self.now),
-            (Err(code), _) => CheckResult::Error(code),
+        let result = match returned {
+            Some(r) => store.refund_returning(checks, spots, self.now, r),
+            None => store.refund_at(checks, spots, self.now),
         };
         match result {
             CheckResult::Decision(d) => Decided::Refunded(d),
@@ -501,7 +504,17 @@ impl Evaluation<'_> {
         if let Err(code) = self.resolve(pairs, &mut resolved) {
             return Decided::Error(code);
         }
-        let Resolved { checks, rules } = &resolved;
+        self.evaluate_resolved(&resolved, spots, mode)
+    }
+
+    /// [`Self::evaluate`] of pairs resolved already.
+    fn evaluate_resolved<'r>(
+        &'r self,
+        resolved: &Resolved<'_, 'r>,
+        spots: &[Spot],
+        mode: Mode,
+    ) -> Decided<'r> {
+        let Resolved { checks, rules } = resolved;
         if rules.iter().any(|r| r.is_some_and(Rule::shadow)) {
             return self.evaluate_shadow(checks, rules, spots, mode);
         }

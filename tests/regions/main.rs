@@ -341,6 +341,20 @@ async fn a_cut_off_region_caps_at_its_ceiling_and_converges_after_healing() {
     );
     let denials = world.status(ap).await;
     assert!(denials["cut_off"] == true);
+    // A check naming a rule ap does not have beside the global one is
+    // refused UnknownRule, as on any node, not answered with the
+    // ceiling's denial.
+    let region = &mut world.regions[ap];
+    region.next_id += 1;
+    let pairs = vec![
+        rule(key, "bucket", 1),
+        rule("rl:{customer}:x", "no-such-rule", 1),
+    ];
+    let results = region
+        .conn
+        .check(region.next_id, batch_of(vec![pairs]))
+        .await;
+    assert_eq!(results[0], CheckResult::Error(ErrorCode::UnknownRule));
     // The two still in touch: the whole limit between them, not more.
     let others = drain(&mut world, &[us, eu], key, 100).await;
     let both = others[0] + others[1];

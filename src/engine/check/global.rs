@@ -19,7 +19,7 @@
 //! only local usage: remote usage is absorbed into the key itself.
 //! Inline limits and PEEK never touch any of it.
 
-use super::{Decided, Evaluation, Verb};
+use super::{Decided, Evaluation, Resolved, Verb};
 use crate::engine::{Engine, Privilege};
 use crate::node::regions::Regions;
 use crate::rules::Rule;
@@ -50,22 +50,24 @@ fn ceiling_key(key: &[u8]) -> SmallVec<[u8; 128]> {
     k
 }
 
-impl<'a> Evaluation<'a> {
-    fn global_pairs<'p>(&self, pairs: &'p [Pair]) -> GlobalPairs<'p, 'a> {
-        pairs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| match &p.limit {
-                LimitRef::Rule(name) => self
-                    .rules
-                    .get(name.as_bytes())
-                    .filter(|r| !r.global().is_empty())
-                    .map(|r| (i, name, r)),
-                LimitRef::Inline(_) => None,
-            })
-            .collect()
-    }
+/// The pairs naming a global rule, from the rules `pairs` resolved to
+/// (`rules[i]`: pair i's): no name looked up again (a lookup per pair was
+/// 1.6% of the server's CPU under a global rule).
+fn global_pairs<'p, 'r>(pairs: &'p [Pair], rules: &[Option<&'r Rule>]) -> GlobalPairs<'p, 'r> {
+    pairs
+        .iter()
+        .zip(rules)
+        .enumerate()
+        .filter_map(|(i, (p, rule))| match (&p.limit, rule) {
+            (LimitRef::Rule(name), Some(rule)) if !rule.global().is_empty() => {
+                Some((i, name, *rule))
+            }
+            _ => None,
+        })
+        .collect()
+}
 
+impl<'a> Evaluation<'a> {
     /// Starts fetching the ceiling key of `pair` when its `rule` is global
     /// on a node in a region (see `Evaluation::prefetch`): the check charges
     /// it after the key itself, and unfetched it was the costlier of the two
@@ -122,9 +124,16 @@ impl<'a> Evaluation<'a> {
         pairs: &[Pair],
         spots: &[Spot],
     ) -> Decided<'_> {
-        let globals = self.global_pairs(pairs);
+        // Resolved once, here, for the global pairs and the check alike;
+        // a name no rule has is refused before anything else (even a
+        // ceiling's denial), as on any other node.
+        let mut resolved = Resolved::default();
+        if let Err(code) = self.resolve(pairs, &mut resolved) {
+            return Decided::Error(code);
+        }
+        let globals = global_pairs(pairs, &resolved.rules);
         if globals.is_empty() {
-            return self.evaluate(pairs, spots, Mode::Charge);
+            return self.evaluate_resolved(&resolved, spots, Mode::Charge);
         }
         if regions.cut_off() {
             for &(i, _, rule) in &globals {
@@ -138,7 +147,7 @@ impl<'a> Evaluation<'a> {
                 }
             }
         }
-        let decided = self.evaluate(pairs, spots, Mode::Charge);
+        let decided = self.evaluate_resolved(&resolved, spots, Mode::Charge);
         if let Decided::Decision {
             decision,
             shadow_denied,
@@ -175,10 +184,14 @@ impl<'a> Evaluation<'a> {
         pairs: &[Pair],
         spots: &[Spot],
     ) -> Decided<'_> {
+        let mut resolved = Resolved::default();
+        if let Err(code) = self.resolve(pairs, &mut resolved) {
+            return Decided::Error(code);
+        }
         let mut returned = Returned::new();
-        let decided = self.refund_returning(pairs, spots, Some(&mut returned));
+        let decided = self.refund_resolved(&resolved.checks, spots, Some(&mut returned));
         if let Decided::Refunded(_) = decided {
-            for (i, name, rule) in self.global_pairs(pairs) {
+            for (i, name, rule) in global_pairs(pairs, &resolved.rules) {
                 let pair = &pairs[i];
                 let units = returned.get(i).copied().unwrap_or(0);
                 if units == 0 {
