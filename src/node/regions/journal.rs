@@ -99,7 +99,7 @@ impl Entry {
 // One cache line, aligned to one (a table's slots then are too): an entry
 // new to the journal is one miss to write, not two (as an entry with a
 // `Bytes` key, 72 bytes, mostly was).
-const _: () = assert!(std::mem::size_of::<Entry>() == 64);
+const _: () = assert!(std::mem::size_of::<Entry>() == 64 && std::mem::align_of::<Entry>() == 64);
 
 /// A rule name and the peer regions its rule lists, as bits (bit `i`:
 /// peer `i` of the node; a node has at most
