@@ -44,12 +44,14 @@ use super::dedup::{Answered, Owner};
 use super::Engine;
 use crate::clock::Nanos;
 use crate::events::{self, Events, Outcome};
+use crate::node::regions::Recorded;
 use crate::node::Gate;
 use crate::rules::{Rule, RuleSet};
 use crate::slot::Slot;
 use crate::store::{Mode, ResolvedPair, Returned, Spot};
 use bytes::BytesMut;
 use smallvec::SmallVec;
+use std::cell::RefCell;
 use std::time::Instant;
 use tollgate_protocol::{
     encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, CheckTag, Decision,
@@ -157,12 +159,12 @@ impl Engine {
     /// One frame of `checks` checks: its evaluation (the rules and the time
     /// every check of it sees) handed to `encode`, then, for CHECK and PEEK
     /// frames, the frame's batch size and latency observed.
-    fn in_frame(
+    fn in_frame<'f>(
         &self,
         verb: Verb,
         gate: &Gate<'_>,
         checks: usize,
-        encode: impl FnOnce(&Evaluation<'_>) -> Result<(), EncodeError>,
+        encode: impl FnOnce(&Evaluation<'_, 'f>) -> Result<(), EncodeError>,
     ) -> Result<(), EncodeError> {
         let started = Instant::now();
         let rules = self.rules.current();
@@ -173,9 +175,10 @@ impl Engine {
             verb,
             gate,
             inline: Tally::default(),
+            usage: RefCell::default(),
         };
         let encoded = encode(&evaluation);
-        evaluation.inline.add_to(self.metrics.inline());
+        evaluation.finish();
         if let Verb::Check(_) = verb {
             let metrics = &self.metrics;
             metrics.batch_size.observe(checks as f64);
@@ -205,9 +208,10 @@ impl Engine {
             // TOPOLOGY) and are not redirected key by key.
             gate: &Gate::All,
             inline: Tally::default(),
+            usage: RefCell::default(),
         };
         let result = evaluation.check(pairs, &spots);
-        evaluation.inline.add_to(self.metrics.inline());
+        evaluation.finish();
         result
     }
 
@@ -228,9 +232,9 @@ impl Engine {
     }
 }
 
-/// The evaluation of one frame's checks: the rules and the time every
-/// check of it sees.
-struct Evaluation<'a> {
+/// The evaluation of one frame's checks (of pairs borrowed for `'f`): the
+/// rules and the time every check of it sees.
+struct Evaluation<'a, 'f> {
     engine: &'a Engine,
     rules: &'a RuleSet,
     now: Nanos,
@@ -242,6 +246,10 @@ struct Evaluation<'a> {
     /// once the frame is evaluated: one atomic add per decision would
     /// bounce the counters' cache line between the workers on every check.
     inline: Tally,
+    /// The usage of global keys the frame's checks charged or refunded, in
+    /// their order, recorded for the peer regions once the frame is
+    /// evaluated (`Regions::record_all`): one lock of the journal per frame.
+    usage: RefCell<SmallVec<[Recorded<'f>; 16]>>,
 }
 
 /// The spots of a frame's pairs (their slots and hashes, see
@@ -289,7 +297,17 @@ impl<'r> Decided<'r> {
     }
 }
 
-impl Evaluation<'_> {
+impl<'f> Evaluation<'_, 'f> {
+    /// Adds the frame's tallies to the metrics and hands its usage of
+    /// global keys to the regions layer: the end of every evaluation.
+    fn finish(self) {
+        self.inline.add_to(self.engine.metrics.inline());
+        let usage = self.usage.into_inner();
+        if let Some(regions) = self.engine.node.regions().filter(|_| !usage.is_empty()) {
+            regions.record_all(&usage, self.now);
+        }
+    }
+
     /// Appends the spot of each of `pairs` to `spots` and starts fetching
     /// the table entries they will touch (see `Store::prefetch`), so a
     /// frame's checks wait on memory together.
@@ -313,7 +331,7 @@ impl Evaluation<'_> {
     }
 
     /// Evaluates one check; `spots` are its pairs' (from `prefetch`).
-    fn check(&self, pairs: &[Pair], spots: &[Spot]) -> CheckResult {
+    fn check(&self, pairs: &'f [Pair], spots: &[Spot]) -> CheckResult {
         if pairs.first().is_some_and(|p| self.gate.moving(&p.key)) {
             // Nobody admits a moving slot; nothing is charged.
             self.engine.errors.count(ErrorCode::TryAgain);

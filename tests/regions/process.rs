@@ -190,6 +190,64 @@ pub async fn send_usage(
     }
 }
 
+/// The checks of one frame are recorded together once the frame is
+/// evaluated: every one of them reaches the peer, the frame's first, its
+/// last and those past the sixteen kept on the stack, a key too long to be
+/// held inline, and a global pair beside an inline one; a REFUND frame's
+/// too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_global_check_of_a_frame_reaches_the_peer() {
+    let dir = TempDir::new("frame-usage");
+    let (a_addr, b_addr, nowhere) = (free_addr(), free_addr(), free_addr());
+    let a = region(&dir, "a", &a_addr, "b", &b_addr, &[]);
+    // b reports to nobody: what b holds of a key is what a reported.
+    let b = region(&dir, "b", &b_addr, "a", &nowhere, &[]);
+    let first = "rl:{tenant}:frame-first";
+    let long = "rl:{tenant}:a-key-far-longer-than-twenty-two-bytes";
+    let beside = "rl:{tenant}:beside-an-inline-pair";
+    let last = "rl:{tenant}:frame-last";
+    let mut checks = vec![vec![rule(first, "daily", 3)], vec![rule(long, "daily", 11)]];
+    checks.push(vec![
+        rule(beside, "daily", 5),
+        crate::common::tb("rl:{tenant}:inline", 100, 1000, 100, 1),
+    ]);
+    // Twenty checks of cost 1: past the sixteen records a frame keeps inline.
+    checks.extend((0..20).map(|_| vec![rule(first, "daily", 1)]));
+    checks.push(vec![rule(last, "daily", 7)]);
+    let mut c = RawConn::ready(sock(&a_addr)).await;
+    let results = c.check(2, batch_of(checks)).await;
+    assert!(results.iter().all(crate::common::allowed), "{results:?}");
+    exchanged(&a, "b", 2).await;
+    // What a PEEK of one unit leaves is the rest less that unit; one unit
+    // may refill meanwhile (one every 86 s).
+    let used = |d: Decision| 999 - d.remaining;
+    for (key, charged) in [(first, 23), (long, 11), (beside, 5), (last, 7)] {
+        let got = used(peek(&b_addr, key).await);
+        assert!(
+            (charged - 1..=charged).contains(&got),
+            "b holds {got} of {key}, a charged {charged} in one frame"
+        );
+    }
+    let refunds = batch_of(vec![
+        vec![rule(first, "daily", 4)],
+        vec![rule(last, "daily", 2)],
+    ]);
+    c.send(3, &Request::Refund(refunds)).await;
+    match c.recv().await {
+        (3, Response::Checked(r)) => assert!(r.iter().all(crate::common::allowed), "{r:?}"),
+        other => panic!("REFUND: {other:?}"),
+    }
+    exchanged(&a, "b", 2).await;
+    for (key, net) in [(first, 19), (last, 5)] {
+        let got = used(peek(&b_addr, key).await);
+        assert!(
+            (net - 1..=net).contains(&got),
+            "b holds {got} of {key}, a's charges less its refunds are {net}"
+        );
+    }
+    drop(b);
+}
+
 /// A refund of 4e9 units on a key region `a` never charged reports nothing
 /// to `b`: b's usage of the key stays what b's own clients made it. (It
 /// used to report the 4e9 asked for, which emptied the key in b.)

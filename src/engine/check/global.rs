@@ -21,7 +21,7 @@
 
 use super::{Decided, Evaluation, Resolved, Verb};
 use crate::engine::{Engine, Privilege};
-use crate::node::regions::Regions;
+use crate::node::regions::{Recorded, Regions};
 use crate::rules::Rule;
 use crate::store::{Mode, ResolvedPair, Returned, Spot};
 use smallvec::SmallVec;
@@ -67,7 +67,7 @@ fn global_pairs<'p, 'r>(pairs: &'p [Pair], rules: &[Option<&'r Rule>]) -> Global
         .collect()
 }
 
-impl<'a> Evaluation<'a> {
+impl<'f> Evaluation<'_, 'f> {
     /// Starts fetching the ceiling key of `pair` when its `rule` is global
     /// on a node in a region (see `Evaluation::prefetch`): the check charges
     /// it after the key itself, and unfetched it was the costlier of the two
@@ -117,11 +117,30 @@ impl<'a> Evaluation<'a> {
         }
     }
 
+    /// Keeps `pair`'s usage (units charged, refunded) under the global
+    /// `rule` named `name`, for the frame's end (`Evaluation::finish`).
+    fn record(
+        &self,
+        regions: &Regions,
+        pair: &'f Pair,
+        name: &'f RuleName,
+        rule: &Rule,
+        (charged, refunded): (u64, u64),
+    ) {
+        self.usage.borrow_mut().push(Recorded {
+            key: &pair.key,
+            rule: name,
+            peers: regions.peers_of(rule.global()),
+            charged,
+            refunded,
+        });
+    }
+
     /// A charging CHECK on a node in a region.
     pub(super) fn charge_regional(
         &self,
         regions: &Regions,
-        pairs: &[Pair],
+        pairs: &'f [Pair],
         spots: &[Spot],
     ) -> Decided<'_> {
         // Resolved once, here, for the global pairs and the check alike;
@@ -162,7 +181,7 @@ impl<'a> Evaluation<'a> {
                     }
                     let pair = &pairs[i];
                     let units = u64::from(Self::units(pair, rule));
-                    regions.record(&pair.key, name, rule.global(), units, 0, self.now);
+                    self.record(regions, pair, name, rule, (units, 0));
                     self.ceiling(regions, pair, rule, Mode::Charge);
                 }
             }
@@ -181,7 +200,7 @@ impl<'a> Evaluation<'a> {
     pub(super) fn refund_regional(
         &self,
         regions: &Regions,
-        pairs: &[Pair],
+        pairs: &'f [Pair],
         spots: &[Spot],
     ) -> Decided<'_> {
         let mut resolved = Resolved::default();
@@ -207,7 +226,7 @@ impl<'a> Evaluation<'a> {
                 ));
                 let units = units.min(own);
                 if units > 0 {
-                    regions.record(&pair.key, name, rule.global(), 0, units, self.now);
+                    self.record(regions, pair, name, rule, (0, units));
                 }
             }
         }

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::store::{Mode, ResolvedPair, StoreConfig};
+use bytes::Bytes;
 use std::sync::Arc;
 use tollgate_protocol::{Algorithm, CheckResult, UsageEntry};
 
