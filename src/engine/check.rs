@@ -176,6 +176,7 @@ impl Engine {
             gate,
             inline: Tally::default(),
             usage: RefCell::default(),
+            ceilings: RefCell::default(),
         };
         let encoded = encode(&evaluation);
         evaluation.finish();
@@ -209,6 +210,7 @@ impl Engine {
             gate: &Gate::All,
             inline: Tally::default(),
             usage: RefCell::default(),
+            ceilings: RefCell::default(),
         };
         let result = evaluation.check(pairs, &spots);
         evaluation.finish();
@@ -250,6 +252,9 @@ struct Evaluation<'a, 'f> {
     /// their order, recorded for the peer regions once the frame is
     /// evaluated (`Regions::record_all`): one lock of the journal per frame.
     usage: RefCell<SmallVec<[Recorded<'f>; 16]>>,
+    /// The ceiling keys of the frame's global pairs, built and located by
+    /// the prefetch for the checks.
+    ceilings: RefCell<global::Ceilings>,
 }
 
 /// The spots of a frame's pairs (their slots and hashes, see
@@ -300,9 +305,11 @@ impl<'r> Decided<'r> {
 impl<'f> Evaluation<'_, 'f> {
     /// Adds the frame's tallies to the metrics and hands its usage of
     /// global keys to the regions layer: the end of every evaluation.
-    fn finish(self) {
+    /// Borrowed, not consumed: moved, the evaluation (its inline lists)
+    /// would be copied once per frame.
+    fn finish(&self) {
         self.inline.add_to(self.engine.metrics.inline());
-        let usage = self.usage.into_inner();
+        let usage = self.usage.borrow();
         if let Some(regions) = self.engine.node.regions().filter(|_| !usage.is_empty()) {
             regions.record_all(&usage, self.now);
         }
