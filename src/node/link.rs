@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tollgate_protocol::{
     decode_response, encode_request, node_proof, ErrorCode, NodeScope, Request, RequestId,
-    Response, Role, PROTOCOL_VERSION,
+    Response, Role, UsageFrame, PROTOCOL_VERSION,
 };
 
 /// Largest frame a node accepts from another (the server's frame
@@ -187,10 +187,27 @@ impl Link {
     /// One request and its answer (an ERROR comes back as
     /// [`LinkError::Refused`]).
     pub async fn call(&mut self, request: &Request) -> Result<Response, LinkError> {
-        let id = self.next_id;
-        self.next_id = self.next_id.wrapping_add(1).max(HELLO_ID + 1);
+        let id = self.take_id();
         self.send(id, request).await?;
         self.answer(id).await
+    }
+
+    /// [`Link::call`] of a USAGE built entry by entry: sent as it is, with
+    /// no copy into the link's buffer.
+    pub async fn call_usage(&mut self, usage: &mut UsageFrame) -> Result<Response, LinkError> {
+        let id = self.take_id();
+        let frame = usage
+            .frame(id)
+            .map_err(|e| LinkError::Protocol(e.to_string()))?;
+        write_within(&mut self.socket, self.timeout, frame).await?;
+        self.answer(id).await
+    }
+
+    /// The id of the next request.
+    fn take_id(&mut self) -> RequestId {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(HELLO_ID + 1);
+        id
     }
 
     /// The answer to request `id`, the next frame on a link used one
@@ -210,15 +227,7 @@ impl Link {
         self.wbuf.clear();
         encode_request(id, request, &mut self.wbuf)
             .map_err(|e| LinkError::Protocol(e.to_string()))?;
-        // Flushed: TLS may keep the tail of a write in its buffer.
-        let write = async {
-            self.socket.write_all(&self.wbuf).await?;
-            self.socket.flush().await
-        };
-        match tokio::time::timeout(self.timeout, write).await {
-            Ok(r) => Ok(r?),
-            Err(_) => Err(LinkError::Silent(self.timeout)),
-        }
+        write_within(&mut self.socket, self.timeout, &self.wbuf).await
     }
 
     /// The next frame, within the timeout.
@@ -259,4 +268,21 @@ impl Link {
 /// An answer that does not fit the request.
 pub(crate) fn unexpected(request: &str, response: &Response) -> LinkError {
     LinkError::Protocol(format!("{response:?} in answer to {request}"))
+}
+
+/// Writes `frame` to `socket` and flushes it (TLS may keep the tail of a
+/// write in its buffer), within `timeout`.
+async fn write_within(
+    socket: &mut Socket,
+    timeout: Duration,
+    frame: &[u8],
+) -> Result<(), LinkError> {
+    let write = async {
+        socket.write_all(frame).await?;
+        socket.flush().await
+    };
+    match tokio::time::timeout(timeout, write).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(LinkError::Silent(timeout)),
+    }
 }

@@ -36,6 +36,7 @@ mod response;
 
 pub use error::{DecodeError, EncodeError};
 pub use framed::{ClientCodec, ServerCodec};
+pub use regions::UsageFrame;
 pub use replication::ChangesFrame;
 pub use request::{decode_request, encode_checks, encode_request};
 pub use response::{decode_response, encode_checked, encode_response};

@@ -1,5 +1,5 @@
 //! Payloads of the usage exchange between regions (`PROTOCOL.md` §16):
-//! USAGE and USAGE_OK.
+//! USAGE and USAGE_OK, and [`UsageFrame`], a USAGE built entry by entry.
 //!
 //! A region name is 1 to 64 bytes of UTF-8; keys and rule names follow the
 //! rules of a CHECK pair (a key within `max_key_len`, a rule name of 1 to 64
@@ -12,6 +12,7 @@ use bytes::{BufMut, BytesMut};
 use super::frame::{encode_frame, invalid, wire_len, PayloadReader};
 use super::request::{decode_key, decode_rule_name};
 use super::{opcode, DecodeError, EncodeError};
+use crate::message::RuleName;
 use crate::message::{RequestId, ServerLimits};
 use crate::regions::{usage_header_len, UsageAck, UsageEntry, UsageReport, MAX_REGION_NAME_LEN};
 
@@ -124,4 +125,111 @@ pub(crate) fn encode_usage_ok(
         dst.put_u8(u8::from(ack.duplicate));
         Ok(())
     })
+}
+
+/// A USAGE frame built entry by entry: what a region's sender uses to
+/// encode straight from its journal, with no owned [`UsageEntry`] (and no
+/// reference-counted key and rule name) per entry on the way. The bytes are
+/// exactly those [`encode_request`](super::encode_request) writes for a
+/// [`UsageReport`] of the same entries (a test checks it). Kept for
+/// resending: [`UsageFrame::frame`] numbers it for each request, and
+/// [`UsageFrame::renumber`] moves it into another session.
+#[derive(Debug, Default)]
+pub struct UsageFrame {
+    buf: BytesMut,
+    entries: u32,
+    /// Where the session, then seq, sent_at and the entry count, sit.
+    session_at: usize,
+}
+
+/// Where the request id sits in a frame.
+const REQUEST_ID_AT: usize = super::FRAME_HEADER_LEN + 1;
+
+impl UsageFrame {
+    /// An empty USAGE of `region`, written into `buf` (emptied first: a
+    /// buffer kept from an earlier message keeps its room).
+    pub fn new(
+        mut buf: BytesMut,
+        region: &str,
+        (session, seq, sent_at): (u64, u64, u64),
+    ) -> Result<Self, EncodeError> {
+        buf.clear();
+        buf.put_u32(0); // length, patched by `frame`
+        buf.put_u8(opcode::USAGE);
+        buf.put_u32(0); // request id, patched by `frame`
+        put_region(&mut buf, region)?;
+        let session_at = buf.len();
+        buf.put_u64(session);
+        buf.put_u64(seq);
+        buf.put_u64(sent_at);
+        buf.put_u32(0); // entry count, patched by `frame`
+        Ok(Self {
+            buf,
+            entries: 0,
+            session_at,
+        })
+    }
+
+    /// Appends one entry. On an error (a key too long for its field, or
+    /// too many entries) the frame is left as it was.
+    pub fn push(
+        &mut self,
+        key: &[u8],
+        rule: &RuleName,
+        (charged, refunded, at): (u64, u64, u64),
+    ) -> Result<(), EncodeError> {
+        let entries = wire_len(self.entries as usize + 1, "usage entries", u32::MAX)?;
+        let key_len = wire_len(key.len(), "key", u16::MAX)?;
+        self.buf.reserve(UsageEntry::encoded_len(key, rule));
+        self.buf.put_u16(key_len);
+        self.buf.put_slice(key);
+        // 1..=64 by RuleName's invariant.
+        self.buf.put_u8(rule.len() as u8);
+        self.buf.put_slice(rule.as_bytes());
+        self.buf.put_u64(charged);
+        self.buf.put_u64(refunded);
+        self.buf.put_u64(at);
+        self.entries = entries;
+        Ok(())
+    }
+
+    /// Entries pushed so far.
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// Bytes of the frame so far, header included.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether no entry was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    /// Moves the message into `session` as its `seq`-th (resent after a
+    /// failover, PROTOCOL.md §16).
+    pub fn renumber(&mut self, session: u64, seq: u64) {
+        let at = self.session_at;
+        self.buf[at..at + 8].copy_from_slice(&session.to_be_bytes());
+        self.buf[at + 8..at + 16].copy_from_slice(&seq.to_be_bytes());
+    }
+
+    /// The whole frame, as request `request_id`.
+    pub fn frame(&mut self, request_id: RequestId) -> Result<&[u8], EncodeError> {
+        let body_len = self.buf.len() - super::FRAME_HEADER_LEN;
+        let len =
+            u32::try_from(body_len).map_err(|_| EncodeError::FrameTooLarge { len: body_len })?;
+        self.buf[..4].copy_from_slice(&len.to_be_bytes());
+        self.buf[REQUEST_ID_AT..REQUEST_ID_AT + 4].copy_from_slice(&request_id.to_be_bytes());
+        let count_at = self.session_at + 24;
+        self.buf[count_at..count_at + 4].copy_from_slice(&self.entries.to_be_bytes());
+        Ok(&self.buf)
+    }
+
+    /// The buffer, for the next message.
+    pub fn into_buf(self) -> BytesMut {
+        self.buf
+    }
 }

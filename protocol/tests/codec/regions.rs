@@ -322,4 +322,57 @@ proptest! {
         prop_assert_eq!(decode_response(&mut buf, u32::MAX).expect("decodes"), Some((id, response)));
         prop_assert!(buf.is_empty());
     }
+
+    /// The entry-by-entry encoder a region's sender uses writes the bytes
+    /// of the report it stands for, numbered for each request it is sent
+    /// as, and again once moved into another session.
+    #[test]
+    fn a_usage_frame_built_entry_by_entry_is_the_encoded_report(
+        ids in (any::<u32>(), any::<u32>()),
+        report in report(),
+        later in (any::<u64>(), any::<u64>()),
+        garbage in prop::collection::vec(any::<u8>(), 0..64),
+    ) {
+        // A kept buffer's old bytes are no part of the next message.
+        let kept = bytes::BytesMut::from(&garbage[..]);
+        let numbers = (report.session, report.seq, report.sent_at);
+        let mut frame = UsageFrame::new(kept, &report.region, numbers).expect("fits");
+        for e in &report.entries {
+            frame.push(&e.key, &e.rule, (e.charged, e.refunded, e.at)).expect("fits");
+        }
+        prop_assert_eq!(frame.entries() as usize, report.entries.len());
+        prop_assert_eq!(frame.is_empty(), report.entries.is_empty());
+        let len = frame.len();
+        let sent = frame.frame(ids.0).expect("fits").to_vec();
+        prop_assert_eq!(sent.len(), len);
+        prop_assert_eq!(&sent[..], &encode_req(ids.0, &Request::Usage(report.clone()))[..]);
+        frame.renumber(later.0, later.1);
+        let moved = UsageReport { session: later.0, seq: later.1, ..report };
+        let resent = frame.frame(ids.1).expect("fits").to_vec();
+        prop_assert_eq!(&resent[..], &encode_req(ids.1, &Request::Usage(moved))[..]);
+    }
+}
+
+#[test]
+fn an_entry_too_long_leaves_the_usage_frame_as_it_was() {
+    let mut frame = UsageFrame::new(bytes::BytesMut::new(), "us", (1, 1, 0)).expect("fits");
+    let rule = RuleName::try_from("api").expect("a valid rule name");
+    frame.push(b"k", &rule, (1, 0, 5)).expect("fits");
+    let len = frame.len();
+    let long = vec![b'x'; usize::from(u16::MAX) + 1];
+    let err = frame
+        .push(&long, &rule, (1, 0, 5))
+        .expect_err("a key longer than its field");
+    assert!(matches!(err, EncodeError::TooLong { field: "key", .. }));
+    assert_eq!((frame.len(), frame.entries()), (len, 1));
+    let region = "x".repeat(256);
+    let err = UsageFrame::new(bytes::BytesMut::new(), &region, (1, 1, 0))
+        .expect_err("a region name longer than its length byte");
+    assert!(matches!(
+        err,
+        EncodeError::TooLong {
+            field: "region name",
+            ..
+        }
+    ));
 }

@@ -19,11 +19,12 @@ use super::Regions;
 use crate::log_text::Escaped;
 use crate::node::link::{unexpected, Link, LinkError};
 use crate::node::shared::Core;
+use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use tollgate_protocol::{ErrorCode, NodeScope, Request, Response, Role, UsageReport};
+use tollgate_protocol::{ErrorCode, NodeScope, Response, Role, UsageFrame};
 
 /// Runs the monitor and one sender per peer until `shutdown`.
 pub(crate) async fn run(core: Arc<Core>, regions: Arc<Regions>, shutdown: CancellationToken) {
@@ -63,22 +64,19 @@ struct Sender {
     primary: bool,
     seq: u64,
     pending: Journal,
-    /// The entries of the last message done with (answered, or dropped),
-    /// emptied: the next message is sealed into this list, where its pages
-    /// are already.
-    entries: Vec<tollgate_protocol::UsageEntry>,
-    unanswered: Option<UsageReport>,
+    /// The buffer of the last message done with (answered, or dropped):
+    /// the next message is sealed into it, where its pages are already.
+    spare: BytesMut,
+    unanswered: Option<UsageFrame>,
     link: Option<Link>,
     /// Whether the peer's last answer refused our credentials (warned once).
     refused_auth: bool,
 }
 
 impl Sender {
-    /// Keeps the list of `report`, a message done with, for the next one.
-    fn keep_entries(&mut self, report: UsageReport) {
-        let mut entries = report.entries;
-        entries.clear();
-        self.entries = entries;
+    /// Keeps the buffer of `usage`, a message done with, for the next one.
+    fn keep_buffer(&mut self, usage: UsageFrame) {
+        self.spare = usage.into_buf();
     }
 }
 
@@ -97,7 +95,7 @@ async fn send_loop(
         primary: false,
         seq: 0,
         pending: Journal::default(),
-        entries: Vec::new(),
+        spare: BytesMut::new(),
         unanswered: None,
         link: None,
         refused_auth: false,
@@ -128,10 +126,9 @@ async fn send_loop(
             // and drop usage that was never applied. (Applied already, its
             // answer lost: it counts twice, which only makes the limit
             // stricter, as any retry across a failover.)
-            if let Some(report) = s.unanswered.as_mut() {
+            if let Some(usage) = s.unanswered.as_mut() {
                 s.seq = 1;
-                report.session = s.session;
-                report.seq = s.seq;
+                usage.renumber(s.session, s.seq);
             }
         }
         // A backlog (more usage than one message holds) is drained at once,
@@ -167,32 +164,36 @@ async fn exchange_once(
     let mut fresh = regions.take_journal(index, core.clock.now());
     s.pending.absorb(&mut fresh);
     regions.recycle(fresh);
-    let report = match s.unanswered.take() {
-        Some(report) => report,
+    let mut usage = match s.unanswered.take() {
+        Some(usage) => usage,
         None => {
-            let mut entries = std::mem::take(&mut s.entries);
+            let numbers = (s.session, s.seq + 1, core.clock.now());
+            let buf = std::mem::take(&mut s.spare);
+            // A region name is 1 to 64 bytes (checked at start), which the
+            // length byte holds: this does not fail.
+            let mut usage = match UsageFrame::new(buf, regions.name(), numbers) {
+                Ok(usage) => usage,
+                Err(e) => {
+                    tracing::error!(error = %e, "a USAGE of this region cannot be encoded");
+                    return false;
+                }
+            };
             let left = s.pending.seal_into(
                 regions.config.max_message_bytes,
                 regions.name().len(),
-                &mut entries,
+                &mut usage,
             );
             if left {
                 regions.metrics.capped.inc();
             }
             s.seq += 1;
-            UsageReport {
-                region: regions.name().to_owned(),
-                session: s.session,
-                seq: s.seq,
-                sent_at: core.clock.now(),
-                entries,
-            }
+            usage
         }
     };
     // Exact again: merged keys and sealed ones make room for new keys.
     regions.set_pending_bytes(index, s.pending.bytes());
     let to = (peer.config.name.as_str(), peer.config.addr.as_str());
-    let (answer, report) = send(core, to, &mut s.link, report, timeout).await;
+    let answer = call(core, to, &mut s.link, &mut usage, timeout).await;
     match answer {
         Ok(ack) if ack.region != peer.config.name => {
             tracing::warn!(
@@ -200,13 +201,13 @@ async fn exchange_once(
                 "the address of a peer region leads to another region; usage dropped"
             );
             metrics.send_failures.inc();
-            s.keep_entries(report);
+            s.keep_buffer(usage);
             false
         }
         Ok(_) => {
             s.refused_auth = false;
-            metrics.keys_sent.inc_by(report.entries.len() as u64);
-            s.keep_entries(report);
+            metrics.keys_sent.inc_by(u64::from(usage.entries()));
+            s.keep_buffer(usage);
             peer.last_acked
                 .fetch_max(core.clock.now(), crate::sync::Ordering::Relaxed);
             peer.acked.fetch_add(1, crate::sync::Ordering::Relaxed);
@@ -223,7 +224,7 @@ async fn exchange_once(
             );
             metrics.send_failures.inc();
             s.link = None;
-            s.keep_entries(report);
+            s.keep_buffer(usage);
             false
         }
         // Anything else (a standby answering NotPrimary during a failover
@@ -244,39 +245,20 @@ async fn exchange_once(
             tracing::debug!(peer = %peer.config.name, error = %e, "usage exchange failed; will resend");
             metrics.send_failures.inc();
             s.link = None;
-            s.unanswered = Some(report);
+            s.unanswered = Some(usage);
             false
         }
     }
 }
 
-/// Sends `report` on `link` (opened to peer region `peer` at `addr` if
-/// need be) and returns the answer, and the report (kept for a resend).
-/// The report is moved into the request and back rather than cloned: a
-/// clone copies every entry's key and name, a cost paid once per key per
-/// peer.
-async fn send(
-    core: &Core,
-    to: (&str, &str),
-    link: &mut Option<Link>,
-    report: UsageReport,
-    timeout: Duration,
-) -> (Result<tollgate_protocol::UsageAck, LinkError>, UsageReport) {
-    let request = Request::Usage(report);
-    let answer = call(core, to, link, &request, timeout).await;
-    let Request::Usage(report) = request else {
-        unreachable!("built as a USAGE just above")
-    };
-    (answer, report)
-}
-
-/// Sends `request` (a USAGE) on `link` (opened to peer region `peer` at
-/// `addr` if need be) and returns the answer.
+/// Sends `usage` on `link` (opened to peer region `peer` at `addr` if need
+/// be) and returns the answer. The message is lent, not given: kept for a
+/// resend, or its buffer for the next message.
 async fn call(
     core: &Core,
     (peer, addr): (&str, &str),
     link: &mut Option<Link>,
-    request: &Request,
+    usage: &mut UsageFrame,
     timeout: Duration,
 ) -> Result<tollgate_protocol::UsageAck, LinkError> {
     if link.is_none() {
@@ -294,7 +276,7 @@ async fn call(
     let Some(l) = link.as_mut() else {
         return Err(LinkError::Closed);
     };
-    match l.call(request).await? {
+    match l.call_usage(usage).await? {
         Response::UsageOk(ack) => Ok(ack),
         other => Err(unexpected("USAGE", &other)),
     }
