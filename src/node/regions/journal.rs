@@ -383,6 +383,7 @@ impl Journal {
         let mut bytes = BytesMut::from(frame.frame(1).unwrap());
         let limits = tollgate_protocol::ServerLimits {
             max_frame: u32::MAX,
+            max_key_len: u16::MAX,
             ..Default::default()
         };
         match tollgate_protocol::decode_request(&mut bytes, &limits) {
@@ -451,12 +452,24 @@ mod tests {
     const ROOM: usize = usize::MAX;
 
     /// One hasher for every journal of a test, as for those of a node.
+    static HASHER: std::sync::OnceLock<JournalHasher> = std::sync::OnceLock::new();
+
     fn add(j: &mut Journal, key: &[u8], usage: (u64, u64, Nanos), room: usize) -> bool {
-        static HASHER: std::sync::OnceLock<JournalHasher> = std::sync::OnceLock::new();
         let hash = HASHER
             .get_or_init(JournalHasher::default)
             .hash(key, &rule());
         j.add((hash, key, &rule(), 1), usage, room)
+    }
+
+    impl Journal {
+        /// Whether `key` under the tests' rule is here.
+        fn find_key(&self, key: &[u8]) -> bool {
+            let hash = HASHER
+                .get_or_init(JournalHasher::default)
+                .hash(key, &rule());
+            let i = self.name_index(rule().as_bytes(), 1);
+            i.is_some_and(|i| self.entries.find(hash, |e| e.is(key, i)).is_some())
+        }
     }
 
     fn rule() -> RuleName {
@@ -595,6 +608,90 @@ mod tests {
         let e = &entries[0];
         assert_eq!((e.charged, e.refunded, e.at), (5, 2, 30));
         assert_eq!(j.len(), 0);
+    }
+
+    /// Sealing passes over an entry too large for the room left and takes
+    /// smaller ones beyond it: each key still finds its own entry
+    /// afterwards (its usage adds up there, no second entry), and every
+    /// unit is sealed once.
+    #[test]
+    fn an_entry_too_large_for_a_message_is_passed_over_and_still_found() {
+        let mut j = Journal::default();
+        let long = vec![b'L'; 3000];
+        // Twelve keys and a long one among them: a message takes ten short
+        // ones at most and passes over the long one.
+        let keys: Vec<Vec<u8>> = (0..12)
+            .map(|i| format!("key-{i:04}").into_bytes())
+            .collect();
+        for (i, key) in keys.iter().enumerate() {
+            add(&mut j, key, (1, 0, 5), ROOM);
+            if i == 3 {
+                add(&mut j, &long, (7, 0, 5), ROOM);
+            }
+        }
+        // Room for ten short entries (38 bytes each), never the long one.
+        let max = usage_header_len(2) + 38 * 10;
+        let mut sealed: std::collections::HashMap<Vec<u8>, u64> = Default::default();
+        let mut seal = |j: &mut Journal, max| {
+            let (entries, left) = j.seal(max, 2);
+            for e in entries {
+                *sealed.entry(e.key.to_vec()).or_default() += e.charged;
+            }
+            left
+        };
+        // Every key again after each of the first messages: those still
+        // here merge into their entries, the others come back new.
+        for round in 0..4 {
+            assert!(seal(&mut j, max), "the long entry is left");
+            let before = j.len();
+            let here = keys.iter().filter(|k| j.find_key(k)).count();
+            assert!(here < keys.len(), "round {round}: nothing sealed");
+            for key in &keys {
+                add(&mut j, key, (1, 0, 5), ROOM);
+            }
+            assert_eq!(j.len(), before + (keys.len() - here), "round {round}");
+            // The long entry, passed over, merges.
+            add(&mut j, &long, (1, 0, 5), ROOM);
+            assert_eq!(j.len(), before + (keys.len() - here), "round {round}");
+        }
+        let mut messages = 0;
+        while j.len() > 1 {
+            assert!(seal(&mut j, max), "the long entry is left");
+            messages += 1;
+            assert!(messages < 100, "sealing makes no headway");
+        }
+        assert!(!seal(&mut j, 1 << 20));
+        assert!(j.is_empty());
+        assert_eq!(sealed[&long], 7 + 4);
+        for key in &keys {
+            assert_eq!(sealed[key], 5, "{}", String::from_utf8_lossy(key));
+        }
+    }
+
+    /// A share without the entries of rules that do not list its peer
+    /// finds its remaining keys where they are.
+    #[test]
+    fn a_share_finds_its_keys_after_others_are_left_out() {
+        let hasher = JournalHasher::default();
+        let (x, y) = (RuleName::from_static("x"), RuleName::from_static("y"));
+        let mut j = Journal::default();
+        for i in 0..50 {
+            let key = format!("key-{i}");
+            let rule = if i % 3 == 0 { &x } else { &y };
+            let peers = if i % 3 == 0 { 0b01 } else { 0b11 };
+            let hash = hasher.hash(key.as_bytes(), rule);
+            assert!(j.add((hash, key.as_bytes(), rule, peers), (1, 0, 5), ROOM));
+        }
+        let mut share = j.into_share(1);
+        assert_eq!(share.len(), 33);
+        for i in (0..50).filter(|i| i % 3 != 0) {
+            let key = format!("key-{i}");
+            let hash = hasher.hash(key.as_bytes(), &y);
+            assert!(share.add((hash, key.as_bytes(), &y, 0b11), (2, 0, 5), ROOM));
+        }
+        assert_eq!(share.len(), 33, "each key merged into its entry");
+        let (entries, _) = share.seal(1 << 20, 2);
+        assert!(entries.iter().all(|e| e.charged == 3 && e.rule == y));
     }
 
     #[test]
