@@ -11,7 +11,7 @@
 //!         unless the enforced pairs hold a lease: then their decision stands)
 //!  -> count the decision under the deciding pair's rule; record denied keys
 //!
-//!  CHECK2: per check, by idempotency key (none: straight on):
+//!  CHECK2 (tagged.rs): per check, by idempotency key (none: straight on):
 //!     remembered within the window -> the remembered answer, nothing charged
 //!       (for another owner or another check: IdempotencyKeyReused)
 //!     else shed by priority and connection backlog -> Shed, nothing charged
@@ -35,12 +35,12 @@
 
 mod global;
 mod metrics;
+mod tagged;
 
 pub(crate) use global::UsageError;
 use metrics::Tally;
 pub(crate) use metrics::{CheckMetrics, ErrorCounters};
 
-use super::dedup::{Answered, Owner};
 use super::Engine;
 use crate::clock::Nanos;
 use crate::events::{self, Events, Outcome};
@@ -54,8 +54,8 @@ use smallvec::SmallVec;
 use std::cell::RefCell;
 use std::time::Instant;
 use tollgate_protocol::{
-    encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, CheckTag, Decision,
-    EncodeError, ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response, TaggedBatch,
+    encode_checked, encode_response, Algorithm, CheckBatch, CheckResult, Decision, EncodeError,
+    ErrorCode, LeaseRef, LimitRef, Pair, RequestId, Response,
 };
 
 /// The verb of a CHECK-shaped frame: what it does with its checks.
@@ -92,70 +92,6 @@ impl Engine {
         })
     }
 
-    /// Evaluates a CHECK2 and appends the CHECKED answer to `dst`. A check
-    /// with an idempotency key the server remembers gets its remembered answer
-    /// (before any shedding: answering it costs a lookup); otherwise it is shed
-    /// when `backlog` (the connection's unanswered request bytes behind this
-    /// frame) is over its priority's bound, or else evaluated as CHECK would.
-    pub fn answer_tagged(
-        &self,
-        id: RequestId,
-        batch: &TaggedBatch,
-        owner: Owner,
-        backlog: usize,
-        gate: &Gate<'_>,
-        dst: &mut BytesMut,
-    ) -> Result<(), EncodeError> {
-        let verb = Verb::Check(Mode::Charge);
-        self.in_frame(verb, gate, batch.len(), |evaluation| {
-            // Checks the shedder will refuse are neither located nor fetched
-            // (whether it refuses one depends on its priority and `backlog`
-            // only, both fixed for the frame).
-            let shed = |tag: &CheckTag| self.shedder.over(tag.priority, backlog);
-            let mut spots = Spots::new();
-            batch
-                .iter()
-                .filter(|(tag, _)| !shed(tag))
-                .for_each(|(tag, pairs)| {
-                    if !tag.idempotency.is_none() {
-                        self.retries.prefetch(tag.idempotency);
-                    }
-                    evaluation.prefetch(pairs, &mut spots);
-                });
-            let mut at = 0;
-            let results = batch.iter().map(|(tag, pairs)| {
-                let shed = shed(&tag);
-                let spots = if shed {
-                    &[][..]
-                } else {
-                    at += pairs.len();
-                    &spots[at - pairs.len()..at]
-                };
-                let fresh = || {
-                    if shed {
-                        self.shedder.count(tag.priority);
-                        self.errors.count(ErrorCode::Shed);
-                        CheckResult::Error(ErrorCode::Shed)
-                    } else {
-                        evaluation.check(pairs, spots)
-                    }
-                };
-                if tag.idempotency.is_none() {
-                    return fresh();
-                }
-                let scope = self.retries.scope(owner, pairs);
-                let answered = self
-                    .retries
-                    .once(tag.idempotency, scope, evaluation.now, fresh);
-                if answered == Answered::Refused {
-                    self.errors.count(ErrorCode::IdempotencyKeyReused);
-                }
-                answered.result()
-            });
-            encode_checked(id, results, dst)
-        })
-    }
-
     /// One frame of `checks` checks: its evaluation (the rules and the time
     /// every check of it sees) handed to `encode`, then, for CHECK and PEEK
     /// frames, the frame's batch size and latency observed.
@@ -179,7 +115,8 @@ impl Engine {
             ceilings: RefCell::default(),
         };
         let encoded = encode(&evaluation);
-        evaluation.finish();
+        // Finished here (on drop): counted, and its usage recorded.
+        drop(evaluation);
         if let Verb::Check(_) = verb {
             let metrics = &self.metrics;
             metrics.batch_size.observe(checks as f64);
@@ -213,7 +150,7 @@ impl Engine {
             ceilings: RefCell::default(),
         };
         let result = evaluation.check(pairs, &spots);
-        evaluation.finish();
+        drop(evaluation);
         result
     }
 
@@ -302,19 +239,21 @@ impl<'r> Decided<'r> {
     }
 }
 
-impl<'f> Evaluation<'_, 'f> {
-    /// Adds the frame's tallies to the metrics and hands its usage of
-    /// global keys to the regions layer: the end of every evaluation.
-    /// Borrowed, not consumed: moved, the evaluation (its inline lists)
-    /// would be copied once per frame.
-    fn finish(&self) {
+/// The end of every evaluation, however it ends (a panic in a frame
+/// included: what the store charged then still reaches the peer regions):
+/// the frame's tallies go to the metrics and its usage of global keys to
+/// the regions layer.
+impl Drop for Evaluation<'_, '_> {
+    fn drop(&mut self) {
         self.inline.add_to(self.engine.metrics.inline());
-        let usage = self.usage.borrow();
+        let usage = self.usage.get_mut();
         if let Some(regions) = self.engine.node.regions().filter(|_| !usage.is_empty()) {
-            regions.record_all(&usage, self.now);
+            regions.record_all(usage, self.now);
         }
     }
+}
 
+impl<'f> Evaluation<'_, 'f> {
     /// Appends the spot of each of `pairs` to `spots` and starts fetching
     /// the table entries they will touch (see `Store::prefetch`), so a
     /// frame's checks wait on memory together.

@@ -134,7 +134,7 @@ pub(crate) fn encode_usage_ok(
 /// [`UsageReport`] of the same entries (a test checks it). Kept for
 /// resending: [`UsageFrame::frame`] numbers it for each request, and
 /// [`UsageFrame::renumber`] moves it into another session.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct UsageFrame {
     buf: BytesMut,
     entries: u32,

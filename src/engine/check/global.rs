@@ -3,13 +3,17 @@
 //! and a cut-off region admits at most its ceiling.
 //!
 //! ```text
+//!  frame's prefetch: each global pair's ceiling key built and located
+//!    once (`Ceilings`), for its check to find
 //!  CHECK (charge), pairs naming global rules:
 //!    cut off? -> PEEK each global pair's ceiling key -> one denies: denied
-//!    the check as usual -> allowed: record the units charged of each
-//!      global pair for the peers its rule lists; charge its ceiling key
+//!    the check as usual -> allowed: keep the units charged of each global
+//!      pair for the peers its rule lists; charge its ceiling key
 //!  REFUND: as usual, then refund each global pair's ceiling key too and
-//!    record the least of what the two gave back (never the cost asked
+//!    keep the least of what the two gave back (never the cost asked
 //!    for, never usage the peers charged)
+//!  frame's end (`Evaluation` dropped): what was kept is recorded, in
+//!    order, under one lock of the shared journal (`Regions::record_all`)
 //! ```
 //!
 //! The ceiling key (the key and a suffix no protocol key is likely to end
@@ -56,8 +60,9 @@ fn ceiling_key(key: &[u8]) -> SmallVec<[u8; 128]> {
 /// under a global rule, in perf).
 #[derive(Default)]
 pub(super) struct Ceilings {
-    /// The keys, one after another (a frame's common keys fit inline).
-    keys: SmallVec<[u8; 256]>,
+    /// The keys, one after another: inline, those of 16 checks of keys up
+    /// to 28 bytes (no allocation per frame in the common case).
+    keys: SmallVec<[u8; 512]>,
     /// Per pair whose ceiling key was built: the pair (its address in the
     /// frame, which no other pair of it shares), where its key ends in
     /// `keys`, and its spot. In the frame's order.
@@ -79,10 +84,14 @@ impl Ceilings {
     }
 
     /// The ceiling key of `pair` and its spot, when the prefetch built it.
+    /// Searched from the pair found last (a cut-off region asks for the
+    /// same pair twice, PEEK then charge), then onwards: one or two
+    /// compares per ask, never a walk of the frame's list per pair.
     fn find(&mut self, pair: &Pair) -> Option<(&[u8], Spot)> {
         let n = self.built.len();
+        let from = self.next.saturating_sub(1);
         let at = (0..n)
-            .map(|i| (self.next + i) % n)
+            .map(|i| (from + i) % n)
             .find(|&i| std::ptr::eq(self.built[i].0, pair))?;
         self.next = at + 1;
         let start = at.checked_sub(1).map_or(0, |i| self.built[i].1);
@@ -179,7 +188,7 @@ impl<'f> Evaluation<'_, 'f> {
     }
 
     /// Keeps `pair`'s usage (units charged, refunded) under the global
-    /// `rule` named `name`, for the frame's end (`Evaluation::finish`).
+    /// `rule` named `name`, for the frame's end (the `Evaluation` dropped).
     fn record(
         &self,
         regions: &Regions,

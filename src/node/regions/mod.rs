@@ -2,7 +2,8 @@
 //! other regions (docs/GLOBAL-LIMITS.md, PROTOCOL.md §16).
 //!
 //! ```text
-//!  check path (server) --record--> the shared journal, once for all peers
+//!  check path (server) --record_all, once per frame--> the shared journal,
+//!      one entry per key for all peers
 //!  exchange task per peer (exchange.rs): every interval, the shared
 //!      journal -> each peer's journal (its rules' entries; new keys dropped
 //!      past `region-journal-max-bytes` with its pending) -> its pending
