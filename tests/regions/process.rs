@@ -190,6 +190,17 @@ pub async fn send_usage(
     }
 }
 
+/// Regions `a` and `b` (nodes and addresses), `a` reporting to `b` and `b`
+/// to nobody (a port nobody listens on): what `b` holds of a key is what
+/// its own clients and `a`'s reports made it, and `a`'s copy of a key is
+/// never touched by `b`.
+fn a_reports_to_b(dir: &TempDir) -> (Node, String, Node, String) {
+    let (a_addr, b_addr, nowhere) = (free_addr(), free_addr(), free_addr());
+    let a = region(dir, "a", &a_addr, "b", &b_addr, &[]);
+    let b = region(dir, "b", &b_addr, "a", &nowhere, &[]);
+    (a, a_addr, b, b_addr)
+}
+
 /// The checks of one frame are recorded together once the frame is
 /// evaluated: every one of them reaches the peer, the frame's first, its
 /// last and those past the sixteen kept on the stack, a key too long to be
@@ -198,10 +209,7 @@ pub async fn send_usage(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_global_check_of_a_frame_reaches_the_peer() {
     let dir = TempDir::new("frame-usage");
-    let (a_addr, b_addr, nowhere) = (free_addr(), free_addr(), free_addr());
-    let a = region(&dir, "a", &a_addr, "b", &b_addr, &[]);
-    // b reports to nobody: what b holds of a key is what a reported.
-    let b = region(&dir, "b", &b_addr, "a", &nowhere, &[]);
+    let (a, a_addr, b, b_addr) = a_reports_to_b(&dir);
     let first = "rl:{tenant}:frame-first";
     let long = "rl:{tenant}:a-key-far-longer-than-twenty-two-bytes";
     let beside = "rl:{tenant}:beside-an-inline-pair";
@@ -254,10 +262,7 @@ async fn every_global_check_of_a_frame_reaches_the_peer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_of_an_untouched_global_key_leaves_the_other_region_alone() {
     let dir = TempDir::new("refund-untouched");
-    let (a_addr, b_addr, nowhere) = (free_addr(), free_addr(), free_addr());
-    let a = region(&dir, "a", &a_addr, "b", &b_addr, &[]);
-    // b reports to nobody: a's copy of the key stays untouched.
-    let b = region(&dir, "b", &b_addr, "a", &nowhere, &[]);
+    let (a, a_addr, b, b_addr) = a_reports_to_b(&dir);
     let key = "rl:{tenant}:refunded-elsewhere";
     assert!(charge(&b_addr, key, 100, false).await.allowed);
     let before = peek(&b_addr, key).await.remaining;
