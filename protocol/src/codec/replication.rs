@@ -435,7 +435,24 @@ impl ChangesFrame {
         let start = self.buf.len();
         let pushed = (|| {
             let records = wire_len(self.records as usize + 1, "records in a frame", u32::MAX)?;
-            self.buf.put_u16(wire_len(key.len(), "key", u16::MAX)?);
+            let key_len = wire_len(key.len(), "key", u16::MAX)?;
+            // The usual record (states with no list in them) is laid out
+            // on the stack and appended in one copy: one capacity check
+            // per record rather than one per field.
+            let mut states = [0u8; 2 * FIXED_STATE_MAX];
+            let (tb, rest) = states.split_at_mut(FIXED_STATE_MAX);
+            if let (Some(a), Some(b)) = (
+                fixed_table_state(token_bucket, tb),
+                fixed_table_state(other, rest),
+            ) {
+                self.buf.reserve(2 + key.len() + a + b);
+                self.buf.put_u16(key_len);
+                self.buf.put_slice(key);
+                self.buf.put_slice(&tb[..a]);
+                self.buf.put_slice(&rest[..b]);
+                return Ok(records);
+            }
+            self.buf.put_u16(key_len);
             self.buf.put_slice(key);
             put_table_state(&mut self.buf, token_bucket)?;
             put_table_state(&mut self.buf, other)?;
@@ -497,6 +514,39 @@ fn put_records(dst: &mut BytesMut, records: &[Record]) -> Result<(), EncodeError
         put_table_state(dst, &record.other)?;
     }
     Ok(())
+}
+
+/// The longest table state with no list in it: a sliding window's
+/// (presence, algorithm, expiry and three words).
+const FIXED_STATE_MAX: usize = 2 + 8 + 3 * 8;
+
+/// `table` encoded into `out` as [`put_table_state`] would, when it holds
+/// no list (None: a sliding log or a lease set, left to
+/// `put_table_state`). The bytes written.
+fn fixed_table_state(table: &TableState, out: &mut [u8]) -> Option<usize> {
+    let mut at = 0;
+    let mut put = |bytes: &[u8]| {
+        out[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    };
+    match table {
+        TableState::Unchanged => put(&[TABLE_UNCHANGED]),
+        TableState::Absent => put(&[TABLE_ABSENT]),
+        TableState::Present(entry) => {
+            let words: &[u64] = match &entry.state {
+                StateValue::TokenBucket { tat } | StateValue::LeakyBucket { tat } => &[*tat],
+                StateValue::SlidingWindow { index, prev, cur } => &[*index, *prev, *cur],
+                StateValue::FixedWindow { index, count } => &[*index, *count],
+                StateValue::SlidingLog { .. } | StateValue::Concurrency { .. } => return None,
+            };
+            put(&[TABLE_PRESENT, entry.state.algorithm()]);
+            put(&entry.expires_at.to_be_bytes());
+            for word in words {
+                put(&word.to_be_bytes());
+            }
+        }
+    }
+    Some(at)
 }
 
 fn put_table_state(dst: &mut BytesMut, table: &TableState) -> Result<(), EncodeError> {
