@@ -16,7 +16,7 @@ use loom::sync::Arc;
 use loom::thread;
 use std::collections::HashMap;
 use tollgate::algorithm::State;
-use tollgate::store::{Drained, Entry, Mode, ResolvedPair, Store, StoreConfig, TableWrite};
+use tollgate::store::{Drained, Entry, LogBuffer, Mode, ResolvedPair, Store, StoreConfig, Written};
 use tollgate_protocol::{Algorithm, Limit};
 
 const NOW: u64 = 1_000_000_000;
@@ -47,7 +47,7 @@ fn store(change_buffer_cap: usize) -> Arc<Store> {
 type Copy = HashMap<Vec<u8>, Entry>;
 
 /// Applies one drain to the copy, checking that no key goes back in time.
-fn replay(copy: &mut Copy, drained: Drained) {
+fn replay(copy: &mut Copy, spare: &mut LogBuffer, drained: Drained) {
     let tat = |e: &Entry| match e.state {
         State::TokenBucket { tat } => tat,
         ref other => panic!("unexpected state {other:?}"),
@@ -55,23 +55,25 @@ fn replay(copy: &mut Copy, drained: Drained) {
     match drained {
         Drained::Nothing => {}
         Drained::Changes(changes) => {
-            for change in changes {
-                let key = change.key.as_bytes().to_vec();
+            // As the sender reads them: borrowed from the log.
+            for change in changes.keys() {
+                let key = change.key.to_vec();
                 // Only buckets here (a reset removes the other table too).
-                assert!(!matches!(change.other, TableWrite::Put(_)));
+                assert!(!matches!(change.other, Written::Put(_)));
                 match change.bucket {
-                    TableWrite::Put(entry) => {
+                    Written::Put(entry) => {
                         if let Some(old) = copy.get(&key) {
-                            assert!(tat(&entry) >= tat(old), "a state went back in time");
+                            assert!(tat(entry) >= tat(old), "a state went back in time");
                         }
-                        copy.insert(key, entry);
+                        copy.insert(key, entry.clone());
                     }
-                    TableWrite::Remove => {
+                    Written::Remove => {
                         copy.remove(&key);
                     }
-                    TableWrite::Keep => panic!("a key drained without a write"),
+                    Written::Keep => panic!("a key drained without a write"),
                 }
             }
+            changes.recycle(spare);
         }
         Drained::Whole(entries) => {
             // One stripe: the whole store.
@@ -81,6 +83,13 @@ fn replay(copy: &mut Copy, drained: Drained) {
             }
         }
     }
+}
+
+/// Drains the store's one stripe as the sender does (onto the list the
+/// last drain left) and applies it to the copy.
+fn sync(store: &Store, copy: &mut Copy, spare: &mut LogBuffer) {
+    let drained = store.drain_stripe_into(0, NOW, spare);
+    replay(copy, spare, drained);
 }
 
 /// Asserts the copy holds exactly what the store holds.
@@ -102,7 +111,8 @@ fn drained_changes_replay_to_the_final_state() {
         let s = store(8);
         s.start_capture();
         let mut copy = Copy::new();
-        replay(&mut copy, s.drain_stripe(0, NOW));
+        let mut spare = LogBuffer::default();
+        sync(&s, &mut copy, &mut spare);
 
         let a = {
             let s = s.clone();
@@ -118,10 +128,10 @@ fn drained_changes_replay_to_the_final_state() {
                 s.remove(b"{t}b", NOW);
             })
         };
-        replay(&mut copy, s.drain_stripe(0, NOW));
+        sync(&s, &mut copy, &mut spare);
         a.join().unwrap();
         b.join().unwrap();
-        replay(&mut copy, s.drain_stripe(0, NOW));
+        sync(&s, &mut copy, &mut spare);
         assert_same(&s, &copy, &["{t}a", "{t}b"]);
         assert_eq!(s.capture_stats().buffered, 0);
     });
@@ -135,7 +145,8 @@ fn an_overflow_racing_the_drain_loses_nothing() {
         let s = store(1);
         s.start_capture();
         let mut copy = Copy::new();
-        replay(&mut copy, s.drain_stripe(0, NOW));
+        let mut spare = LogBuffer::default();
+        sync(&s, &mut copy, &mut spare);
 
         let writer = {
             let s = s.clone();
@@ -144,9 +155,9 @@ fn an_overflow_racing_the_drain_loses_nothing() {
                 s.check(&[charge("{t}b")], NOW, Mode::Charge);
             })
         };
-        replay(&mut copy, s.drain_stripe(0, NOW));
+        sync(&s, &mut copy, &mut spare);
         writer.join().unwrap();
-        replay(&mut copy, s.drain_stripe(0, NOW));
+        sync(&s, &mut copy, &mut spare);
         assert_same(&s, &copy, &["{t}a", "{t}b"]);
         assert_eq!(s.capture_stats().buffered, 0);
     });
@@ -163,7 +174,8 @@ fn a_key_written_again_drains_its_last_state() {
         let s = store(8);
         s.start_capture();
         let mut copy = Copy::new();
-        replay(&mut copy, s.drain_stripe(0, NOW));
+        let mut spare = LogBuffer::default();
+        sync(&s, &mut copy, &mut spare);
 
         let a = {
             let s = s.clone();
@@ -179,10 +191,10 @@ fn a_key_written_again_drains_its_last_state() {
                 s.check(&[charge("{t}a")], NOW, Mode::Charge);
             })
         };
-        replay(&mut copy, s.drain_stripe(0, NOW));
+        sync(&s, &mut copy, &mut spare);
         a.join().unwrap();
         b.join().unwrap();
-        replay(&mut copy, s.drain_stripe(0, NOW));
+        sync(&s, &mut copy, &mut spare);
         assert_same(&s, &copy, &["{t}a", "{t}b"]);
         assert_eq!(s.capture_stats().buffered, 0);
     });

@@ -42,8 +42,8 @@ use crate::clock::Nanos;
 use crate::slot::Slot;
 use crate::sync::Ordering;
 use bytes::Bytes;
-pub use log::Changes;
 pub(super) use log::{Captured, ChangeLog};
+pub use log::{ChangedKey, Changes, Keys, LogBuffer, Written};
 use log::{Recorded, Resync};
 use tollgate_protocol::Algorithm;
 
@@ -248,6 +248,13 @@ impl Store {
     /// Holds the stripe lock once, only to take the log (or copy the
     /// stripe); the tables are not read for a log.
     pub fn drain_stripe(&self, index: usize, now: Nanos) -> Drained {
+        self.drain_stripe_into(index, now, &mut LogBuffer::default())
+    }
+
+    /// [`Store::drain_stripe`], leaving the list of `spare` (a log an
+    /// earlier drain emptied, [`Changes::recycle`]) as the stripe's next
+    /// log: what the sender calls, pass after pass.
+    pub fn drain_stripe_into(&self, index: usize, now: Nanos, spare: &mut LogBuffer) -> Drained {
         let stripe = &self.stripes[index & self.mask];
         // Acquire: pairs with the Release in `record_change`. Cleared
         // before locking, so a write recorded after our lock is flagged
@@ -273,7 +280,7 @@ impl Store {
             // log seldom regrows, and copies, under the lock.
             let taken = locked.changes.len();
             let room = (taken + taken / 2 + 4).min(self.change_cap);
-            locked.changes.take(room)
+            locked.changes.take(room, spare)
         };
         if changes.changes.is_empty() {
             return Drained::Nothing;

@@ -33,7 +33,10 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, MutexGuard, Orderin
 
 use tollgate_protocol::Algorithm;
 
-pub use changes::{CaptureStats, Changes, Drained, KeyState, KeyWrite, TableWrite};
+pub use changes::{
+    CaptureStats, ChangedKey, Changes, Drained, KeyState, KeyWrite, Keys, LogBuffer, TableWrite,
+    Written,
+};
 use changes::{Captured, ChangeLog};
 pub use group::{Mode, ResolvedPair, Returned};
 pub use key::{StoredKey, INLINE as MAX_INLINE_KEY};

@@ -28,7 +28,7 @@ use super::backlog::Backlog;
 use super::records::{snapshot_record, table_state};
 use crate::node::role::RoleState;
 use crate::node::shared::{Core, Handover};
-use crate::store::Drained;
+use crate::store::{Drained, LogBuffer};
 use crate::tls::Socket;
 use bytes::{Bytes, BytesMut};
 use std::net::SocketAddr;
@@ -74,6 +74,8 @@ pub(crate) struct Feed {
     /// nothing more is drained for it until it acknowledges (the stripes'
     /// buffers hold the changes meanwhile, up to their cap).
     held: bool,
+    /// A drained log's emptied list, handed to the next stripe drained.
+    spare: LogBuffer,
 }
 
 impl Feed {
@@ -91,6 +93,7 @@ impl Feed {
             capturing: false,
             syncing: false,
             held: false,
+            spare: LogBuffer::default(),
         }
     }
 
@@ -259,19 +262,21 @@ impl Feed {
         let store = self.core.store.clone();
         let stripes = store.stripe_count();
         let now = self.core.clock.now();
-        // Each change is encoded straight into the frame being built: no
-        // owned record, no copy of its key, per change.
+        // Each change is encoded straight from the log into the frame
+        // being built: no owned record, no copy of its key, per change; and
+        // the log's list goes back to the next stripe drained.
         let mut frame: Option<ChangesFrame> = None;
+        let mut spare = std::mem::take(&mut self.spare);
         for index in 0..stripes {
-            match store.drain_stripe(index, now) {
+            match store.drain_stripe_into(index, now, &mut spare) {
                 Drained::Nothing => {}
-                Drained::Changes(states) => {
-                    for state in states {
+                Drained::Changes(changes) => {
+                    for changed in changes.keys() {
                         let building = frame.get_or_insert_with(|| self.changes_frame(now));
                         let pushed = building.push(
-                            state.key.as_bytes(),
-                            &table_state(&state.bucket),
-                            &table_state(&state.other),
+                            changed.key,
+                            &table_state(changed.bucket),
+                            &table_state(changed.other),
                         );
                         if let Err(e) = pushed {
                             self.encoding_failed(&e);
@@ -281,6 +286,7 @@ impl Feed {
                             self.emit_changes(frame.take()).await;
                         }
                     }
+                    changes.recycle(&mut spare);
                 }
                 Drained::Whole(entries) => {
                     self.emit_changes(frame.take()).await;
@@ -288,6 +294,7 @@ impl Feed {
                 }
             }
         }
+        self.spare = spare;
         self.emit_changes(frame.take()).await;
         self.node().stats.passes.fetch_add(1, Ordering::Relaxed);
         if self.syncing {

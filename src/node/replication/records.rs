@@ -4,7 +4,7 @@
 //! algorithm), so a standby holds bit for bit what the primary held.
 
 use crate::algorithm::{FixedWindowState, Lease, LeaseSet, LogState, State, WindowState};
-use crate::store::{Entry, KeyWrite, StoredKey, TableWrite};
+use crate::store::{Entry, KeyWrite, StoredKey, TableWrite, Written};
 use bytes::Bytes;
 use tollgate_protocol::{LeaseState, Record, StateEntry, StateValue, TableState};
 
@@ -79,11 +79,11 @@ pub(crate) fn from_wire(entry: &StateEntry) -> Entry {
 
 /// A drained table write as the stream carries it (`Unchanged`: a table
 /// the key did not write since the last drain).
-pub(crate) fn table_state(write: &TableWrite) -> TableState {
+pub(crate) fn table_state(write: Written<'_>) -> TableState {
     match write {
-        TableWrite::Keep => TableState::Unchanged,
-        TableWrite::Remove => TableState::Absent,
-        TableWrite::Put(e) => TableState::Present(to_wire(e)),
+        Written::Keep => TableState::Unchanged,
+        Written::Remove => TableState::Absent,
+        Written::Put(e) => TableState::Present(to_wire(e)),
     }
 }
 

@@ -99,6 +99,21 @@ pub(in crate::store) struct ChangeLog {
     last_bit: u8,
 }
 
+/// An emptied log's list, kept by the replication sender between drains
+/// and handed to the next stripe it drains ([`Changes::recycle`]): with
+/// 1024 stripes drained every `--repl-flush`, a new list per stripe and
+/// pass was an allocation and a free per handful of changes.
+#[derive(Debug, Default)]
+pub struct LogBuffer(Vec<Change>);
+
+#[cfg(all(test, not(tollgate_loom)))]
+impl LogBuffer {
+    /// Records the list has room for.
+    pub(super) fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+}
+
 /// A log taken by the drain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Taken {
@@ -208,13 +223,20 @@ impl ChangeLog {
         Recorded::Added
     }
 
-    /// Takes the records for the drain, leaving an empty log with room
-    /// for `room` records.
-    pub(super) fn take(&mut self, room: usize) -> Taken {
+    /// Takes the records for the drain, leaving in their place the empty
+    /// list `spare` (a list an earlier drain emptied: no allocation per
+    /// stripe and pass), grown to room for `room` records if it has less.
+    pub(super) fn take(&mut self, room: usize, spare: &mut LogBuffer) -> Taken {
         let distinct = !std::mem::take(&mut self.repeats);
         self.seen = [0; 4];
+        let mut next = std::mem::take(&mut spare.0);
+        debug_assert!(next.is_empty(), "a spare list still holds records");
+        next.clear();
+        if next.capacity() < room {
+            next.reserve_exact(room);
+        }
         Taken {
-            changes: std::mem::replace(&mut self.changes, Vec::with_capacity(room)),
+            changes: std::mem::replace(&mut self.changes, next),
             distinct,
         }
     }
@@ -245,8 +267,43 @@ pub struct Changes(Folding);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Folding {
-    Distinct { changes: Vec<Change>, now: Nanos },
-    Folded(Vec<KeyState>),
+    Distinct {
+        changes: Vec<Change>,
+        now: Nanos,
+    },
+    /// `log`: the taken list, emptied, kept to be recycled.
+    Folded {
+        states: Vec<KeyState>,
+        log: Vec<Change>,
+    },
+}
+
+/// One key of [`Changes`], borrowed: what to send for each of its tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChangedKey<'a> {
+    pub key: &'a [u8],
+    /// The token-bucket table.
+    pub bucket: Written<'a>,
+    /// The table of any other algorithm.
+    pub other: Written<'a>,
+}
+
+/// A [`TableWrite`], borrowed from the log it was folded from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written<'a> {
+    Keep,
+    Remove,
+    Put(&'a Entry),
+}
+
+impl<'a> From<&'a TableWrite> for Written<'a> {
+    fn from(write: &'a TableWrite) -> Self {
+        match write {
+            TableWrite::Keep => Written::Keep,
+            TableWrite::Remove => Written::Remove,
+            TableWrite::Put(entry) => Written::Put(entry),
+        }
+    }
 }
 
 impl Changes {
@@ -259,8 +316,34 @@ impl Changes {
                 now,
             }
         } else {
-            Folding::Folded(coalesce(taken.changes, now))
+            let mut log = taken.changes;
+            let states = coalesce(&mut log, now);
+            Folding::Folded { states, log }
         })
+    }
+
+    /// Each key once, borrowed from the log: what the sender encodes, with
+    /// no record moved out of the log or dropped one by one (the log's
+    /// list is recycled whole, [`Changes::recycle`]). The same keys and
+    /// writes, in the same order, as iterating the changes by value.
+    pub fn keys(&self) -> Keys<'_> {
+        Keys(match &self.0 {
+            Folding::Distinct { changes, now } => KeysOf::Distinct(changes.iter(), *now),
+            Folding::Folded { states, .. } => KeysOf::Folded(states.iter()),
+        })
+    }
+
+    /// Empties the log into `spare`, for the next stripe's drain, unless
+    /// `spare` already holds a list at least as large.
+    pub fn recycle(self, spare: &mut LogBuffer) {
+        let mut log = match self.0 {
+            Folding::Distinct { changes, .. } => changes,
+            Folding::Folded { log, .. } => log,
+        };
+        if log.capacity() >= spare.0.capacity() {
+            log.clear();
+            spare.0 = log;
+        }
     }
 }
 
@@ -271,8 +354,65 @@ impl IntoIterator for Changes {
     fn into_iter(self) -> ChangesIter {
         ChangesIter(match self.0 {
             Folding::Distinct { changes, now } => Iter::Distinct(changes.into_iter(), now),
-            Folding::Folded(states) => Iter::Folded(states.into_iter()),
+            Folding::Folded { states, .. } => Iter::Folded(states.into_iter()),
         })
+    }
+}
+
+/// The keys of [`Changes`], each once, borrowed ([`Changes::keys`]).
+pub struct Keys<'a>(KeysOf<'a>);
+
+enum KeysOf<'a> {
+    Distinct(std::slice::Iter<'a, Change>, Nanos),
+    Folded(std::slice::Iter<'a, KeyState>),
+}
+
+impl<'a> Iterator for Keys<'a> {
+    type Item = ChangedKey<'a>;
+
+    fn next(&mut self) -> Option<ChangedKey<'a>> {
+        match &mut self.0 {
+            KeysOf::Distinct(changes, now) => changes.next().map(|change| change.written(*now)),
+            KeysOf::Folded(states) => states.next().map(|state| ChangedKey {
+                key: state.key.as_bytes(),
+                bucket: (&state.bucket).into(),
+                other: (&state.other).into(),
+            }),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match &self.0 {
+            KeysOf::Distinct(changes, _) => changes.size_hint(),
+            KeysOf::Folded(states) => states.size_hint(),
+        }
+    }
+}
+
+impl Change {
+    /// What this record alone says of its key's tables, at a drain at
+    /// `now` (as [`fold`] of it into a key with no other record).
+    fn written(&self, now: Nanos) -> ChangedKey<'_> {
+        // As `fold` does: a state expired by the drain is sent as a
+        // removal.
+        let (table, written) = match &self.captured {
+            Captured::Put(entry) if entry.expires_at > now => {
+                (Some(table_of(entry)), Written::Put(entry))
+            }
+            Captured::Put(entry) => (Some(table_of(entry)), Written::Remove),
+            Captured::Removed(table) => (Some(*table), Written::Remove),
+            Captured::RemovedAll => (None, Written::Remove),
+        };
+        let (bucket, other) = match table {
+            Some(Table::Buckets) => (written, Written::Keep),
+            Some(Table::Others) => (Written::Keep, written),
+            None => (written, written),
+        };
+        ChangedKey {
+            key: self.key.as_bytes(),
+            bucket,
+            other,
+        }
     }
 }
 
@@ -312,7 +452,7 @@ impl Iterator for ChangesIter {
 
 /// Folds a log that may hold a key several times, in log order, into one
 /// write per key (see [`Changes`]). Keys come out sorted.
-fn coalesce(mut changes: Vec<Change>, now: Nanos) -> Vec<KeyState> {
+fn coalesce(changes: &mut [Change], now: Nanos) -> Vec<KeyState> {
     // Sorted by key then log position: each key's records together, in
     // log order. Positions are sorted, not the records: a record is 64
     // bytes to move, a position 4.

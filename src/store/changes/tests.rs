@@ -47,14 +47,36 @@ fn stripe_of(store: &Store, key: &str) -> usize {
 
 type Whole = Vec<(usize, Vec<(StoredKey, Entry)>)>;
 
-/// Drains every stripe; the changes, and the entries of whole stripes.
+fn owned(changed: ChangedKey<'_>) -> KeyState {
+    let write = |w: Written<'_>| match w {
+        Written::Keep => TableWrite::Keep,
+        Written::Remove => TableWrite::Remove,
+        Written::Put(entry) => TableWrite::Put(entry.clone()),
+    };
+    KeyState {
+        key: StoredKey::new(changed.key),
+        bucket: write(changed.bucket),
+        other: write(changed.other),
+    }
+}
+
+/// Drains every stripe as the sender does (one recycled list handed from
+/// stripe to stripe, each log read borrowed); the changes, and the entries
+/// of whole stripes. Each stripe's borrowed keys are checked against the
+/// same log iterated by value.
 fn drain_all(store: &Store, now: Nanos) -> (Vec<KeyState>, Whole) {
     let mut changes = Vec::new();
     let mut whole = Vec::new();
+    let mut spare = LogBuffer::default();
     for i in 0..store.stripe_count() {
-        match store.drain_stripe(i, now) {
+        match store.drain_stripe_into(i, now, &mut spare) {
             Drained::Nothing => {}
-            Drained::Changes(c) => changes.extend(c),
+            Drained::Changes(c) => {
+                let borrowed: Vec<KeyState> = c.keys().map(owned).collect();
+                assert_eq!(borrowed, c.clone().into_iter().collect::<Vec<_>>());
+                changes.extend(borrowed);
+                c.recycle(&mut spare);
+            }
             Drained::Whole(w) => whole.push((i, w)),
         }
     }
@@ -205,6 +227,51 @@ fn a_log_of_distinct_keys_drains_in_log_order_and_repeats_are_folded() {
     for key in &keys {
         assert_eq!(drained(&changes, key).bucket, bucket_of(&s, key, S + 1));
     }
+}
+
+/// The sender hands one emptied list from stripe to stripe: a stripe's
+/// next log starts empty on the list another stripe's log filled (no
+/// record of that stripe is sent again), and a folded log's list is
+/// recycled too.
+#[test]
+fn a_recycled_log_list_carries_no_record_to_the_next_stripe() {
+    let s = store(4, 4096);
+    s.start_capture();
+    drain_all(&s, S);
+    let (a, b) = ("{a}k", "{b}k");
+    assert_ne!(stripe_of(&s, a), stripe_of(&s, b), "two stripes");
+    let mut spare = LogBuffer::default();
+    let keys_of = |drained: Drained| match drained {
+        Drained::Changes(c) => {
+            let keys: Vec<Vec<u8>> = c.keys().map(|k| k.key.to_vec()).collect();
+            (keys, Some(c))
+        }
+        other => panic!("changes expected, got {other:?}"),
+    };
+    // Stripe a: keys that repeat apart, so its log is folded.
+    let many: Vec<String> = (0..40).map(|i| format!("{{a}}k{i}")).collect();
+    for round in 0..2 {
+        for key in &many {
+            s.check(&[tb(key)], S + round, Mode::Charge);
+        }
+    }
+    let (keys, changes) = keys_of(s.drain_stripe_into(stripe_of(&s, a), S + 1, &mut spare));
+    assert_eq!(keys.len(), many.len());
+    changes.expect("changes").recycle(&mut spare);
+    assert!(
+        spare.capacity() >= many.len() * 2,
+        "the folded log's list came back"
+    );
+
+    s.check(&[tb(b)], S + 2, Mode::Charge);
+    let (keys, changes) = keys_of(s.drain_stripe_into(stripe_of(&s, b), S + 2, &mut spare));
+    assert_eq!(keys, [b.as_bytes().to_vec()], "only stripe b's write");
+    changes.expect("changes").recycle(&mut spare);
+
+    // Stripe a's next log is the list stripe b's drain left it.
+    s.check(&[tb(a)], S + 3, Mode::Charge);
+    let (keys, _) = keys_of(s.drain_stripe_into(stripe_of(&s, a), S + 3, &mut spare));
+    assert_eq!(keys, [a.as_bytes().to_vec()], "only the write since");
 }
 
 /// A key's two tables are folded apart: each table's last write wins, a
