@@ -11,7 +11,7 @@
 use loom::sync::Arc;
 use loom::thread;
 use std::collections::HashMap;
-use tollgate::store::{Drained, Entry, Mode, ResolvedPair, Store, StoreConfig, TableWrite};
+use tollgate::store::{Drained, Entry, Mode, ResolvedPair, Store, StoreConfig, Written};
 use tollgate_protocol::{Algorithm, Limit};
 
 const NOW: u64 = 1_000_000_000;
@@ -49,12 +49,12 @@ fn drain(store: &Store, copy: &mut Copy) {
         match store.drain_stripe(stripe, NOW) {
             Drained::Nothing => {}
             Drained::Changes(changes) => {
-                for c in changes {
-                    let key = c.key.as_bytes().to_vec();
+                for c in changes.keys() {
+                    let key = c.key.to_vec();
                     match c.bucket {
-                        TableWrite::Put(entry) => copy.insert(key, (stripe, entry)),
-                        TableWrite::Remove => copy.remove(&key),
-                        TableWrite::Keep => None,
+                        Written::Put(entry) => copy.insert(key, (stripe, entry.clone())),
+                        Written::Remove => copy.remove(&key),
+                        Written::Keep => None,
                     };
                 }
             }

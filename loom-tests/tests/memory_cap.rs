@@ -13,7 +13,7 @@
 use loom::sync::Arc;
 use loom::thread;
 use std::collections::HashMap;
-use tollgate::store::{Drained, Entry, Full, Mode, ResolvedPair, Store, StoreConfig, TableWrite};
+use tollgate::store::{Drained, Entry, Full, Mode, ResolvedPair, Store, StoreConfig, Written};
 use tollgate_protocol::{Algorithm, CheckResult, ErrorCode, Limit};
 
 const NOW: u64 = 1_000_000_000;
@@ -64,11 +64,11 @@ fn drain(s: &Store, copy: &mut Copy) {
     match s.drain_stripe(0, NOW) {
         Drained::Nothing => {}
         Drained::Changes(changes) => {
-            for c in changes {
+            for c in changes.keys() {
                 match c.bucket {
-                    TableWrite::Put(e) => copy.insert(c.key.as_bytes().to_vec(), e),
-                    TableWrite::Remove => copy.remove(c.key.as_bytes()),
-                    TableWrite::Keep => None,
+                    Written::Put(e) => copy.insert(c.key.to_vec(), e.clone()),
+                    Written::Remove => copy.remove(c.key),
+                    Written::Keep => None,
                 };
             }
         }

@@ -245,9 +245,9 @@ mod tests {
             .unwrap();
         match s.drain_stripe(0, 100 * S) {
             Drained::Changes(keys) => {
-                let keys: Vec<_> = keys.into_iter().collect();
+                let keys: Vec<_> = keys.keys().collect();
                 assert_eq!(keys.len(), 1);
-                assert_eq!(keys[0].key.as_bytes(), b"rl:{a}:x");
+                assert_eq!(keys[0].key, b"rl:{a}:x");
             }
             other => panic!("{other:?}"),
         }

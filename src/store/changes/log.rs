@@ -296,6 +296,23 @@ pub enum Written<'a> {
     Put(&'a Entry),
 }
 
+#[cfg(test)]
+impl From<ChangedKey<'_>> for super::KeyWrite {
+    /// An owned copy, to apply as a standby would.
+    fn from(changed: ChangedKey<'_>) -> Self {
+        let write = |w: Written<'_>| match w {
+            Written::Keep => TableWrite::Keep,
+            Written::Remove => TableWrite::Remove,
+            Written::Put(entry) => TableWrite::Put(entry.clone()),
+        };
+        Self {
+            key: bytes::Bytes::copy_from_slice(changed.key),
+            bucket: write(changed.bucket),
+            other: write(changed.other),
+        }
+    }
+}
+
 impl<'a> From<&'a TableWrite> for Written<'a> {
     fn from(write: &'a TableWrite) -> Self {
         match write {
@@ -344,18 +361,6 @@ impl Changes {
             log.clear();
             spare.0 = log;
         }
-    }
-}
-
-impl IntoIterator for Changes {
-    type Item = KeyState;
-    type IntoIter = ChangesIter;
-
-    fn into_iter(self) -> ChangesIter {
-        ChangesIter(match self.0 {
-            Folding::Distinct { changes, now } => Iter::Distinct(changes.into_iter(), now),
-            Folding::Folded { states, .. } => Iter::Folded(states.into_iter()),
-        })
     }
 }
 
@@ -412,40 +417,6 @@ impl Change {
             key: self.key.as_bytes(),
             bucket,
             other,
-        }
-    }
-}
-
-/// The keys of [`Changes`], each once.
-pub struct ChangesIter(Iter);
-
-enum Iter {
-    Distinct(std::vec::IntoIter<Change>, Nanos),
-    Folded(std::vec::IntoIter<KeyState>),
-}
-
-impl Iterator for ChangesIter {
-    type Item = KeyState;
-
-    fn next(&mut self) -> Option<KeyState> {
-        match &mut self.0 {
-            Iter::Distinct(changes, now) => changes.next().map(|Change { key, captured }| {
-                let mut state = KeyState {
-                    key,
-                    bucket: TableWrite::Keep,
-                    other: TableWrite::Keep,
-                };
-                fold(&mut state, captured, *now);
-                state
-            }),
-            Iter::Folded(states) => states.next(),
-        }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        match &self.0 {
-            Iter::Distinct(changes, _) => changes.size_hint(),
-            Iter::Folded(states) => states.size_hint(),
         }
     }
 }

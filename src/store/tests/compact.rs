@@ -12,14 +12,6 @@ fn lb(key: &str, burst: u64) -> ResolvedPair<'_> {
 
 /// The replicated write of one drained key: what it holds now in each
 /// table it wrote.
-fn write_of(state: &KeyState) -> KeyWrite {
-    KeyWrite {
-        key: Bytes::copy_from_slice(state.key.as_bytes()),
-        bucket: state.bucket.clone(),
-        other: state.other.clone(),
-    }
-}
-
 /// The write of one entry of a whole stripe (a snapshot unit).
 fn write_of_entry(key: &StoredKey, entry: &Entry) -> KeyWrite {
     let put = TableWrite::Put(entry.clone());
@@ -39,9 +31,9 @@ fn replicate(primary: &Store, standby: &Store, now: Nanos) {
     for i in 0..primary.stripe_count() {
         match primary.drain_stripe(i, now) {
             Drained::Nothing => {}
-            Drained::Changes(states) => states
-                .into_iter()
-                .for_each(|s| standby.apply(&write_of(&s))),
+            Drained::Changes(changes) => changes
+                .keys()
+                .for_each(|k| standby.apply(&KeyWrite::from(k))),
             Drained::Whole(entries) => {
                 let writes: Vec<KeyWrite> =
                     entries.iter().map(|(k, e)| write_of_entry(k, e)).collect();

@@ -29,7 +29,7 @@
 
 use super::*;
 use crate::algorithm::State;
-use crate::store::{Drained, KeyState, KeyWrite, TableWrite};
+use crate::store::{Drained, KeyWrite, TableWrite};
 
 /// A step of a run: an operation on the primary, or replication.
 #[derive(Debug, Clone)]
@@ -262,7 +262,7 @@ impl Replicated {
             Drained::Nothing => {}
             Drained::Changes(states) => {
                 // As the standby applies a frame: its keys fetched ahead.
-                let writes: Vec<KeyWrite> = states.into_iter().map(|s| change_write(&s)).collect();
+                let writes: Vec<KeyWrite> = states.keys().map(KeyWrite::from).collect();
                 self.standby.apply_all(&writes);
             }
             Drained::Whole(entries) => {
@@ -347,14 +347,6 @@ fn lease_of(store: &Store, key: &[u8], now: Nanos, pick: usize) -> u64 {
 }
 
 /// A drained change: what the key holds now in each table it wrote.
-fn change_write(state: &KeyState) -> KeyWrite {
-    KeyWrite {
-        key: Bytes::copy_from_slice(state.key.as_bytes()),
-        bucket: state.bucket.clone(),
-        other: state.other.clone(),
-    }
-}
-
 /// One entry of a whole stripe: its own table, the other left alone.
 fn snapshot_write(key: &[u8], entry: &Entry) -> KeyWrite {
     let put = TableWrite::Put(entry.clone());
