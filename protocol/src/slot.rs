@@ -141,6 +141,60 @@ impl Slot {
     }
 }
 
+/// Who owns each slot, as runs of one owner in slot order. Not a
+/// 16384-entry array: that is 32 KiB, and a check of a random key read a
+/// random line of it, a cache miss per check (issue 25). A handful of
+/// runs stay in cache, and finding a slot's run is a binary search of a
+/// few compares (none when one owner holds every slot).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotRuns(Box<[(u16, u16)]>);
+
+impl SlotRuns {
+    /// Every slot owned by `owner`.
+    pub fn uniform(owner: u16) -> Self {
+        Self(Box::new([(SLOT_COUNT - 1, owner)]))
+    }
+
+    /// The runs of `owners`, the owner of each slot in slot order (one
+    /// entry per slot: `owners.len()` is [`SLOT_COUNT`]).
+    pub fn of(owners: &[u16]) -> Self {
+        debug_assert_eq!(owners.len(), usize::from(SLOT_COUNT));
+        let mut runs: Vec<(u16, u16)> = Vec::new();
+        for (slot, &owner) in (0..SLOT_COUNT).zip(owners) {
+            match runs.last_mut() {
+                Some((last, o)) if *o == owner => *last = slot,
+                _ => runs.push((slot, owner)),
+            }
+        }
+        // Slots past a short `owners` have none (u16::MAX), so the last
+        // run always ends at the last slot and every slot finds one.
+        if runs.last().is_none_or(|&(last, _)| last < SLOT_COUNT - 1) {
+            runs.push((SLOT_COUNT - 1, u16::MAX));
+        }
+        Self(runs.into_boxed_slice())
+    }
+
+    /// The owner of `slot` (of `slot % SLOT_COUNT`).
+    #[inline]
+    pub fn owner(&self, slot: u16) -> u16 {
+        let slot = slot % SLOT_COUNT;
+        match &self.0[..] {
+            [only] => only.1,
+            runs => runs[runs.partition_point(|&(last, _)| last < slot)].1,
+        }
+    }
+
+    /// How many runs of one owner the slots make.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never true: there is always at least one run.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 /// The bytes that decide a key's slot: the non-empty text between the first
 /// `{` and the first `}` after it, or the whole key.
 #[inline]
@@ -158,6 +212,33 @@ pub fn hash_tag(key: &[u8]) -> &[u8] {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn slot_runs_answer_the_owner_of_every_slot() {
+        use super::{SlotRuns, SLOT_COUNT};
+        // Interleaved spans, one slot runs, and the last slot alone.
+        let owners: Vec<u16> = (0..SLOT_COUNT)
+            .map(|s| match s {
+                0..=99 => 2,
+                100 => 0,
+                101..=8000 => 1,
+                16383 => 7,
+                _ => 2,
+            })
+            .collect();
+        let runs = SlotRuns::of(&owners);
+        assert_eq!(runs.len(), 5);
+        for slot in 0..SLOT_COUNT {
+            assert_eq!(runs.owner(slot), owners[usize::from(slot)], "slot {slot}");
+        }
+        assert_eq!(runs.owner(SLOT_COUNT + 100), 0, "taken modulo SLOT_COUNT");
+        let one = SlotRuns::uniform(3);
+        assert_eq!((one.len(), one.owner(0), one.owner(16383)), (1, 3, 3));
+        assert_eq!(
+            SlotRuns::of(&vec![4; usize::from(SLOT_COUNT)]),
+            SlotRuns::uniform(4)
+        );
+    }
+
     use super::*;
     use proptest::strategy::Just;
 

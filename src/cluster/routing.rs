@@ -3,14 +3,14 @@
 //!
 //! Built from the node's mirror of etcd by the watch task and published
 //! whole (copy-on-write, behind an `ArcSwap`), so the check path answers
-//! "do I serve this slot, or where does it go" with one atomic load and
-//! two array lookups, never a call to etcd. A table is immutable: a change
+//! "do I serve this slot, or where does it go" with one atomic load, a
+//! search of a few slot runs and an array lookup, never a call to etcd. A table is immutable: a change
 //! in etcd produces a new table.
 
 use serde::Serialize;
 
 use super::{NodeRecord, ShardId, SlotMove, SlotRange, Topology};
-use crate::slot::SLOT_COUNT;
+use crate::slot::{SlotRuns, SLOT_COUNT};
 
 /// A shard's current primary.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -71,8 +71,10 @@ pub struct RoutingTable {
     /// The etcd revision this table reflects.
     revision: u64,
     shards: Vec<ShardRoute>,
-    /// Index into `shards` of every slot's owner; empty without topology.
-    owner: Box<[u16]>,
+    /// Index into `shards` of every slot's owner, as runs of one owner
+    /// (`SlotRuns`: a few lines, not a 32 KiB array read at random per
+    /// check); None without topology.
+    owner: Option<SlotRuns>,
     moving: Vec<SlotMove>,
 }
 
@@ -84,7 +86,7 @@ impl RoutingTable {
             version: 0,
             revision: 0,
             shards: Vec::new(),
-            owner: Box::default(),
+            owner: None,
             moving: Vec::new(),
         }
     }
@@ -136,7 +138,7 @@ impl RoutingTable {
             version,
             revision,
             shards,
-            owner: owner.into_boxed_slice(),
+            owner: Some(SlotRuns::of(&owner)),
             moving: topology.moving.clone(),
         }
     }
@@ -156,7 +158,7 @@ impl RoutingTable {
     }
 
     pub fn has_topology(&self) -> bool {
-        !self.owner.is_empty()
+        self.owner.is_some()
     }
 
     pub fn shards(&self) -> &[ShardRoute] {
@@ -173,7 +175,10 @@ impl RoutingTable {
     /// The shard that owns `slot` (None without topology or for a slot
     /// number out of range).
     pub fn owner(&self, slot: u16) -> Option<&ShardRoute> {
-        let index = *self.owner.get(usize::from(slot))?;
+        if slot >= SLOT_COUNT {
+            return None;
+        }
+        let index = self.owner.as_ref()?.owner(slot);
         self.shards.get(usize::from(index))
     }
 

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tollgate_protocol::slot::SLOT_COUNT;
+use tollgate_protocol::slot::{SlotRuns, SLOT_COUNT};
 use tollgate_protocol::ClusterTopology;
 
 use crate::config::ClientConfig;
@@ -48,13 +48,9 @@ pub(crate) struct SlotMap {
     /// The topology version (0 outside a cluster, and for the empty map).
     pub version: u64,
     pub shards: Vec<MapShard>,
-    /// The slots as runs of one owner, in slot order: `(last slot of the
-    /// run, index of its shard in shards)`. Not a 16384-entry array: that
-    /// is 32 KiB per map, and a check of a random key read a random line
-    /// of it, a cache miss that was most of what routing a check cost
-    /// (issue 25). A handful of runs stay in cache, and a binary search
-    /// over them is a few compares (none for one shard).
-    runs: Box<[(u16, u16)]>,
+    /// The index in `shards` of each slot's shard, as runs of one owner
+    /// (a 16384-entry array was a cache miss per routed check).
+    runs: SlotRuns,
 }
 
 impl SlotMap {
@@ -63,7 +59,7 @@ impl SlotMap {
         Self {
             version: 0,
             shards: Vec::new(),
-            runs: Box::new([(SLOT_COUNT - 1, UNOWNED)]),
+            runs: SlotRuns::uniform(UNOWNED),
         }
     }
 
@@ -73,12 +69,7 @@ impl SlotMap {
 
     /// The shard serving `slot` and its index, or why there is none.
     pub(crate) fn shard_of(&self, slot: u16) -> Result<(usize, &Arc<Shard>), Error> {
-        let slot_in_range = slot % SLOT_COUNT;
-        let run = match &self.runs[..] {
-            [only] => only,
-            runs => &runs[runs.partition_point(|&(last, _)| last < slot_in_range)],
-        };
-        let index = run.1;
+        let index = self.runs.owner(slot);
         // Not `ok_or(Error::NoOwner ..)`: that builds the error on every
         // routed check and calls its drop glue when there is an owner.
         match self
@@ -167,17 +158,10 @@ impl SlotMap {
                 }
             })
             .collect();
-        let mut runs: Vec<(u16, u16)> = Vec::new();
-        for (slot, &index) in (0..SLOT_COUNT).zip(owner.iter()) {
-            match runs.last_mut() {
-                Some((last, owner)) if *owner == index => *last = slot,
-                _ => runs.push((slot, index)),
-            }
-        }
         Ok(Self {
             version: topology.version,
             shards,
-            runs: runs.into_boxed_slice(),
+            runs: SlotRuns::of(&owner),
         })
     }
 }
