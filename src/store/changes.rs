@@ -276,10 +276,11 @@ impl Store {
                 return Drained::Whole(whole);
             }
             // The next pass likely records about as many, give or take:
-            // with half as many again of room (never past the cap), the
-            // log seldom regrows, and copies, under the lock.
+            // with as many again of room (never past the cap), the log
+            // seldom regrows, and copies, under the lock, and a list handed
+            // on from another stripe seldom falls short.
             let taken = locked.changes.len();
-            let room = (taken + taken / 2 + 4).min(self.change_cap);
+            let room = (2 * taken + 8).min(self.change_cap);
             locked.changes.take(room, spare)
         };
         if changes.changes.is_empty() {

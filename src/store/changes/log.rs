@@ -114,6 +114,11 @@ impl LogBuffer {
     }
 }
 
+/// Room (records) a recycled list keeps whatever the next stripe needs:
+/// 16 KiB, past what a stripe records between two drains at a million
+/// checks a second over 1024 stripes.
+const KEPT_ROOM: usize = 256;
+
 /// A log taken by the drain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Taken {
@@ -225,15 +230,19 @@ impl ChangeLog {
 
     /// Takes the records for the drain, leaving in their place the empty
     /// list `spare` (a list an earlier drain emptied: no allocation per
-    /// stripe and pass), grown to room for `room` records if it has less.
+    /// stripe and pass). A list with less than `room` is replaced by one
+    /// with `room`; one a burst left far larger than `room` is let go too
+    /// (lists are handed from stripe to stripe, and would otherwise all
+    /// keep their largest size for good).
     pub(super) fn take(&mut self, room: usize, spare: &mut LogBuffer) -> Taken {
         let distinct = !std::mem::take(&mut self.repeats);
         self.seen = [0; 4];
         let mut next = std::mem::take(&mut spare.0);
         debug_assert!(next.is_empty(), "a spare list still holds records");
         next.clear();
-        if next.capacity() < room {
-            next.reserve_exact(room);
+        let oversized = next.capacity() > KEPT_ROOM && next.capacity() / 8 > room;
+        if next.capacity() < room || oversized {
+            next = Vec::with_capacity(room);
         }
         Taken {
             changes: std::mem::replace(&mut self.changes, next),
@@ -341,8 +350,7 @@ impl Changes {
 
     /// Each key once, borrowed from the log: what the sender encodes, with
     /// no record moved out of the log or dropped one by one (the log's
-    /// list is recycled whole, [`Changes::recycle`]). The same keys and
-    /// writes, in the same order, as iterating the changes by value.
+    /// list is recycled whole, [`Changes::recycle`]).
     pub fn keys(&self) -> Keys<'_> {
         Keys(match &self.0 {
             Folding::Distinct { changes, now } => KeysOf::Distinct(changes.iter(), *now),

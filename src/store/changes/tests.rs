@@ -267,8 +267,28 @@ fn a_recycled_log_list_carries_no_record_to_the_next_stripe() {
 
     // Stripe a's next log is the list stripe b's drain left it.
     s.check(&[tb(a)], S + 3, Mode::Charge);
-    let (keys, _) = keys_of(s.drain_stripe_into(stripe_of(&s, a), S + 3, &mut spare));
+    let (keys, changes) = keys_of(s.drain_stripe_into(stripe_of(&s, a), S + 3, &mut spare));
     assert_eq!(keys, [a.as_bytes().to_vec()], "only the write since");
+    changes.expect("changes").recycle(&mut spare);
+
+    // A burst's large list is not handed on to a stripe that needs little
+    // (every list would keep its largest size for good).
+    let burst: Vec<String> = (0..600).map(|i| format!("{{a}}burst{i}")).collect();
+    for key in &burst {
+        s.check(&[tb(key)], S + 4, Mode::Charge);
+    }
+    let (keys, changes) = keys_of(s.drain_stripe_into(stripe_of(&s, a), S + 4, &mut spare));
+    assert_eq!(keys.len(), burst.len());
+    changes.expect("changes").recycle(&mut spare);
+    assert!(spare.capacity() >= burst.len());
+    s.check(&[tb(b)], S + 5, Mode::Charge);
+    s.drain_stripe_into(stripe_of(&s, b), S + 5, &mut spare);
+    let room = s.stripes[stripe_of(&s, b)]
+        .lock()
+        .changes
+        .changes
+        .capacity();
+    assert!(room < 64, "stripe b's next log has room for {room} records");
 }
 
 /// A key's two tables are folded apart: each table's last write wins, a
