@@ -156,9 +156,9 @@ impl SlotRuns {
     }
 
     /// The runs of `owners`, the owner of each slot in slot order (one
-    /// entry per slot: `owners.len()` is [`SLOT_COUNT`]).
+    /// entry per slot; slots past a shorter list have owner `u16::MAX`,
+    /// entries past [`SLOT_COUNT`] are ignored).
     pub fn of(owners: &[u16]) -> Self {
-        debug_assert_eq!(owners.len(), usize::from(SLOT_COUNT));
         let mut runs: Vec<(u16, u16)> = Vec::new();
         for (slot, &owner) in (0..SLOT_COUNT).zip(owners) {
             match runs.last_mut() {
@@ -237,6 +237,13 @@ mod tests {
             SlotRuns::of(&vec![4; usize::from(SLOT_COUNT)]),
             SlotRuns::uniform(4)
         );
+        // A short list: the slots past it have no owner.
+        let short = SlotRuns::of(&[5, 5]);
+        assert_eq!(
+            (short.owner(1), short.owner(2), short.owner(16383)),
+            (5, u16::MAX, u16::MAX)
+        );
+        assert_eq!(SlotRuns::of(&[]), SlotRuns::uniform(u16::MAX));
     }
 
     use super::*;

@@ -4,8 +4,8 @@
 //! Built from the node's mirror of etcd by the watch task and published
 //! whole (copy-on-write, behind an `ArcSwap`), so the check path answers
 //! "do I serve this slot, or where does it go" with one atomic load, a
-//! search of a few slot runs and an array lookup, never a call to etcd. A table is immutable: a change
-//! in etcd produces a new table.
+//! search of a few slot runs and an array lookup, never a call to etcd.
+//! A table is immutable: a change in etcd produces a new table.
 
 use serde::Serialize;
 

@@ -327,7 +327,7 @@ impl Topology {
     }
 
     /// The shard that owns `slot` (linear in the number of ranges; the
-    /// check path uses the routing table's per-slot array instead).
+    /// check path uses the routing table's slot runs instead).
     pub fn owner_of(&self, slot: u16) -> Option<ShardId> {
         self.shards
             .iter()

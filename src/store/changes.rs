@@ -275,12 +275,7 @@ impl Store {
                 }
                 return Drained::Whole(whole);
             }
-            // The next pass likely records about as many, give or take:
-            // with as many again of room (never past the cap), the log
-            // seldom regrows, and copies, under the lock, and a list handed
-            // on from another stripe seldom falls short.
-            let taken = locked.changes.len();
-            let room = (2 * taken + 8).min(self.change_cap);
+            let room = log::room_after(locked.changes.len()).min(self.change_cap);
             locked.changes.take(room, spare)
         };
         if changes.changes.is_empty() {

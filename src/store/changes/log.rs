@@ -114,10 +114,14 @@ impl LogBuffer {
     }
 }
 
-/// Room (records) a recycled list keeps whatever the next stripe needs:
-/// 16 KiB, past what a stripe records between two drains at a million
-/// checks a second over 1024 stripes.
-const KEPT_ROOM: usize = 256;
+/// The room a drain of `taken` records leaves the stripe's next log
+/// (before the cap): the next pass likely records about as many, give or
+/// take, and with as many again of room the log seldom regrows, and
+/// copies, under the lock, and a list handed on from another stripe
+/// seldom falls short.
+pub(super) fn room_after(taken: usize) -> usize {
+    2 * taken + 8
+}
 
 /// A log taken by the drain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -230,18 +234,15 @@ impl ChangeLog {
 
     /// Takes the records for the drain, leaving in their place the empty
     /// list `spare` (a list an earlier drain emptied: no allocation per
-    /// stripe and pass). A list with less than `room` is replaced by one
-    /// with `room`; one a burst left far larger than `room` is let go too
-    /// (lists are handed from stripe to stripe, and would otherwise all
-    /// keep their largest size for good).
+    /// stripe and pass), or a new one with room for `room` records when
+    /// `spare` has less.
     pub(super) fn take(&mut self, room: usize, spare: &mut LogBuffer) -> Taken {
         let distinct = !std::mem::take(&mut self.repeats);
         self.seen = [0; 4];
         let mut next = std::mem::take(&mut spare.0);
         debug_assert!(next.is_empty(), "a spare list still holds records");
         next.clear();
-        let oversized = next.capacity() > KEPT_ROOM && next.capacity() / 8 > room;
-        if next.capacity() < room || oversized {
+        if next.capacity() < room {
             next = Vec::with_capacity(room);
         }
         Taken {
@@ -280,7 +281,8 @@ enum Folding {
         changes: Vec<Change>,
         now: Nanos,
     },
-    /// `log`: the taken list, emptied, kept to be recycled.
+    /// `log`: the taken list, its keys' states moved into `states` (the
+    /// records left are placeholders), kept to be cleared and recycled.
     Folded {
         states: Vec<KeyState>,
         log: Vec<Change>,
@@ -359,12 +361,20 @@ impl Changes {
     }
 
     /// Empties the log into `spare`, for the next stripe's drain, unless
-    /// `spare` already holds a list at least as large.
+    /// `spare` already holds a list at least as large. A list more than
+    /// four times as large as this drain called for (the room a drain
+    /// leaves, twice its records and some) is let go instead, here,
+    /// outside any lock: lists are handed from stripe to stripe, and one a
+    /// burst grew would otherwise go round for good.
     pub fn recycle(self, spare: &mut LogBuffer) {
         let mut log = match self.0 {
             Folding::Distinct { changes, .. } => changes,
             Folding::Folded { log, .. } => log,
         };
+        let called_for = room_after(log.len());
+        if log.capacity() / 4 > called_for {
+            return;
+        }
         if log.capacity() >= spare.0.capacity() {
             log.clear();
             spare.0 = log;

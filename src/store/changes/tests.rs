@@ -226,69 +226,71 @@ fn a_log_of_distinct_keys_drains_in_log_order_and_repeats_are_folded() {
     }
 }
 
-/// The sender hands one emptied list from stripe to stripe: a stripe's
-/// next log starts empty on the list another stripe's log filled (no
-/// record of that stripe is sent again), and a folded log's list is
-/// recycled too.
+/// The sender hands one emptied list from stripe to stripe: a stripe whose
+/// next log is the list another stripe's log filled sends only its own
+/// writes since; a folded log's list comes back too; and a list a burst
+/// grew is let go rather than handed round.
 #[test]
 fn a_recycled_log_list_carries_no_record_to_the_next_stripe() {
     let s = store(4, 4096);
     s.start_capture();
     drain_all(&s, S);
     let (a, b) = ("{a}k", "{b}k");
-    assert_ne!(stripe_of(&s, a), stripe_of(&s, b), "two stripes");
-    let mut spare = LogBuffer::default();
-    let keys_of = |drained: Drained| match drained {
-        Drained::Changes(c) => {
-            let keys: Vec<Vec<u8>> = c.keys().map(|k| k.key.to_vec()).collect();
-            (keys, Some(c))
+    let (sa, sb) = (stripe_of(&s, a), stripe_of(&s, b));
+    assert_ne!(sa, sb, "two stripes");
+    let drain = |stripe: usize, now: Nanos, spare: &mut LogBuffer| -> Vec<Vec<u8>> {
+        match s.drain_stripe_into(stripe, now, spare) {
+            Drained::Changes(c) => {
+                let keys = c.keys().map(|k| k.key.to_vec()).collect();
+                c.recycle(spare);
+                keys
+            }
+            other => panic!("changes expected, got {other:?}"),
         }
-        other => panic!("changes expected, got {other:?}"),
     };
-    // Stripe a: keys that repeat apart, so its log is folded.
+    let mut spare = LogBuffer::default();
+    let only_b = [b.as_bytes().to_vec()];
+
+    // Stripe a: keys written twice, apart, so its log is folded.
     let many: Vec<String> = (0..40).map(|i| format!("{{a}}k{i}")).collect();
     for round in 0..2 {
         for key in &many {
             s.check(&[tb(key)], S + round, Mode::Charge);
         }
     }
-    let (keys, changes) = keys_of(s.drain_stripe_into(stripe_of(&s, a), S + 1, &mut spare));
-    assert_eq!(keys.len(), many.len());
-    changes.expect("changes").recycle(&mut spare);
+    assert_eq!(drain(sa, S + 1, &mut spare).len(), many.len());
     assert!(
-        spare.capacity() >= many.len() * 2,
+        spare.capacity() >= 2 * many.len(),
         "the folded log's list came back"
     );
-
+    // Stripe b's next log is the list stripe a's log filled.
     s.check(&[tb(b)], S + 2, Mode::Charge);
-    let (keys, changes) = keys_of(s.drain_stripe_into(stripe_of(&s, b), S + 2, &mut spare));
-    assert_eq!(keys, [b.as_bytes().to_vec()], "only stripe b's write");
-    changes.expect("changes").recycle(&mut spare);
+    assert_eq!(drain(sb, S + 2, &mut spare), only_b);
+    s.check(&[tb(b)], S + 3, Mode::Charge);
+    assert_eq!(
+        drain(sb, S + 3, &mut spare),
+        only_b,
+        "none of stripe a's records"
+    );
 
-    // Stripe a's next log is the list stripe b's drain left it.
-    s.check(&[tb(a)], S + 3, Mode::Charge);
-    let (keys, changes) = keys_of(s.drain_stripe_into(stripe_of(&s, a), S + 3, &mut spare));
-    assert_eq!(keys, [a.as_bytes().to_vec()], "only the write since");
-    changes.expect("changes").recycle(&mut spare);
-
-    // A burst's large list is not handed on to a stripe that needs little
-    // (every list would keep its largest size for good).
+    // A burst on stripe a: its list goes to stripe b, which needs little,
+    // and is let go after one drain instead of going round.
     let burst: Vec<String> = (0..600).map(|i| format!("{{a}}burst{i}")).collect();
     for key in &burst {
         s.check(&[tb(key)], S + 4, Mode::Charge);
     }
-    let (keys, changes) = keys_of(s.drain_stripe_into(stripe_of(&s, a), S + 4, &mut spare));
-    assert_eq!(keys.len(), burst.len());
-    changes.expect("changes").recycle(&mut spare);
+    assert_eq!(drain(sa, S + 4, &mut spare).len(), burst.len());
     assert!(spare.capacity() >= burst.len());
-    s.check(&[tb(b)], S + 5, Mode::Charge);
-    s.drain_stripe_into(stripe_of(&s, b), S + 5, &mut spare);
-    let room = s.stripes[stripe_of(&s, b)]
-        .lock()
-        .changes
-        .changes
-        .capacity();
-    assert!(room < 64, "stripe b's next log has room for {room} records");
+    for now in [S + 5, S + 6] {
+        s.check(&[tb(b)], now, Mode::Charge);
+        assert_eq!(drain(sb, now, &mut spare), only_b);
+    }
+    let room = s.stripes[sb].lock().changes.changes.capacity();
+    assert!(
+        spare.capacity() < 64 && room < 64,
+        "lists of {} and {room} records left",
+        spare.capacity()
+    );
 }
 
 /// A key's two tables are folded apart: each table's last write wins, a

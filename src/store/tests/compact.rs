@@ -10,8 +10,6 @@ fn lb(key: &str, burst: u64) -> ResolvedPair<'_> {
     pair(key, Algorithm::LeakyBucket, 10, 1000, burst, 1)
 }
 
-/// The replicated write of one drained key: what it holds now in each
-/// table it wrote.
 /// The write of one entry of a whole stripe (a snapshot unit).
 fn write_of_entry(key: &StoredKey, entry: &Entry) -> KeyWrite {
     let put = TableWrite::Put(entry.clone());

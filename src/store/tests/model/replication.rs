@@ -29,7 +29,7 @@
 
 use super::*;
 use crate::algorithm::State;
-use crate::store::{Drained, KeyWrite, TableWrite};
+use crate::store::{Drained, KeyWrite, LogBuffer, TableWrite};
 
 /// A step of a run: an operation on the primary, or replication.
 #[derive(Debug, Clone)]
@@ -79,7 +79,14 @@ proptest! {
             max_log_entries: MAX_LOG,
             ..StoreConfig::default()
         });
-        let mut run = Replicated { primary, standby, now: T0, capturing: false, setup };
+        let mut run = Replicated {
+            primary,
+            standby,
+            now: T0,
+            capturing: false,
+            setup,
+            spare: LogBuffer::default(),
+        };
         for step in &steps {
             run.step(step)?;
         }
@@ -143,6 +150,8 @@ struct Replicated {
     /// `StopCapture`): only then must a full drain leave the two equal.
     capturing: bool,
     setup: Setup,
+    /// The sender's recycled log list, handed from stripe to stripe.
+    spare: LogBuffer,
 }
 
 impl Replicated {
@@ -256,14 +265,19 @@ impl Replicated {
     }
 
     /// Drains one stripe of the primary into the standby, as the sender
-    /// frames it and the standby applies it.
-    fn ship(&self, index: usize) {
-        match self.primary.drain_stripe(index, self.now) {
+    /// frames it (onto the list the last drain left) and the standby
+    /// applies it.
+    fn ship(&mut self, index: usize) {
+        match self
+            .primary
+            .drain_stripe_into(index, self.now, &mut self.spare)
+        {
             Drained::Nothing => {}
-            Drained::Changes(states) => {
+            Drained::Changes(changes) => {
                 // As the standby applies a frame: its keys fetched ahead.
-                let writes: Vec<KeyWrite> = states.keys().map(KeyWrite::from).collect();
+                let writes: Vec<KeyWrite> = changes.keys().map(KeyWrite::from).collect();
                 self.standby.apply_all(&writes);
+                changes.recycle(&mut self.spare);
             }
             Drained::Whole(entries) => {
                 let writes: Vec<KeyWrite> = entries
@@ -346,7 +360,6 @@ fn lease_of(store: &Store, key: &[u8], now: Nanos, pick: usize) -> u64 {
     pick_lease(leases.as_ref(), pick)
 }
 
-/// A drained change: what the key holds now in each table it wrote.
 /// One entry of a whole stripe: its own table, the other left alone.
 fn snapshot_write(key: &[u8], entry: &Entry) -> KeyWrite {
     let put = TableWrite::Put(entry.clone());
