@@ -191,6 +191,20 @@ impl RoutingTable {
         self.moving.iter().find(|m| m.slots.contains(slot))
     }
 
+    /// Whether every slot routes [`Route::Local`] for a node serving
+    /// `serving`: one shard owns them all, it is that one, and nothing is
+    /// moving (a one-shard cluster's primary). Then a request's keys need
+    /// no screening, and no slot hash each.
+    pub fn routes_all_here(&self, serving: Option<ShardId>) -> bool {
+        let Some(runs) = &self.owner else {
+            return false;
+        };
+        runs.len() == 1
+            && self.moving.is_empty()
+            && serving.is_some()
+            && self.owner(0).map(|s| s.id) == serving
+    }
+
     /// Where a check for `slot` goes, for a node at `own_addr` that serves
     /// writes for shard `serving` (None: it serves no shard's writes, as a
     /// standby or a primary past its lease deadline).
@@ -297,5 +311,26 @@ mod tests {
             empty.route(1, None, "x"),
             Route::TryAgain(Unavailable::NoTopology)
         );
+    }
+
+    /// A node may skip screening keys only where `route` would find every
+    /// slot local: the one shard's serving primary, nothing moving.
+    #[test]
+    fn every_slot_routes_here_only_for_the_sole_shards_serving_primary() {
+        let one = table(&Topology::even(1).unwrap());
+        assert!(one.routes_all_here(Some(ShardId(0))));
+        for slot in [0, 1, 8191, 16383] {
+            assert_eq!(one.route(slot, Some(ShardId(0)), "a0"), Route::Local);
+        }
+        // Not serving (a standby, a lapsed primary), or another shard.
+        assert!(!one.routes_all_here(None));
+        assert!(!one.routes_all_here(Some(ShardId(1))));
+        // Two shards, or a move in progress.
+        let two = Topology::even(2).unwrap();
+        assert!(!table(&two).routes_all_here(Some(ShardId(0))));
+        let range = SlotRange::new(0, 9).unwrap();
+        let moving = table(&two.with_move(range, ShardId(1)).unwrap());
+        assert!(!moving.routes_all_here(Some(ShardId(0))));
+        assert!(!RoutingTable::empty("t").routes_all_here(Some(ShardId(0))));
     }
 }
