@@ -308,18 +308,25 @@ pub enum Written<'a> {
 }
 
 #[cfg(test)]
-impl From<ChangedKey<'_>> for super::KeyWrite {
-    /// An owned copy, to apply as a standby would.
-    fn from(changed: ChangedKey<'_>) -> Self {
-        let write = |w: Written<'_>| match w {
+impl From<Written<'_>> for TableWrite {
+    /// An owned copy.
+    fn from(written: Written<'_>) -> Self {
+        match written {
             Written::Keep => TableWrite::Keep,
             Written::Remove => TableWrite::Remove,
             Written::Put(entry) => TableWrite::Put(entry.clone()),
-        };
+        }
+    }
+}
+
+#[cfg(test)]
+impl From<ChangedKey<'_>> for super::KeyWrite {
+    /// An owned copy, to apply as a standby would.
+    fn from(changed: ChangedKey<'_>) -> Self {
         Self {
             key: bytes::Bytes::copy_from_slice(changed.key),
-            bucket: write(changed.bucket),
-            other: write(changed.other),
+            bucket: changed.bucket.into(),
+            other: changed.other.into(),
         }
     }
 }

@@ -48,15 +48,10 @@ fn stripe_of(store: &Store, key: &str) -> usize {
 type Whole = Vec<(usize, Vec<(StoredKey, Entry)>)>;
 
 fn owned(changed: ChangedKey<'_>) -> KeyState {
-    let write = |w: Written<'_>| match w {
-        Written::Keep => TableWrite::Keep,
-        Written::Remove => TableWrite::Remove,
-        Written::Put(entry) => TableWrite::Put(entry.clone()),
-    };
     KeyState {
         key: StoredKey::new(changed.key),
-        bucket: write(changed.bucket),
-        other: write(changed.other),
+        bucket: changed.bucket.into(),
+        other: changed.other.into(),
     }
 }
 
