@@ -228,6 +228,41 @@ impl UsageFrame {
         Ok(&self.buf)
     }
 
+    /// The entries pushed so far, as they were pushed: key, rule name, and
+    /// (charged, refunded, at). To take a message back before it is sent
+    /// (its usage merged into a journal again, say).
+    pub fn entries_pushed(&self) -> impl Iterator<Item = (&[u8], &[u8], (u64, u64, u64))> {
+        let mut rest = &self.buf[self.session_at + 28..];
+        std::iter::from_fn(move || {
+            // Written by `push`: well formed, so `take` never comes short.
+            let mut take = |n: usize| -> Option<&[u8]> {
+                let (head, tail) = (rest.get(..n)?, rest.get(n..)?);
+                rest = tail;
+                Some(head)
+            };
+            let key_len = u16::from_be_bytes(take(2)?.try_into().ok()?);
+            let key = take(usize::from(key_len))?;
+            let rule_len = take(1)?[0];
+            let rule = take(usize::from(rule_len))?;
+            let mut count = || Some(u64::from_be_bytes(take(8)?.try_into().ok()?));
+            let counts = (count()?, count()?, count()?);
+            Some((key, rule, counts))
+        })
+    }
+
+    /// A copy of the message written into `buf` (emptied first), to send
+    /// the same entries to another peer under its own numbers: one copy of
+    /// the bytes, not the entries encoded again.
+    pub fn copy_into(&self, mut buf: BytesMut) -> Self {
+        buf.clear();
+        buf.extend_from_slice(&self.buf);
+        Self {
+            buf,
+            entries: self.entries,
+            session_at: self.session_at,
+        }
+    }
+
     /// The buffer, for the next message.
     pub fn into_buf(self) -> BytesMut {
         self.buf

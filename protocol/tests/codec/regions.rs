@@ -325,7 +325,9 @@ proptest! {
 
     /// The entry-by-entry encoder a region's sender uses writes the bytes
     /// of the report it stands for, numbered for each request it is sent
-    /// as, and again once moved into another session.
+    /// as, and again once moved into another session; a copy for another
+    /// peer (into a kept buffer) is the same report under its own numbers,
+    /// and leaves the original as it was.
     #[test]
     fn a_usage_frame_built_entry_by_entry_is_the_encoded_report(
         ids in (any::<u32>(), any::<u32>()),
@@ -335,17 +337,32 @@ proptest! {
     ) {
         // A kept buffer's old bytes are no part of the next message.
         let kept = bytes::BytesMut::from(&garbage[..]);
+        let other = bytes::BytesMut::from(&garbage[..garbage.len() / 2]);
         let numbers = (report.session, report.seq, report.sent_at);
         let mut frame = UsageFrame::new(kept, &report.region, numbers).expect("fits");
         for e in &report.entries {
             frame.push(&e.key, &e.rule, (e.charged, e.refunded, e.at)).expect("fits");
         }
         prop_assert_eq!(frame.entries() as usize, report.entries.len());
+        let read: Vec<_> = frame
+            .entries_pushed()
+            .map(|(k, r, counts)| (k.to_vec(), r.to_vec(), counts))
+            .collect();
+        let pushed: Vec<_> = (report.entries.iter())
+            .map(|e| (e.key.to_vec(), e.rule.as_bytes().to_vec(), (e.charged, e.refunded, e.at)))
+            .collect();
+        prop_assert_eq!(read, pushed);
         prop_assert_eq!(frame.is_empty(), report.entries.is_empty());
         let len = frame.len();
         let sent = frame.frame(ids.0).expect("fits").to_vec();
         prop_assert_eq!(sent.len(), len);
         prop_assert_eq!(&sent[..], &encode_req(ids.0, &Request::Usage(report.clone()))[..]);
+        let mut copy = frame.copy_into(other);
+        copy.renumber(later.1, later.0);
+        prop_assert_eq!((copy.entries(), copy.len()), (frame.entries(), frame.len()));
+        let copied = UsageReport { session: later.1, seq: later.0, ..report.clone() };
+        let sent_copy = copy.frame(ids.1).expect("fits").to_vec();
+        prop_assert_eq!(&sent_copy[..], &encode_req(ids.1, &Request::Usage(copied))[..]);
         frame.renumber(later.0, later.1);
         let moved = UsageReport { session: later.0, seq: later.1, ..report };
         let resent = frame.frame(ids.1).expect("fits").to_vec();

@@ -1,10 +1,11 @@
 //! The exchange tasks: one per peer region sending this region's usage,
 //! and a monitor deciding whether the region is cut off.
 //!
-//! Each sender, every interval while this node is primary: moves its
-//! journal into its pending usage, seals one USAGE of at most
-//! `exchange-max-bytes` (or takes the unanswered one again) and sends it
-//! (then, while usage is left and the interval lasts, the next) over
+//! Each sender, every interval while this node is primary: takes the
+//! unanswered USAGE again, or else the next one sealed for it at the
+//! share-out (outbox.rs), or else moves its journal into its pending usage
+//! and seals one of at most `exchange-max-bytes`, and sends it (then, while
+//! usage is left and the interval lasts, the next) over
 //! a node link (HELLO proving the region secret, or the cluster secret
 //! without one) and waits for USAGE_OK. A
 //! message is numbered once (session, seq) and resent unchanged until
@@ -19,7 +20,6 @@ use super::Regions;
 use crate::log_text::Escaped;
 use crate::node::link::{unexpected, Link, LinkError};
 use crate::node::shared::Core;
-use bytes::BytesMut;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::MissedTickBehavior;
@@ -64,20 +64,10 @@ struct Sender {
     primary: bool,
     seq: u64,
     pending: Journal,
-    /// The buffer of the last message done with (answered, or dropped):
-    /// the next message is sealed into it, where its pages are already.
-    spare: BytesMut,
     unanswered: Option<UsageFrame>,
     link: Option<Link>,
     /// Whether the peer's last answer refused our credentials (warned once).
     refused_auth: bool,
-}
-
-impl Sender {
-    /// Keeps the buffer of `usage`, a message done with, for the next one.
-    fn keep_buffer(&mut self, usage: UsageFrame) {
-        self.spare = usage.into_buf();
-    }
 }
 
 async fn send_loop(
@@ -95,7 +85,6 @@ async fn send_loop(
         primary: false,
         seq: 0,
         pending: Journal::default(),
-        spare: BytesMut::new(),
         unanswered: None,
         link: None,
         refused_auth: false,
@@ -164,36 +153,44 @@ async fn exchange_once(
     let mut fresh = regions.take_journal(index, core.clock.now());
     s.pending.absorb(&mut fresh);
     regions.recycle(fresh);
-    let mut usage = match s.unanswered.take() {
-        Some(usage) => usage,
-        None => {
-            let numbers = (s.session, s.seq + 1, core.clock.now());
-            let buf = std::mem::take(&mut s.spare);
-            // A region name is 1 to 64 bytes (checked at start), which the
-            // length byte holds: this does not fail.
-            let mut usage = match UsageFrame::new(buf, regions.name(), numbers) {
-                Ok(usage) => usage,
-                Err(e) => {
-                    tracing::error!(error = %e, "a USAGE of this region cannot be encoded");
-                    return false;
-                }
-            };
-            let left = s.pending.seal_into(
-                regions.config.max_message_bytes,
-                regions.name().len(),
-                &mut usage,
-            );
-            if left {
-                regions.metrics.capped.inc();
+    let mut usage = if let Some(usage) = s.unanswered.take() {
+        usage
+    } else if let Some(mut usage) = regions.take_sealed(index) {
+        // Sealed at the share-out, unnumbered: this sender's next.
+        s.seq += 1;
+        usage.renumber(s.session, s.seq);
+        usage
+    } else {
+        let numbers = (s.session, s.seq + 1, core.clock.now());
+        let buf = regions.buffers.take();
+        // A region name is 1 to 64 bytes (checked at start), which the
+        // length byte holds: this does not fail.
+        let mut usage = match UsageFrame::new(buf, regions.name(), numbers) {
+            Ok(usage) => usage,
+            Err(e) => {
+                tracing::error!(error = %e, "a USAGE of this region cannot be encoded");
+                return false;
             }
-            s.seq += 1;
-            usage
+        };
+        let left = s.pending.seal_into(
+            regions.config.max_message_bytes,
+            regions.name().len(),
+            &mut usage,
+        );
+        if left {
+            regions.metrics.capped.inc();
         }
+        s.seq += 1;
+        usage
     };
     // Exact again: merged keys and sealed ones make room for new keys.
     regions.set_pending_bytes(index, s.pending.bytes());
     let to = (peer.config.name.as_str(), peer.config.addr.as_str());
     let answer = call(core, to, &mut s.link, &mut usage, timeout).await;
+    // Unanswered (kept for a resend): the messages sealed for the peer
+    // are folded into its journal at the next share-out (outbox.rs).
+    let malformed = |e: &LinkError| matches!(e, LinkError::Refused { code, .. } if *code == ErrorCode::Malformed);
+    regions.set_unanswered(index, answer.as_ref().is_err_and(|e| !malformed(e)));
     match answer {
         Ok(ack) if ack.region != peer.config.name => {
             tracing::warn!(
@@ -201,19 +198,19 @@ async fn exchange_once(
                 "the address of a peer region leads to another region; usage dropped"
             );
             metrics.send_failures.inc();
-            s.keep_buffer(usage);
+            regions.buffers.give_back(usage.into_buf());
             false
         }
         Ok(_) => {
             s.refused_auth = false;
             metrics.keys_sent.inc_by(u64::from(usage.entries()));
-            s.keep_buffer(usage);
+            regions.buffers.give_back(usage.into_buf());
             peer.last_acked
                 .fetch_max(core.clock.now(), crate::sync::Ordering::Relaxed);
             peer.acked.fetch_add(1, crate::sync::Ordering::Relaxed);
             // More to send now: what did not fit, or what waited behind an
             // unanswered message.
-            !s.pending.is_empty()
+            !s.pending.is_empty() || regions.has_sealed(index)
         }
         // Malformed: the peer will never take this message (it does not
         // know this region, say); drop it rather than retry it forever.
@@ -224,7 +221,7 @@ async fn exchange_once(
             );
             metrics.send_failures.inc();
             s.link = None;
-            s.keep_buffer(usage);
+            regions.buffers.give_back(usage.into_buf());
             false
         }
         // Anything else (a standby answering NotPrimary during a failover

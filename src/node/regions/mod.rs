@@ -5,9 +5,12 @@
 //!  check path (server) --record_all, once per frame--> the shared journal,
 //!      one entry per key for all peers
 //!  exchange task per peer (exchange.rs): every interval, the shared
-//!      journal -> each peer's journal (its rules' entries; new keys dropped
-//!      past `region-journal-max-bytes` with its pending) -> its pending
-//!      -> one USAGE (at most `exchange-max-bytes`) -> USAGE_OK
+//!      journal is shared out (outbox.rs): sealed once into USAGE messages
+//!      (at most `exchange-max-bytes`) for every peer keeping up, copied
+//!      into the journal of each peer behind (its rules' entries; new keys
+//!      dropped past `region-journal-max-bytes` with what else waits)
+//!  each sender: its sealed messages, then its journal -> its pending
+//!      -> one USAGE -> USAGE_OK
 //!  USAGE from a peer (server) --receive--> at-most-once -> Store::absorb
 //!  monitor: who is stalled -> the cut-off flag the check path reads
 //! ```
@@ -26,6 +29,8 @@
 mod exchange;
 mod journal;
 mod metrics;
+mod outbox;
+mod share;
 mod spares;
 
 pub(crate) use exchange::run;
@@ -36,6 +41,7 @@ use crate::store::{RemoteUsage, Store};
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use journal::{Journal, JournalHasher};
 use metrics::RegionMetrics;
+use outbox::{Buffers, Outbox};
 use prometheus::Registry;
 use serde::Serialize;
 use smallvec::SmallVec;
@@ -77,11 +83,12 @@ impl RegionConfig {
 /// One peer region as this node sees it.
 pub(crate) struct Peer {
     pub config: RegionPeer,
-    /// Its share of the shared journal, not yet taken by its sender.
-    journal: Mutex<Journal>,
-    /// The bytes of its journal and its sender's pending usage together
-    /// (changed under the journal's lock; an upper bound between a seal and
-    /// the sender's next word), which stay within `journal_max_bytes`.
+    /// Its share of the shared journal, as messages or as a journal, not
+    /// yet taken by its sender.
+    outbox: Mutex<Outbox>,
+    /// What waits for it ([`Outbox::held`]; changed under the outbox's
+    /// lock; an upper bound between a seal and the sender's next word),
+    /// which stays within `journal_max_bytes`.
     held: AtomicUsize,
     /// Its `entries_dropped` and `usage_dropped` series, at hand for the
     /// check path.
@@ -151,6 +158,8 @@ pub(crate) struct Regions {
     hasher: JournalHasher,
     /// Emptied journals, for the next interval's usage.
     spares: Spares,
+    /// Buffers of messages done with, for the next ones.
+    buffers: Buffers,
 }
 
 impl Regions {
@@ -166,7 +175,7 @@ impl Regions {
             .iter()
             .map(|p| Peer {
                 config: p.clone(),
-                journal: Mutex::new(Journal::default()),
+                outbox: Mutex::new(Outbox::default()),
                 held: AtomicUsize::new(0),
                 dropped: {
                     let m = metrics.peer(&p.name);
@@ -188,6 +197,8 @@ impl Regions {
             metrics,
             hasher: JournalHasher::default(),
             spares: Spares::new(config.peers.len() + 1),
+            // Those of a backlog's messages in flight to every peer at once.
+            buffers: Buffers::new(4 * (config.peers.len() + 1)),
             config,
         })
     }
@@ -291,66 +302,6 @@ impl Regions {
             .unwrap_or(usize::MAX)
     }
 
-    /// Shares the shared journal out to the peers' journals: each takes
-    /// the entries of the rules listing it, the last one the journal
-    /// itself, so entries are copied only for the peers before it. A peer
-    /// whose journal and pending usage hold `journal_max_bytes` drops the
-    /// keys new to it, counted.
-    ///
-    /// Once an interval: the first sender to tick shares out for all, and
-    /// the others, ticking a moment later, find their share waiting. (Shared
-    /// out again for each, the journal would be replaced by one sized for
-    /// that moment's few keys, and grow again all interval long.)
-    fn share_out(&self, now: Nanos) {
-        let half = self.config.interval.as_nanos() as u64 / 2;
-        let recorded = {
-            let mut shared = self.shared.lock();
-            let last = self.shared_at.load(Ordering::Relaxed);
-            if shared.is_empty() || now.saturating_sub(last) < half {
-                return;
-            }
-            // Relaxed: read and written under the shared journal's lock.
-            self.shared_at.store(now, Ordering::Relaxed);
-            // A spare: popped from a short list, a table only when none
-            // is kept (the first intervals). Once an interval, here, the
-            // spares' recent peak fades.
-            self.spares.fade();
-            let next = self.spares.take(shared.len());
-            std::mem::replace(&mut *shared, next)
-        };
-        let last = self.peers.len().saturating_sub(1);
-        let mut recorded = Some(recorded);
-        for (i, peer) in self.peers.iter().enumerate() {
-            let share = match (i == last, &recorded) {
-                (true, _) => recorded.take().map(|r| r.into_share(i)),
-                (false, Some(r)) => {
-                    let mut share = self.spares.take(r.len());
-                    r.share_into(i, &mut share);
-                    Some(share)
-                }
-                (false, None) => None,
-            };
-            let Some(mut share) = share else { continue };
-            if share.is_empty() {
-                self.spares.give_back(share);
-                continue;
-            }
-            let mut journal = peer.journal.lock();
-            let before = journal.bytes();
-            let held = peer.held.load(Ordering::Relaxed);
-            let room = self.config.journal_max_bytes.saturating_sub(held);
-            let (entries, units) = journal.absorb_within(&mut share, room);
-            peer.held
-                .fetch_add(journal.bytes() - before, Ordering::Relaxed);
-            drop(journal);
-            self.spares.give_back(share);
-            if entries > 0 {
-                peer.dropped.0.inc_by(entries);
-                peer.dropped.1.inc_by(units);
-            }
-        }
-    }
-
     /// Whether the exchange is stalled with a majority of the peers: global
     /// rules are then capped at this region's ceiling. One atomic load.
     pub fn cut_off(&self) -> bool {
@@ -446,28 +397,6 @@ impl Regions {
         *applied = Some((report.session, report.seq));
         peer.last_received.fetch_max(now, Ordering::Relaxed);
         Ok(ack(false))
-    }
-
-    /// Shares the shared journal out, then hands peer `index`'s journal to
-    /// its sender (its bytes still held: they are the sender's pending now).
-    fn take_journal(&self, index: usize, now: Nanos) -> Journal {
-        self.share_out(now);
-        // The share out swaps its share in for the empty journal left
-        // here (journal.rs, `absorb_within`), so it needs no table; one
-        // that does not fit whole is walked into a table sized for it.
-        std::mem::take(&mut *self.peers[index].journal.lock())
-    }
-
-    /// Keeps a journal a sender has emptied, for the next interval.
-    fn recycle(&self, journal: Journal) {
-        self.spares.give_back(journal);
-    }
-
-    /// What peer `index`'s sender holds now (after merging and sealing).
-    fn set_pending_bytes(&self, index: usize, bytes: usize) {
-        let peer = &self.peers[index];
-        let journal = peer.journal.lock();
-        peer.held.store(journal.bytes() + bytes, Ordering::Relaxed);
     }
 
     /// Re-reads who is stalled; called every interval by the monitor.

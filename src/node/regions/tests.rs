@@ -55,6 +55,32 @@ fn report(region: &str, session: u64, seq: u64, charged: u64, rule: &str) -> Usa
     }
 }
 
+/// Units charged and refunded, per key.
+type Tally = std::collections::BTreeMap<Bytes, (u64, u64)>;
+
+/// Adds `entries` to `tally`.
+fn tally(tally: &mut Tally, entries: &[UsageEntry]) {
+    for e in entries {
+        let units = tally.entry(e.key.clone()).or_default();
+        *units = (units.0 + e.charged, units.1 + e.refunded);
+    }
+}
+
+/// What peer `i` is sent of the usage shared out to it, per key: the
+/// units charged and refunded in its sealed messages, then in its journal
+/// (sealed as its sender would). Empties both.
+fn sent(r: &Regions, i: usize) -> Tally {
+    let mut got = Tally::new();
+    while let Some(mut frame) = r.take_sealed(i) {
+        tally(&mut got, &journal::decoded(&mut frame).entries);
+    }
+    let mut journal = std::mem::take(&mut r.peers[i].outbox.lock().journal);
+    while !journal.is_empty() {
+        tally(&mut got, &journal.seal(1 << 20, 2).0);
+    }
+    got
+}
+
 fn remaining(r: &Regions) -> u64 {
     let check = ResolvedPair::new(b"k", bucket(), 1);
     match r.store.check(&[check], T0, Mode::Peek) {
@@ -176,9 +202,11 @@ fn usage_is_journalled_for_the_peers_the_rule_lists() {
     r.record(&k, &rule, &["ap".into()], 5, 0, T0);
     // Once in the shared journal per rule's peers, whatever their number.
     assert_eq!(r.shared.lock().len(), 2);
+    // No peer is listed by both rules: none takes sealed messages.
     r.share_out(T0);
+    assert!((0..3).all(|i| !r.has_sealed(i)));
     let charged = |i: usize| {
-        let (entries, _) = r.peers[i].journal.lock().seal(1 << 20, 2);
+        let (entries, _) = r.peers[i].outbox.lock().journal.seal(1 << 20, 2);
         entries.iter().map(|e| e.charged).collect::<Vec<_>>()
     };
     // eu takes a copy, sa (the last) the journal itself: the same usage.
@@ -199,6 +227,8 @@ fn a_peers_journal_and_pending_usage_stay_within_their_bound() {
         let key = Bytes::from(format!("rl:{{k{i}}}"));
         r.record(&key, &rule, &listed, 1, 0, T0);
     };
+    // eu is behind (its sender holds a byte): it takes journals.
+    r.set_pending_bytes(0, 1);
     for i in 0..10_000 {
         record(&r, i);
     }
@@ -228,7 +258,11 @@ fn a_full_peer_drops_new_keys_as_it_takes_its_share_and_the_others_keep_them() {
     let listed = ["eu".to_owned(), "ap".to_owned()];
     let key = |i: u32| Bytes::from(format!("rl:{{k{i}}}"));
     r.record(&key(0), &rule, &listed, 2, 0, T0);
+    // ap is behind (its sender holds usage): it takes a journal, eu a
+    // sealed message.
+    r.set_pending_bytes(1, 1);
     r.share_out(T0);
+    assert!(r.has_sealed(0) && !r.has_sealed(1));
     // ap's sender holds a full journal's worth (a peer that is down).
     r.set_pending_bytes(1, 64 << 10);
     // eu has room: the shared journal takes new keys, and a key ap holds
@@ -243,11 +277,11 @@ fn a_full_peer_drops_new_keys_as_it_takes_its_share_and_the_others_keep_them() {
     r.share_out(T0 + 500 * MS);
     assert!(r.shared.lock().is_empty());
     let sealed = |i: usize| {
-        let (entries, _) = r.peers[i].journal.lock().seal(1 << 20, 2);
-        let mut got: Vec<_> = entries.iter().map(|e| (e.key.clone(), e.charged)).collect();
-        got.sort();
-        got
+        (sent(&r, i).into_iter())
+            .map(|(k, (charged, _))| (k, charged))
+            .collect::<Vec<_>>()
     };
+    // eu: two messages, key 0 in each; ap: one journal, merged.
     assert_eq!(sealed(0), vec![(key(0), 6), (key(1), 1)]);
     assert_eq!(sealed(1), vec![(key(0), 6)]);
     let dropped = |p: &str| {
@@ -293,7 +327,10 @@ fn the_tables_one_interval_empties_hold_the_next_ones_usage() {
     let listed = ["eu".to_owned(), "ap".to_owned()];
     let mut pending = [Journal::default(), Journal::default()];
     // Three intervals of the same 1,000 keys, each charged `units` once;
-    // what each sender seals is exactly that interval's usage.
+    // what each sender seals is exactly that interval's usage. ap is
+    // behind (its sender holds usage), so it takes journals, swapped into
+    // its pending usage; eu keeps up and takes sealed messages.
+    r.set_pending_bytes(1, 1);
     for (interval, units) in [(0, 1), (1, 2), (2, 3)] {
         for i in 0..1000 {
             let key = Bytes::from(format!("rl:{{k{i}}}"));
@@ -304,8 +341,10 @@ fn the_tables_one_interval_empties_hold_the_next_ones_usage() {
             let mut fresh = r.take_journal(i, now);
             pending.absorb(&mut fresh);
             r.recycle(fresh);
-            let (entries, left) = pending.seal(1 << 20, 2);
-            assert!(!left);
+            let mut entries = pending.seal(1 << 20, 2).0;
+            while let Some(mut frame) = r.take_sealed(i) {
+                entries.extend(journal::decoded(&mut frame).entries);
+            }
             assert_eq!(entries.len(), 1000, "interval {interval}, peer {i}");
             assert!(entries.iter().all(|e| e.charged == units));
         }
@@ -317,4 +356,135 @@ fn the_tables_one_interval_empties_hold_the_next_ones_usage() {
             assert!(r.spares.len() > 0, "interval {interval}");
         }
     }
+}
+
+/// Peers keeping up take the interval's usage as messages sealed once, the
+/// same entries for each under its own numbers; a peer behind takes it as
+/// a journal; what each is sent is exactly what was recorded, and what
+/// waits is held against the bound until the sender takes it.
+#[test]
+fn peers_keeping_up_take_sealed_messages_and_one_behind_a_journal() {
+    let mut r = regions(&["eu", "ap", "sa"]);
+    r.config.max_message_bytes = 4096;
+    let rule = RuleName::try_from("api").unwrap();
+    let listed = ["eu".to_owned(), "ap".to_owned(), "sa".to_owned()];
+    let key = |i: u32| Bytes::from(format!("rl:{{k{i}}}"));
+    for i in 0..500 {
+        r.record(&key(i), &rule, &listed, u64::from(i % 7) + 1, 0, T0);
+        r.record(&key(i), &rule, &listed, 0, 1, T0);
+    }
+    // sa's sender holds usage: behind.
+    r.set_pending_bytes(2, 1);
+    r.share_out(T0);
+    let held = |i: usize| r.peers[i].held.load(Ordering::Relaxed);
+    let frames = |i: usize| r.peers[i].outbox.lock().sealed_len();
+    assert!(frames(0) > 1, "more than one message: {}", frames(0));
+    assert_eq!((frames(1), frames(2)), (frames(0), 0));
+    assert_eq!(held(0), held(1));
+    assert_eq!(r.peers[2].outbox.lock().journal.len(), 500);
+    // The same bytes for eu and ap, each numbered by its sender.
+    let mut a = r.take_sealed(0).unwrap();
+    assert!(held(0) < held(1), "a message taken is no longer held");
+    let mut b = r.take_sealed(1).unwrap();
+    a.renumber(3, 1);
+    b.renumber(3, 1);
+    assert_eq!(a.frame(9).unwrap(), b.frame(9).unwrap());
+    let first = journal::decoded(&mut a).entries;
+    assert!(first.iter().all(|e| e.key.len() > 4));
+    let want: Tally = (0..500)
+        .map(|i| (key(i), (u64::from(i % 7) + 1, 1)))
+        .collect();
+    let taken = [first, journal::decoded(&mut b).entries, vec![]];
+    for (i, taken) in taken.iter().enumerate() {
+        let mut got = sent(&r, i);
+        tally(&mut got, taken);
+        assert_eq!(got, want, "peer {i}");
+    }
+    r.set_pending_bytes(2, 0);
+    assert_eq!((held(0), held(1), held(2)), (0, 0, 0));
+}
+
+/// A peer whose last message went unanswered (it is down, say) has the
+/// messages still waiting for it folded back into its journal with the
+/// interval's usage: one entry per key, merged, within its bound, a key
+/// new to it past the bound dropped, counted. A peer that answers keeps
+/// taking sealed messages while they wait within half its bound.
+#[test]
+fn a_peer_falling_behind_has_its_waiting_messages_folded_into_its_journal() {
+    let mut r = regions(&["eu", "ap"]);
+    r.config.max_message_bytes = 4096;
+    r.config.journal_max_bytes = 64 << 10;
+    let rule = RuleName::try_from("api").unwrap();
+    let listed = ["eu".to_owned(), "ap".to_owned()];
+    let record = |r: &Regions, keys: std::ops::Range<u32>, units: u64| {
+        for i in keys {
+            let key = Bytes::from(format!("rl:{{k{i}}}"));
+            r.record(&key, &rule, &listed, units, 0, T0);
+        }
+    };
+    record(&r, 0..200, 1);
+    r.share_out(T0);
+    let frames = |i: usize| r.peers[i].outbox.lock().sealed_len();
+    let first = frames(1);
+    assert!(first > 1, "{first}");
+    // ap's sender takes one message, which goes unanswered; eu's takes
+    // nothing yet.
+    let mut unanswered = r.take_sealed(1).unwrap();
+    let in_flight = journal::decoded(&mut unanswered).entries;
+    r.set_unanswered(1, true);
+    record(&r, 100..300, 2);
+    r.share_out(T0 + 500 * MS);
+    let journal = |i: usize| r.peers[i].outbox.lock().journal.len();
+    assert!(frames(0) > first && journal(0) == 0, "eu keeps up");
+    // ap: every key but those only in flight (of keys 0 to 99), merged.
+    let only_in_flight = (0..100)
+        .filter(|i| in_flight.iter().any(|e| e.key == format!("rl:{{k{i}}}")))
+        .count();
+    assert_eq!((frames(1), journal(1)), (0, 300 - only_in_flight));
+    let held = r.peers[1].held.load(Ordering::Relaxed);
+    assert!(held <= 64 << 10, "{held}");
+    // Past its bound, a key new to ap is dropped, one it holds adds up.
+    r.set_pending_bytes(1, 64 << 10);
+    record(&r, 299..301, 5);
+    r.share_out(T0 + 1000 * MS);
+    let m = r.metrics.peer("ap");
+    assert_eq!((m.entries_dropped.get(), m.units_dropped.get()), (1, 5));
+    let mut got = sent(&r, 1);
+    tally(&mut got, &in_flight);
+    let units = |i: u32| got[&Bytes::from(format!("rl:{{k{i}}}"))].0;
+    assert_eq!((units(0), units(100), units(200), units(299)), (1, 3, 2, 7));
+    assert_eq!(got.len(), 300);
+    assert_eq!(sent(&r, 0).len(), 301);
+}
+
+/// A peer that answers but too slowly for the usage (its messages waiting
+/// would pass half its bound) takes the next interval as a journal, its
+/// waiting messages folded in: the same keys interval after interval add
+/// up in place rather than in one message each.
+#[test]
+fn a_peer_whose_messages_pile_up_takes_a_journal() {
+    let mut r = regions(&["eu"]);
+    r.config.journal_max_bytes = 64 << 10;
+    let rule = RuleName::try_from("api").unwrap();
+    let listed = ["eu".to_owned()];
+    let mut intervals = 0;
+    // The same 200 keys each interval, some 7 KiB of messages.
+    while r.peers[0].outbox.lock().journal.is_empty() {
+        for i in 0..200 {
+            let key = Bytes::from(format!("rl:{{k{i}}}"));
+            r.record(&key, &rule, &listed, 1, 0, T0);
+        }
+        r.share_out(T0 + intervals * 500 * MS);
+        intervals += 1;
+        assert!(intervals < 10, "never took a journal");
+        let held = r.peers[0].held.load(Ordering::Relaxed);
+        assert!(held <= 64 << 10, "{held}");
+    }
+    assert!(intervals > 2, "{intervals}");
+    assert_eq!(r.peers[0].outbox.lock().sealed_len(), 0);
+    assert_eq!(r.peers[0].outbox.lock().journal.len(), 200);
+    let got = sent(&r, 0);
+    assert_eq!(got.len(), 200);
+    assert!(got.values().all(|&(charged, _)| charged == intervals));
+    assert_eq!(r.metrics.peer("eu").entries_dropped.get(), 0);
 }

@@ -272,3 +272,59 @@ fn a_message_takes_what_fits_and_leaves_the_rest() {
     }
     assert_eq!(rest, 70);
 }
+
+/// Sealed in one walk, every entry goes into exactly one message, each
+/// within the bound; an entry no message holds is left out and counted;
+/// the journal is left empty with its room.
+#[test]
+fn sealing_everything_puts_each_entry_in_one_message_within_the_bound() {
+    let mut j = Journal::default();
+    for i in 0..100u64 {
+        add(&mut j, format!("key-{i:04}").as_bytes(), (i, 1, 5), ROOM);
+    }
+    add(&mut j, &[b'L'; 3000], (7, 2, 5), ROOM);
+    let room = j.capacity();
+    // Room for thirty 38-byte entries a message, never the long one.
+    let max = usage_header_len(2) + 38 * 30;
+    let mut sealed = Vec::new();
+    let mut next = || UsageFrame::new(BytesMut::new(), "us", (0, 0, 9)).ok();
+    let left_out = j.seal_all((max, 2), &mut next, &mut sealed);
+    assert_eq!(left_out, (1, 9));
+    assert_eq!(sealed.len(), 4);
+    // The bound is on the payload: the frame adds its length, opcode and
+    // request id.
+    assert!(
+        sealed.iter().all(|m| m.len() <= 9 + max),
+        "within the bound"
+    );
+    let mut got: Vec<(Vec<u8>, u64, u64)> = (sealed.iter_mut())
+        .flat_map(|m| decoded(m).entries)
+        .map(|e| (e.key.to_vec(), e.charged, e.refunded))
+        .collect();
+    got.sort();
+    let want: Vec<_> = (0..100u64)
+        .map(|i| (format!("key-{i:04}").into_bytes(), i, 1))
+        .collect();
+    assert_eq!(got, want);
+    assert!(j.is_empty());
+    assert_eq!((j.bytes(), j.capacity()), (0, room));
+    // None to be had: everything is left out, counted.
+    add(&mut j, b"k", (3, 0, 5), ROOM);
+    let left_out = j.seal_all((max, 2), &mut || None, &mut sealed);
+    assert_eq!((left_out, sealed.len()), ((1, 3), 4));
+}
+
+/// What the wire takes is what a message of the entries measures.
+#[test]
+fn the_wire_bytes_are_what_a_message_of_the_entries_takes() {
+    let mut j = Journal::default();
+    for i in 0..50 {
+        let key = format!("key-{}", "x".repeat(i));
+        add(&mut j, key.as_bytes(), (1, 0, 5), ROOM);
+    }
+    let wire = j.wire_bytes();
+    let mut frame = UsageFrame::new(BytesMut::new(), "us", (0, 0, 9)).unwrap();
+    assert!(!j.seal_into(1 << 20, 2, &mut frame));
+    // The frame's length, opcode and request id, then the payload.
+    assert_eq!(frame.len(), 9 + usage_header_len(2) + wire);
+}
