@@ -43,6 +43,7 @@ pub use key::{StoredKey, INLINE as MAX_INLINE_KEY};
 pub use merge::MergeRefused;
 pub use remote::{AbsorbError, RemoteUsage};
 pub use tables::Full;
+pub use tables::Hint as TableHint;
 use tables::{Hints, Kind, Table, Tables};
 pub use update::Update;
 

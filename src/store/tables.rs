@@ -36,7 +36,7 @@ mod slots;
 mod split;
 
 pub use budget::Full;
-pub use hint::Hints;
+pub use hint::{Hint, Hints};
 
 use super::{Entry, StoredKey};
 use crate::algorithm::{State, Verdict};

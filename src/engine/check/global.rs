@@ -122,18 +122,22 @@ impl<'f> Evaluation<'_, 'f> {
     /// on a node in a region (see `Evaluation::prefetch`): the check charges
     /// it after the key itself, and unfetched it was the costlier of the two
     /// lookups (17.5% of the server's CPU against 9% for the key's own, at
-    /// one check per frame, in perf).
+    /// one check per frame, in perf). And where its usage will be recorded
+    /// (`Regions::prefetch_record`).
     pub(super) fn prefetch_ceiling(&self, pair: &Pair, rule: &Rule) {
         if rule.global().is_empty() || self.verb == Verb::Check(Mode::Peek) {
             return;
         }
-        if self.engine.node.regions().is_none() {
+        let Some(regions) = self.engine.node.regions() else {
             return;
-        }
+        };
         let store = &self.engine.store;
         let mut ceilings = self.ceilings.borrow_mut();
         let (start, spot) = ceilings.push(pair, store);
         store.prefetch(&ceilings.keys[start..], spot, rule.limit.algorithm);
+        if let LimitRef::Rule(name) = &pair.limit {
+            regions.prefetch_record(&pair.key, name);
+        }
     }
 
     /// The units a pair takes (cost 0: the rule's default).

@@ -31,7 +31,7 @@
 //! into the message ([`Journal::seal_into`]).
 
 use crate::clock::Nanos;
-use crate::store::StoredKey;
+use crate::store::{StoredKey, TableHint};
 use ahash::RandomState;
 use bytes::Bytes;
 #[cfg(test)]
@@ -185,6 +185,25 @@ impl Journal {
     /// How many entries the table holds before it grows.
     pub fn capacity(&self) -> usize {
         self.entries.capacity()
+    }
+
+    /// A hint for journals' tables, to prefetch where an entry is probed
+    /// for ([`Journal::publish`]).
+    pub fn new_hint() -> TableHint {
+        TableHint::new::<Entry>()
+    }
+
+    /// Publishes where this journal's table is to `hint`: after it moved
+    /// (grew, or another journal took its place).
+    pub fn publish(&self, hint: &TableHint) {
+        hint.publish(&self.entries);
+    }
+
+    /// Checks that `hint` names where this journal's entries are (see
+    /// `TableHint::assert_names`); how many entries it checked.
+    #[cfg(test)]
+    pub fn assert_hint(&self, hint: &TableHint) -> usize {
+        hint.assert_names(&self.entries, |e| e.hash)
     }
 
     /// The index of `rule` for `peers` among the names, if it is there. A

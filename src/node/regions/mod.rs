@@ -37,7 +37,7 @@ pub(crate) use exchange::run;
 
 use crate::clock::Nanos;
 use crate::config::{RegionPeer, RegionSettings};
-use crate::store::{RemoteUsage, Store};
+use crate::store::{RemoteUsage, Store, TableHint};
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use journal::{Journal, JournalHasher};
 use metrics::RegionMetrics;
@@ -148,6 +148,11 @@ pub(crate) struct Regions {
     peers: Vec<Peer>,
     /// What the check path recorded since a sender last shared it out.
     shared: Mutex<Journal>,
+    /// Where the shared journal's table is, read without its lock to
+    /// prefetch where a check's usage will be recorded
+    /// ([`Regions::prefetch_record`]); published under the lock whenever
+    /// the table moved.
+    shared_hint: TableHint,
     /// When it was last shared out (clock, ns).
     shared_at: AtomicU64,
     store: std::sync::Arc<Store>,
@@ -191,6 +196,7 @@ impl Regions {
         Ok(Self {
             peers,
             shared: Mutex::new(Journal::default()),
+            shared_hint: Journal::new_hint(),
             shared_at: AtomicU64::new(0),
             store,
             cut_off: AtomicBool::new(false),
@@ -267,6 +273,7 @@ impl Regions {
         let mut dropped = SmallVec::<[usize; 4]>::new();
         {
             let mut shared = self.shared.lock();
+            let room_before = shared.capacity();
             for (i, (r, &(hash, least_held))) in records.iter().zip(&prepared).enumerate() {
                 if r.peers == 0 {
                     continue;
@@ -278,6 +285,12 @@ impl Regions {
                     dropped.push(i);
                 }
             }
+            // Moved, or published empty (a table's place is read from an
+            // entry it holds, so a spare put in at the share-out is
+            // published with its first entries).
+            if shared.capacity() != room_before || !self.shared_hint.is_set() {
+                shared.publish(&self.shared_hint);
+            }
         }
         for r in dropped.into_iter().map(|i| &records[i]) {
             for (i, peer) in self.peers.iter().enumerate() {
@@ -287,6 +300,17 @@ impl Regions {
                 }
             }
         }
+    }
+
+    /// Starts fetching where the usage of `key` under the global `rule`
+    /// will be recorded in the shared journal: called by a frame's
+    /// prefetch, it lets the record's cache misses (the table's control
+    /// group, the entry written) overlap with the frame's others rather
+    /// than each wait alone under the journal's lock (the record was 11%
+    /// of the server's CPU under a global rule, in perf, most of it those
+    /// two misses). A stale hint only wastes a fetch.
+    pub fn prefetch_record(&self, key: &[u8], rule: &RuleName) {
+        self.shared_hint.prefetch(self.hasher.hash(key, rule));
     }
 
     /// The least any of `peers` (bits) holds: the bound a key new to the

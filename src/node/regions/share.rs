@@ -39,6 +39,8 @@ impl Regions {
             // spares' recent peak fades.
             self.spares.fade();
             let next = self.spares.take(shared.len());
+            // Empty: the hint is cleared, and set by the first record.
+            next.publish(&self.shared_hint);
             std::mem::replace(&mut *shared, next)
         };
         let (bound, wire) = (self.config.journal_max_bytes, recorded.wire_bytes());

@@ -488,3 +488,23 @@ fn a_peer_whose_messages_pile_up_takes_a_journal() {
     assert!(got.values().all(|&(charged, _)| charged == intervals));
     assert_eq!(r.metrics.peer("eu").entries_dropped.get(), 0);
 }
+
+/// The hint the frame's prefetch reads names the shared journal's table
+/// as it grows and after each share-out puts another in its place.
+#[test]
+fn the_record_hint_follows_the_shared_journal() {
+    let r = regions(&["eu"]);
+    let rule = RuleName::try_from("api").unwrap();
+    let listed = ["eu".to_owned()];
+    for interval in 0..3u64 {
+        for i in 0..5_000 {
+            let key = Bytes::from(format!("rl:{{k{interval}-{i}}}"));
+            r.prefetch_record(&key, &rule);
+            r.record(&key, &rule, &listed, 1, 0, T0);
+        }
+        let checked = r.shared.lock().assert_hint(&r.shared_hint);
+        assert!(checked > 2_500, "interval {interval}: {checked} of 5000");
+        r.share_out(T0 + interval * 500 * MS);
+        assert!(r.shared.lock().is_empty());
+    }
+}

@@ -73,9 +73,11 @@ impl Hints {
 }
 
 /// A table's control bytes and bucket mask (see the module docs); a `ctrl`
-/// of 0 means no allocation worth prefetching (nothing is fetched).
+/// of 0 means no allocation worth prefetching (nothing is fetched). Any
+/// hashbrown table can have one: the regions' journal does too
+/// (`node/regions`).
 #[derive(Debug)]
-pub(super) struct Hint {
+pub struct Hint {
     ctrl: AtomicUsize,
     mask: AtomicUsize,
     /// Bytes of one entry.
@@ -83,7 +85,7 @@ pub(super) struct Hint {
 }
 
 impl Hint {
-    pub(super) fn new<T>() -> Self {
+    pub fn new<T>() -> Self {
         Self {
             ctrl: AtomicUsize::new(0),
             mask: AtomicUsize::new(0),
@@ -92,13 +94,13 @@ impl Hint {
     }
 
     /// Whether a table's place is published.
-    pub(super) fn is_set(&self) -> bool {
+    pub fn is_set(&self) -> bool {
         self.ctrl.load(Ordering::Relaxed) != 0
     }
 
     /// Records where `table`'s buckets are, from the address of any entry
     /// it holds (none: the hint is cleared until the next publish).
-    pub(super) fn publish<T>(&self, table: &HashTable<T>) {
+    pub fn publish<T>(&self, table: &HashTable<T>) {
         let place = table.iter_buckets().next().and_then(|i| {
             let entry: *const T = table.get_bucket(i)?;
             Some((entry as usize).wrapping_add((i + 1) * self.entry))
@@ -117,7 +119,7 @@ impl Hint {
     /// Starts fetching the control group and the first bucket a lookup of
     /// `hash` probes.
     #[inline]
-    pub(super) fn prefetch(&self, hash: u64) {
+    pub fn prefetch(&self, hash: u64) {
         let ctrl = self.ctrl.load(Ordering::Relaxed);
         if ctrl == 0 {
             return;
@@ -131,7 +133,7 @@ impl Hint {
     /// probe starts must be at the address the hint names for its hash.
     /// Returns how many entries were checked (for the layout tests).
     #[cfg(test)]
-    pub(super) fn assert_names<T>(&self, table: &HashTable<T>, hash: impl Fn(&T) -> u64) -> usize {
+    pub fn assert_names<T>(&self, table: &HashTable<T>, hash: impl Fn(&T) -> u64) -> usize {
         let mask = table.num_buckets() - 1;
         let mut checked = 0;
         for index in table.iter_buckets() {
