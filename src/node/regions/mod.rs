@@ -337,7 +337,11 @@ impl Regions {
     /// The limit a global rule's ceiling key is checked against: the
     /// region's share of the count (and of a bucket's burst), at least 1.
     pub fn ceiling(&self, limit: &Limit) -> Limit {
-        let share = |n: u64| ((n as f64 * self.config.ceiling_share).floor() as u64).max(1);
+        // `as` truncates toward zero: the floor of a share, which is never
+        // negative (an `f64::floor` call was 1% of the server's CPU under a
+        // global rule, in perf: a library call, not an instruction, on the
+        // baseline x86_64 target).
+        let share = |n: u64| ((n as f64 * self.config.ceiling_share) as u64).max(1);
         Limit {
             count: share(limit.count),
             burst: if limit.burst == 0 {

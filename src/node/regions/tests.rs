@@ -162,6 +162,11 @@ fn the_ceiling_is_the_share_of_count_and_burst() {
     // Never below one unit, never a burst where there was none.
     let c = r.ceiling(&window);
     assert_eq!((c.count, c.burst), (1, 0));
+    // Rounded down: a third of 1000 is 333, of 1001 333 too.
+    for (count, share) in [(1000, 333), (1001, 333), (1002, 334)] {
+        let c = r.ceiling(&Limit { count, ..window });
+        assert_eq!(c.count, share, "{count}");
+    }
 }
 
 #[test]
