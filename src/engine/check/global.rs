@@ -228,7 +228,17 @@ impl<'f> Evaluation<'_, 'f> {
         if globals.is_empty() {
             return self.evaluate_resolved(&resolved, spots, Mode::Charge);
         }
-        if regions.cut_off() {
+        let cut_off = regions.cut_off();
+        if let (false, [pair], [(_, name, rule)]) = (cut_off, pairs, globals.as_slice()) {
+            if !rule.shadow() {
+                let check = (&resolved.checks[0], spots[0]);
+                if let Some(decided) = self.charge_with_ceiling(regions, (pair, name, rule), check)
+                {
+                    return decided;
+                }
+            }
+        }
+        if cut_off {
             for &(i, _, rule) in &globals {
                 let denied = self
                     .ceiling(regions, &pairs[i], rule, Mode::Peek)
@@ -261,6 +271,34 @@ impl<'f> Evaluation<'_, 'f> {
             }
         }
         decided
+    }
+
+    /// The common global check (one pair, not shadow, the region in touch
+    /// with its peers): the key and its ceiling key charged under one lock
+    /// (`Store::charge_with_companion`), the usage kept when allowed. None,
+    /// nothing done, where the store cannot (the caller checks them one
+    /// after the other).
+    fn charge_with_ceiling<'s>(
+        &'s self,
+        regions: &Regions,
+        (pair, name, rule): (&'f Pair, &'f RuleName, &'s Rule),
+        check: (&ResolvedPair<'_>, Spot),
+    ) -> Option<Decided<'s>> {
+        let limit = regions.ceiling(&rule.limit);
+        let units = Self::units(pair, rule);
+        let result = self.with_ceiling_key(pair, |key, spot| {
+            let ceiling = ResolvedPair::new(key, limit, units);
+            (self.engine.store).charge_with_companion(check, (&ceiling, spot), self.now)
+        })?;
+        Some(match result {
+            CheckResult::Decision(decision) => {
+                if decision.allowed {
+                    self.record(regions, pair, name, rule, (u64::from(units), 0));
+                }
+                Decided::decision(decision, Some(rule))
+            }
+            CheckResult::Error(code) => Decided::Error(code),
+        })
     }
 
     /// A REFUND on a node in a region: each global pair's refund is given

@@ -476,3 +476,21 @@ fn a_frame_applied_with_its_keys_fetched_ahead_ends_as_applied_one_by_one() {
     }
     assert_eq!(ahead.len(), one_by_one.len());
 }
+
+/// A key and its companion charged under one lock are both recorded for
+/// the standby, each as it is now.
+#[test]
+fn a_key_and_its_companion_charged_together_are_both_captured() {
+    let s = store(4, 8);
+    s.start_capture();
+    drain_all(&s, S);
+    let (key, companion) = (tb("{t}k"), tb("{t}k\0c"));
+    let spots = (s.spot(key.key), s.spot(companion.key));
+    let answer = s.charge_with_companion((&key, spots.0), (&companion, spots.1), S);
+    assert!(matches!(answer, Some(tollgate_protocol::CheckResult::Decision(d)) if d.allowed));
+    let (changes, whole) = drain_all(&s, S);
+    assert!(whole.is_empty());
+    let mut keys: Vec<_> = changes.iter().map(|c| c.key.as_bytes().to_vec()).collect();
+    keys.sort();
+    assert_eq!(keys, [b"{t}k".to_vec(), b"{t}k\0c".to_vec()]);
+}

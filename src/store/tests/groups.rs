@@ -342,3 +342,65 @@ fn a_refund_returns_only_what_each_key_held() {
     ];
     assert_eq!(returned_by(&asked, S), [0, 3]);
 }
+
+/// A key and a companion of its stripe charged under one lock: the
+/// companion is charged only when the key is allowed and its own check
+/// passes, and never denies the key; the answer is the key's, as a check
+/// of it alone. Where the store cannot (another stripe, a capped store, a
+/// state other than a bucket) nothing is done.
+#[test]
+fn a_companion_is_charged_with_an_allowed_key_and_never_denies_it() {
+    let s = store();
+    let (key, companion) = (tb("{t}k", 5, 1000, 5, 1), tb("{t}k\0c", 2, 1000, 2, 1));
+    let charge = |now| {
+        let (ks, cs) = (s.spot(key.key), s.spot(companion.key));
+        decided(
+            s.charge_with_companion((&key, ks), (&companion, cs), now)
+                .expect("one stripe"),
+        )
+    };
+    // What a check of one unit would leave.
+    let peek = |pair: &ResolvedPair<'_>| decided(s.check(&[*pair], S, Mode::Peek)).remaining;
+    // The companion runs out after two; the key goes on to its five.
+    let answers: Vec<_> = (0..6).map(|_| charge(S)).collect();
+    let allowed: Vec<_> = answers.iter().map(|d| d.allowed).collect();
+    assert_eq!(allowed, [true, true, true, true, true, false]);
+    assert_eq!(answers[2].remaining, 2, "the key's own count");
+    assert_eq!((peek(&key), peek(&companion)), (0, 0));
+    // A key denied charges no companion: a fresh companion stays full.
+    let fresh = tb("{t}k\0d", 2, 1000, 2, 1);
+    let (ks, cs) = (s.spot(key.key), s.spot(fresh.key));
+    assert!(
+        !decided(
+            s.charge_with_companion((&key, ks), (&fresh, cs), S)
+                .unwrap()
+        )
+        .allowed
+    );
+    assert_eq!(peek(&fresh), 1, "untouched");
+    // Where the store cannot, nothing is done.
+    let other = (0..64)
+        .map(|i| format!("other-{i}"))
+        .find(|k| (s.spot(k.as_bytes()).slot.get() ^ ks.slot.get()) & 15 != 0)
+        .unwrap();
+    let other = tb(&other, 2, 1000, 2, 1);
+    let window = sw("{t}k\0w", 2, 1000, 1);
+    let fresh_key = tb("{t}fresh", 5, 1000, 5, 1);
+    let fks = s.spot(fresh_key.key);
+    for c in [other, window] {
+        assert!(s
+            .charge_with_companion((&fresh_key, fks), (&c, s.spot(c.key)), S)
+            .is_none());
+    }
+    assert_eq!(peek(&fresh_key), 4, "untouched");
+    let capped = capped(1 << 20, Full::Refuse);
+    let spots = (capped.spot(key.key), capped.spot(companion.key));
+    assert!(capped
+        .charge_with_companion((&key, spots.0), (&companion, spots.1), S)
+        .is_none());
+    // An invalid limit of the key is its error, as a check would answer.
+    let zero = tb("{t}z", 5, 1000, 5, 0);
+    let c = (&companion, s.spot(companion.key));
+    let answer = s.charge_with_companion((&zero, s.spot(zero.key)), c, S);
+    assert_eq!(answer, Some(CheckResult::Error(ErrorCode::InvalidLimit)));
+}
