@@ -266,7 +266,7 @@ impl<'f> Evaluation<'_, 'f> {
                 LimitRef::Inline(limit) => limit.algorithm,
                 LimitRef::Rule(name) => match self.rules.get(name.as_bytes()) {
                     Some(rule) => {
-                        self.prefetch_ceiling(pair, rule);
+                        self.prefetch_ceiling(pair, spot, rule);
                         rule.limit.algorithm
                     }
                     None => continue,

@@ -277,6 +277,18 @@ impl Store {
         }
     }
 
+    /// The spot of `key`, whose slot the caller knows to be `of`'s (`key`
+    /// is `of`'s key with bytes added after its hash tag): its hash alone
+    /// is computed.
+    #[inline]
+    pub fn spot_beside(&self, key: &[u8], of: Spot) -> Spot {
+        debug_assert_eq!(Slot::of(key), of.slot, "a key of another slot");
+        Spot {
+            slot: of.slot,
+            hash: self.hash(key),
+        }
+    }
+
     /// Starts fetching into the cache what a check of `key` (at `spot`)
     /// under `algorithm` will read, without taking any lock: called for
     /// each key of a read before the keys are checked one by one, it lets
