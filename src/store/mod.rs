@@ -78,6 +78,40 @@ struct Stripe {
 }
 
 impl Stripe {
+    /// Starts fetching the lines a check of a state of `kind` reads under
+    /// the stripe's lock before it reaches its entry: the lock word, the
+    /// tables' headers and upkeep, and the change log while `capturing`.
+    /// Each is one line of a stripe's 600 bytes, read once per check at a
+    /// random stripe of 1024: cold, and waited on one after another under
+    /// the lock (taking the lock, and finding the table, were 3% and 7% of
+    /// the server's CPU at 1M keys, in perf). Addresses only: nothing is
+    /// read. (Under loom, whose mutex hides where its data is: nothing.)
+    #[cfg(not(tollgate_loom))]
+    #[inline]
+    fn prefetch_locked(&self, kind: Kind, capturing: bool) {
+        let mutex = std::ptr::addr_of!(self.mutex) as usize;
+        let data = self.mutex.data_ptr() as usize;
+        // The lock word sits before or after what it guards.
+        let word = if data == mutex {
+            data + size_of::<Locked>()
+        } else {
+            mutex
+        };
+        debug_assert!(word < mutex + std::mem::size_of_val(&self.mutex));
+        crate::prefetch::line(word);
+        let tables = data + std::mem::offset_of!(Locked, tables);
+        for (at, len) in Tables::read_by(kind) {
+            crate::prefetch::line(tables + at);
+            crate::prefetch::line(tables + at + len - 1);
+        }
+        if capturing {
+            crate::prefetch::line(data + std::mem::offset_of!(Locked, changes));
+        }
+    }
+
+    #[cfg(tollgate_loom)]
+    fn prefetch_locked(&self, _kind: Kind, _capturing: bool) {}
+
     /// Locks the stripe's tables.
     fn lock(&self) -> Guard<'_> {
         Guard {
@@ -305,7 +339,11 @@ impl Store {
             Algorithm::SlidingLog | Algorithm::Concurrency => return,
         };
         debug_assert_eq!(spot, self.spot(key), "a spot of another key");
-        self.stripe(spot.slot).hints.prefetch(kind, key, spot.hash);
+        let stripe = self.stripe(spot.slot);
+        // Relaxed: a hint; a check racing the switch only fetches a line
+        // more or less.
+        stripe.prefetch_locked(kind, self.capture.load(Ordering::Relaxed));
+        stripe.hints.prefetch(kind, key, spot.hash);
     }
 
     /// The live state of one key, if any: its token bucket, else its

@@ -172,6 +172,32 @@ fn leaky_entry(tat: Tat) -> Entry {
 }
 
 impl Tables {
+    /// Where, from the start of the tables, a check of a state of `kind`
+    /// reads under the lock besides the entry itself: its tables'
+    /// headers (the split pair) and the upkeep every write lowers, each an
+    /// (offset, bytes), for the stripe's prefetch (`Store::prefetch`).
+    pub fn read_by(kind: Kind) -> [(usize, usize); 2] {
+        let split = match kind {
+            Kind::Buckets => (
+                std::mem::offset_of!(Tables, buckets),
+                size_of::<Split<Tat>>(),
+            ),
+            Kind::Leaky => (std::mem::offset_of!(Tables, leaky), size_of::<Split<Tat>>()),
+            Kind::Windows => (
+                std::mem::offset_of!(Tables, windows),
+                size_of::<Split<Window>>(),
+            ),
+            Kind::General => (
+                std::mem::offset_of!(Tables, others),
+                size_of::<Slots<Other>>(),
+            ),
+        };
+        [
+            split,
+            (std::mem::offset_of!(Tables, upkeep), size_of::<Upkeep>()),
+        ]
+    }
+
     /// Publishes where the compact tables are to `hints` (the stripe's,
     /// read without the lock to prefetch), for those that moved since the
     /// last publish; called by the stripe's lock guard as it unlocks.
