@@ -176,6 +176,7 @@ impl Tables {
     /// reads under the lock besides the entry itself: its tables'
     /// headers (the split pair) and the upkeep every write lowers, each an
     /// (offset, bytes), for the stripe's prefetch (`Store::prefetch`).
+    #[cfg_attr(tollgate_loom, allow(dead_code))]
     pub fn read_by(kind: Kind) -> [(usize, usize); 2] {
         let split = match kind {
             Kind::Buckets => (

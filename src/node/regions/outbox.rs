@@ -2,7 +2,7 @@
 //! written into.
 //!
 //! A peer's usage waits in one of three forms:
-//! - messages sealed at the interval's share-out (mod.rs, `share_out`),
+//! - messages sealed at the interval's share-out (share.rs),
 //!   once for every peer keeping up: each takes the same bytes under its
 //!   own numbers, so no entry is copied into a journal per peer and
 //!   encoded per peer;
@@ -40,8 +40,11 @@ pub(super) struct Outbox {
     sealed: VecDeque<UsageFrame>,
     /// Their bytes.
     sealed_bytes: usize,
-    /// The peers they were sealed for (bits): the peers every rule of
-    /// their entries lists.
+    /// The peers the latest were sealed for (bits): the peers every rule
+    /// of their entries lists. (Messages of an interval before a rules
+    /// change may have had others: folded back, a rule's name is then in
+    /// the journal twice, its entries sent apart, which the receiver adds
+    /// up all the same.)
     sealed_for: u64,
     /// The bytes of its sender's pending journal, as the sender last said.
     pending: usize,
