@@ -513,7 +513,7 @@ impl Journal {
     /// `max-key-len` under a small `exchange-max-bytes`), which would
     /// otherwise wait for good.
     ///
-    /// Once an interval, for every peer keeping up (mod.rs, `share_out`):
+    /// Once an interval, for every peer keeping up (share.rs, `share_out`):
     /// sealed for each peer from a journal of its own, every entry was
     /// copied into that journal and encoded once per peer (9% of the
     /// server's CPU under a global rule with two peers, in perf).
