@@ -1,11 +1,12 @@
 //! The exchange tasks: one per peer region sending this region's usage,
 //! and a monitor deciding whether the region is cut off.
 //!
-//! Each sender, every interval while this node is primary: takes the
-//! unanswered USAGE again, or else the next one sealed for it at the
-//! share-out (outbox.rs), or else moves its journal into its pending usage
-//! and seals one of at most `exchange-max-bytes`, and sends it (then, while
-//! usage is left and the interval lasts, the next) over
+//! Each sender, every interval while this node is primary: moves its
+//! journal (what the share-out left it, if anything) into its pending
+//! usage, then takes the unanswered USAGE again, or else the next one
+//! sealed for it at the share-out (outbox.rs), or else seals one of at
+//! most `exchange-max-bytes` from its pending usage, and sends it (then,
+//! while usage is left and the interval lasts, the next) over
 //! a node link (HELLO proving the region secret, or the cluster secret
 //! without one) and waits for USAGE_OK. A
 //! message is numbered once (session, seq) and resent unchanged until

@@ -15,7 +15,8 @@
 //!
 //! Its size: each key appears once however often it is checked, and the
 //! caller gives the room left (`--region-journal-max-bytes` for one peer,
-//! this journal and the sender's pending one together); a key new to the
+//! this journal, the messages sealed for it and the sender's pending
+//! journal together); a key new to the
 //! journal that does not fit is dropped, while keys already in it keep
 //! adding up. Dropping the newcomer rather than evicting an older key keeps
 //! every reported sum exact (a key is reported in full or not at all), costs
@@ -95,7 +96,12 @@ pub(super) struct JournalHasher(RandomState);
 impl JournalHasher {
     /// The hash [`Journal::add`] takes for `key` under `rule`.
     pub fn hash(&self, key: &[u8], rule: &RuleName) -> u64 {
-        self.0.hash_one((key, rule.as_bytes()))
+        self.hash_bytes(key, rule.as_bytes())
+    }
+
+    /// [`JournalHasher::hash`] of a rule name's bytes.
+    fn hash_bytes(&self, key: &[u8], rule: &[u8]) -> u64 {
+        self.0.hash_one((key, rule))
     }
 }
 
@@ -343,33 +349,71 @@ impl Journal {
         dropped
     }
 
-    /// Takes back the usage of `message`, sealed for `peers` and never
-    /// sent, as entries of this journal; a key new here is taken only while
-    /// the bytes added stay within `room`. Returns what was left out:
-    /// entries and units (charged and refunded).
+    /// The bytes [`Journal::absorb_message`] of `message` would add: its
+    /// entries whose key is new here (one already here only adds up).
+    pub fn bytes_to_absorb(
+        &self,
+        message: &UsageFrame,
+        hasher: &JournalHasher,
+        peers_of: &dyn Fn(&[u8]) -> u64,
+    ) -> usize {
+        let mut bytes = 0;
+        for (key, rule, _) in message.entries_pushed() {
+            let name = self.name_index(rule, peers_of(rule));
+            let known = name.is_some_and(|i| {
+                let hash = hasher.hash_bytes(key, rule);
+                self.entries.find(hash, |e| e.is(key, i)).is_some()
+            });
+            if !known {
+                bytes += key.len() + rule.len() + ENTRY_OVERHEAD;
+            }
+        }
+        bytes
+    }
+
+    /// Takes back the usage of `message`, sealed and never sent, as entries
+    /// of this journal (no room asked: the caller made sure of it with
+    /// [`Journal::bytes_to_absorb`]); each entry's rule goes to the peers
+    /// `peers_of` gives for its name, so a rule's entries merge with those
+    /// shared out to the peer since. Returns what was left out: entries and
+    /// units (charged and refunded), of names past the journal's 65,536.
     pub fn absorb_message(
         &mut self,
         message: &UsageFrame,
-        (peers, hasher): (u64, &JournalHasher),
-        room: usize,
+        hasher: &JournalHasher,
+        peers_of: &dyn Fn(&[u8]) -> u64,
     ) -> (u64, u64) {
-        let (before, mut dropped) = (self.bytes, (0, 0));
-        let mut name: Option<RuleName> = None;
+        let mut dropped = (0, 0);
+        let mut name: Option<(RuleName, u64)> = None;
         for (key, rule, (charged, refunded, at)) in message.entries_pushed() {
             // A message's entries mostly name one rule: made once.
-            if name.as_ref().is_none_or(|n| n.as_bytes() != rule) {
-                name = RuleName::new(Bytes::copy_from_slice(rule)).ok();
+            if name.as_ref().is_none_or(|(n, _)| n.as_bytes() != rule) {
+                name = RuleName::new(Bytes::copy_from_slice(rule))
+                    .ok()
+                    .map(|n| (n, peers_of(rule)));
             }
-            let room = room.saturating_sub(self.bytes - before);
-            let hash = name.as_ref().map(|rule| hasher.hash(key, rule));
-            let taken = (name.as_ref().zip(hash)).is_some_and(|(rule, hash)| {
-                self.add((hash, key, rule, peers), (charged, refunded, at), room)
+            let taken = name.as_ref().is_some_and(|(rule, peers)| {
+                let hash = hasher.hash(key, rule);
+                self.add(
+                    (hash, key, rule, *peers),
+                    (charged, refunded, at),
+                    usize::MAX,
+                )
             });
             if !taken {
                 dropped = (dropped.0 + 1, dropped.1 + charged.saturating_add(refunded));
             }
         }
         dropped
+    }
+
+    /// Each name and the peers its rule lists (bits), for messages sealed
+    /// from this journal to be taken back by rule ([`Journal::absorb_message`]).
+    pub fn rule_peers(&self) -> Vec<(RuleName, u64)> {
+        self.names
+            .iter()
+            .map(|n| (n.rule.clone(), n.peers))
+            .collect()
     }
 
     /// What `entry` is counted as ([`entry_bytes`]).

@@ -59,7 +59,8 @@ pub(crate) struct RegionConfig {
     pub stall_intervals: u32,
     pub max_message_bytes: usize,
     pub ceiling_share: f64,
-    /// The bytes one peer's journal and pending usage may take together.
+    /// The bytes one peer's journal, the messages sealed for it and its
+    /// sender's pending usage may take together.
     pub journal_max_bytes: usize,
 }
 

@@ -19,16 +19,18 @@
 //! within half its bound (a backlog being drained, message after message).
 //! It then takes the interval's usage as sealed messages. A peer behind
 //! (down, or slower than the usage) takes it as a journal, into which the
-//! messages still waiting for it are first folded back: what waits for a
-//! peer behind is one journal, merged per key, within its bound as
-//! before, and once the peer answers again it is sent in as few messages
-//! as its bytes need.
+//! messages still waiting for it are first folded back, each whole while
+//! its entries fit the bound as journal entries (which take more room than
+//! on the wire): what waits for a peer behind is one journal, merged per
+//! key, within its bound as before (and the messages that did not fit,
+//! sent first), and once the peer answers again it is sent in as few
+//! messages as its bytes need.
 
 use super::journal::{Journal, JournalHasher};
 use crate::sync::Mutex;
 use bytes::BytesMut;
 use std::collections::VecDeque;
-use tollgate_protocol::UsageFrame;
+use tollgate_protocol::{RuleName, UsageFrame};
 
 /// What waits for one peer besides its sender's unanswered message.
 #[derive(Debug, Default)]
@@ -40,12 +42,12 @@ pub(super) struct Outbox {
     sealed: VecDeque<UsageFrame>,
     /// Their bytes.
     sealed_bytes: usize,
-    /// The peers the latest were sealed for (bits): the peers every rule
-    /// of their entries lists. (Messages of an interval before a rules
-    /// change may have had others: folded back, a rule's name is then in
-    /// the journal twice, its entries sent apart, which the receiver adds
-    /// up all the same.)
-    sealed_for: u64,
+    /// The rule names of the latest and the peers each lists, for folding
+    /// them back by rule. (A rule of an earlier interval's messages gone
+    /// since goes to no peer listed: folded back, its entries are sent
+    /// apart from the rule's others, which the receiver adds up all the
+    /// same.)
+    sealed_names: Vec<(RuleName, u64)>,
     /// The bytes of its sender's pending journal, as the sender last said.
     pending: usize,
     /// Whether its sender's last message went unanswered (the peer is
@@ -69,17 +71,22 @@ impl Outbox {
             && self.sealed_bytes.saturating_add(wire_bytes) <= bound / 2
     }
 
-    /// Queues a message sealed for `peers` (bits), the peer among them.
-    pub fn push_sealed(&mut self, frame: UsageFrame, peers: u64) {
-        self.sealed_bytes += frame.len();
-        self.sealed_for = peers;
-        self.sealed.push_back(frame);
+    /// Queues messages sealed for the peer from a journal whose names were
+    /// `names` ([`Journal::rule_peers`]).
+    pub fn push_sealed(&mut self, frames: Vec<UsageFrame>, names: Vec<(RuleName, u64)>) {
+        for frame in frames {
+            self.sealed_bytes += frame.len();
+            self.sealed.push_back(frame);
+        }
+        self.sealed_names = names;
     }
 
     /// Folds the messages still waiting back into the journal (the peer
-    /// fell behind), their buffers given back: a key new to the journal is
-    /// taken while what waits stays within `bound`. Returns what was left
-    /// out: entries and units.
+    /// fell behind), oldest first, their buffers given back: each whole,
+    /// while its entries fit within `bound` as journal entries; the rest
+    /// stay queued (held within the bound as they are), for the sender to
+    /// send before the journal. Returns what was left out: entries and
+    /// units, of names past the journal's room for names.
     pub fn fold_sealed(
         &mut self,
         hasher: &JournalHasher,
@@ -87,12 +94,27 @@ impl Outbox {
         bound: usize,
     ) -> (u64, u64) {
         let mut dropped = (0, 0);
-        while let Some(frame) = self.pop_sealed() {
-            let room = bound.saturating_sub(self.held());
-            let (entries, units) =
-                (self.journal).absorb_message(&frame, (self.sealed_for, hasher), room);
+        let names = std::mem::take(&mut self.sealed_names);
+        let peers_of = |rule: &[u8]| {
+            (names.iter())
+                .find(|(name, _)| name.as_bytes() == rule)
+                .map_or(0, |&(_, peers)| peers)
+        };
+        while let Some(frame) = self.sealed.front() {
+            // Its own bytes are freed as it is folded.
+            let room = bound.saturating_sub(self.held()) + frame.len();
+            if self.journal.bytes_to_absorb(frame, hasher, &peers_of) > room {
+                break;
+            }
+            let Some(frame) = self.pop_sealed() else {
+                break;
+            };
+            let (entries, units) = self.journal.absorb_message(&frame, hasher, &peers_of);
             dropped = (dropped.0 + entries, dropped.1 + units);
             buffers.give_back(frame.into_buf());
+        }
+        if self.has_sealed() {
+            self.sealed_names = names;
         }
         dropped
     }
@@ -119,6 +141,14 @@ impl Outbox {
     /// What its sender's pending journal holds now.
     pub fn set_pending(&mut self, bytes: usize) {
         self.pending = bytes;
+    }
+
+    /// Hands the journal to the sender, its bytes counted as the sender's
+    /// pending usage until the sender says what it holds once merged.
+    pub fn take_journal(&mut self) -> Journal {
+        let journal = std::mem::take(&mut self.journal);
+        self.pending += journal.bytes();
+        journal
     }
 
     /// Whether its sender's last message went unanswered.

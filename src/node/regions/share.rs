@@ -93,7 +93,7 @@ impl Regions {
     /// of `peers` (bits): the last takes them, the others copies. An entry
     /// no message holds is counted as dropped for each.
     fn seal_for(&self, peers: u64, recorded: &mut Journal, now: Nanos) {
-        let listed = recorded.listed_by_all();
+        let names = recorded.rule_peers();
         let region = self.name();
         let mut sealed = Vec::new();
         // Numbered by each sender as it sends them. A region name is 1 to
@@ -118,9 +118,7 @@ impl Regions {
                 .capped
                 .inc_by(frames.len().saturating_sub(1) as u64);
             let mut outbox = peer.outbox.lock();
-            frames
-                .into_iter()
-                .for_each(|f| outbox.push_sealed(f, listed));
+            outbox.push_sealed(frames, names.clone());
             peer.held.store(outbox.held(), Ordering::Relaxed);
             drop(outbox);
             if entries > 0 {
@@ -137,7 +135,7 @@ impl Regions {
         // The share out swaps its share in for the empty journal left
         // here (journal.rs, `absorb_within`), so it needs no table; one
         // that does not fit whole is walked into a table sized for it.
-        std::mem::take(&mut self.peers[index].outbox.lock().journal)
+        self.peers[index].outbox.lock().take_journal()
     }
 
     /// The oldest message sealed for peer `index`, for its sender to number

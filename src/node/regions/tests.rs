@@ -513,3 +513,102 @@ fn the_record_hint_follows_the_shared_journal() {
         assert!(r.shared.lock().is_empty());
     }
 }
+
+/// A peer that stops answering with more messages waiting than its
+/// journal has room for (journal entries take more room than the wire)
+/// folds in the messages that fit whole and keeps the rest queued: no
+/// usage that was accepted is dropped, what waits stays within the bound,
+/// and only keys new past the bound are dropped, counted.
+#[test]
+fn messages_a_journal_has_no_room_for_stay_queued_not_dropped() {
+    let mut r = regions(&["eu"]);
+    r.config.max_message_bytes = 4096;
+    r.config.journal_max_bytes = 64 << 10;
+    let rule = RuleName::try_from("api").unwrap();
+    let listed = ["eu".to_owned()];
+    let key = |i: u32| Bytes::from(format!("rl:{{k{i}}}"));
+    // Two intervals of 300 new keys each, the peer answering slowly: 600
+    // entries wait as messages (some 23 KiB; as journal entries 100 KiB).
+    for interval in 0..2 {
+        for i in interval * 300..(interval + 1) * 300 {
+            r.record(&key(i), &rule, &listed, 2, 0, T0);
+        }
+        r.share_out(T0 + u64::from(interval) * 500 * MS);
+    }
+    assert_eq!(r.metrics.peer("eu").entries_dropped.get(), 0);
+    let frames = |r: &Regions| r.peers[0].outbox.lock().sealed_len();
+    let sealed = frames(&r);
+    assert!(sealed > 4, "{sealed}");
+    r.set_unanswered(0, true);
+    for i in 1000..1100 {
+        r.record(&key(i), &rule, &listed, 1, 0, T0);
+    }
+    r.share_out(T0 + 1000 * MS);
+    let left = frames(&r);
+    assert!(left > 0 && left < sealed, "{left} of {sealed} left queued");
+    assert!(r.peers[0].held.load(Ordering::Relaxed) <= 64 << 10);
+    let dropped = r.metrics.peer("eu").entries_dropped.get();
+    assert!(dropped > 0 && dropped < 100, "only new keys: {dropped}");
+    let got = sent(&r, 0);
+    assert!(
+        (0..600).all(|i| got.get(&key(i)) == Some(&(2, 0))),
+        "every accepted key"
+    );
+    assert_eq!(got.len() as u64, 600 + 100 - dropped);
+}
+
+/// Folded back, a message's entries go under their own rule's peers, so
+/// they merge with the same rule's entries shared out since, even where
+/// rules list different peers.
+#[test]
+fn folded_entries_merge_with_their_rules_entries() {
+    let r = regions(&["eu", "ap", "sa"]);
+    let (r1, r2) = (
+        RuleName::try_from("r1").unwrap(),
+        RuleName::try_from("r2").unwrap(),
+    );
+    let two = ["eu".to_owned(), "ap".to_owned()];
+    let three = ["eu".to_owned(), "ap".to_owned(), "sa".to_owned()];
+    let k = Bytes::from_static(b"rl:{k}");
+    let record = |r: &Regions| {
+        r.record(&k, &r1, &two, 1, 0, T0);
+        r.record(&k, &r2, &three, 1, 0, T0);
+    };
+    record(&r);
+    r.share_out(T0);
+    assert!(r.has_sealed(0), "eu keeps up");
+    r.set_unanswered(0, true);
+    record(&r);
+    r.share_out(T0 + 500 * MS);
+    // One entry per rule: the folded ones merged with the share's.
+    assert_eq!(r.peers[0].outbox.lock().journal.len(), 2);
+    let (entries, _) = r.peers[0].outbox.lock().journal.seal(1 << 20, 2);
+    assert!(entries.iter().all(|e| e.charged == 2), "{entries:?}");
+}
+
+/// A journal handed to its sender still counts as waiting for the peer
+/// (as the sender's pending usage) until the sender says what it holds:
+/// the peer is not taken for one keeping up meanwhile.
+#[test]
+fn a_journal_taken_by_its_sender_is_held_until_the_sender_says() {
+    let r = regions(&["eu"]);
+    let rule = RuleName::try_from("api").unwrap();
+    r.set_pending_bytes(0, 1);
+    r.record(
+        &Bytes::from_static(b"k"),
+        &rule,
+        &["eu".to_owned()],
+        1,
+        0,
+        T0,
+    );
+    r.share_out(T0);
+    let held = r.peers[0].held.load(Ordering::Relaxed);
+    r.set_pending_bytes(0, 0);
+    let journal = r.take_journal(0, T0);
+    assert_eq!(journal.len(), 1);
+    assert!(!r.peers[0].outbox.lock().keeps_up(0, usize::MAX));
+    assert!(r.peers[0].outbox.lock().held() >= held - 1);
+    r.set_pending_bytes(0, 0);
+    assert!(r.peers[0].outbox.lock().keeps_up(0, usize::MAX));
+}
