@@ -55,6 +55,11 @@ fn report(region: &str, session: u64, seq: u64, charged: u64, rule: &str) -> Usa
     }
 }
 
+/// The tests' key number `i`, in a hash tag like a tenant's.
+fn key(i: u32) -> Bytes {
+    Bytes::from(format!("rl:{{k{i}}}"))
+}
+
 /// Units charged and refunded, per key.
 type Tally = std::collections::BTreeMap<Bytes, (u64, u64)>;
 
@@ -229,7 +234,7 @@ fn a_peers_journal_and_pending_usage_stay_within_their_bound() {
     let rule = RuleName::try_from("api").unwrap();
     let listed = ["eu".to_owned()];
     let record = |r: &Regions, i: u32| {
-        let key = Bytes::from(format!("rl:{{k{i}}}"));
+        let key = key(i);
         r.record(&key, &rule, &listed, 1, 0, T0);
     };
     // eu is behind (its sender holds a byte): it takes journals.
@@ -261,7 +266,6 @@ fn a_full_peer_drops_new_keys_as_it_takes_its_share_and_the_others_keep_them() {
     r.config.journal_max_bytes = 64 << 10;
     let rule = RuleName::try_from("api").unwrap();
     let listed = ["eu".to_owned(), "ap".to_owned()];
-    let key = |i: u32| Bytes::from(format!("rl:{{k{i}}}"));
     r.record(&key(0), &rule, &listed, 2, 0, T0);
     // ap is behind (its sender holds usage): it takes a journal, eu a
     // sealed message.
@@ -338,7 +342,7 @@ fn the_tables_one_interval_empties_hold_the_next_ones_usage() {
     r.set_pending_bytes(1, 1);
     for (interval, units) in [(0, 1), (1, 2), (2, 3)] {
         for i in 0..1000 {
-            let key = Bytes::from(format!("rl:{{k{i}}}"));
+            let key = key(i);
             r.record(&key, &rule, &listed, units, 0, T0);
         }
         let now = T0 + interval * 500 * MS;
@@ -373,7 +377,6 @@ fn peers_keeping_up_take_sealed_messages_and_one_behind_a_journal() {
     r.config.max_message_bytes = 4096;
     let rule = RuleName::try_from("api").unwrap();
     let listed = ["eu".to_owned(), "ap".to_owned(), "sa".to_owned()];
-    let key = |i: u32| Bytes::from(format!("rl:{{k{i}}}"));
     for i in 0..500 {
         r.record(&key(i), &rule, &listed, u64::from(i % 7) + 1, 0, T0);
         r.record(&key(i), &rule, &listed, 0, 1, T0);
@@ -423,7 +426,7 @@ fn a_peer_falling_behind_has_its_waiting_messages_folded_into_its_journal() {
     let listed = ["eu".to_owned(), "ap".to_owned()];
     let record = |r: &Regions, keys: std::ops::Range<u32>, units: u64| {
         for i in keys {
-            let key = Bytes::from(format!("rl:{{k{i}}}"));
+            let key = key(i);
             r.record(&key, &rule, &listed, units, 0, T0);
         }
     };
@@ -443,7 +446,7 @@ fn a_peer_falling_behind_has_its_waiting_messages_folded_into_its_journal() {
     assert!(frames(0) > first && journal(0) == 0, "eu keeps up");
     // ap: every key but those only in flight (of keys 0 to 99), merged.
     let only_in_flight = (0..100)
-        .filter(|i| in_flight.iter().any(|e| e.key == format!("rl:{{k{i}}}")))
+        .filter(|i| in_flight.iter().any(|e| e.key == key(*i)))
         .count();
     assert_eq!((frames(1), journal(1)), (0, 300 - only_in_flight));
     let held = r.peers[1].held.load(Ordering::Relaxed);
@@ -456,7 +459,7 @@ fn a_peer_falling_behind_has_its_waiting_messages_folded_into_its_journal() {
     assert_eq!((m.entries_dropped.get(), m.units_dropped.get()), (1, 5));
     let mut got = sent(&r, 1);
     tally(&mut got, &in_flight);
-    let units = |i: u32| got[&Bytes::from(format!("rl:{{k{i}}}"))].0;
+    let units = |i: u32| got[&key(i)].0;
     assert_eq!((units(0), units(100), units(200), units(299)), (1, 3, 2, 7));
     assert_eq!(got.len(), 300);
     assert_eq!(sent(&r, 0).len(), 301);
@@ -476,7 +479,7 @@ fn a_peer_whose_messages_pile_up_takes_a_journal() {
     // The same 200 keys each interval, some 7 KiB of messages.
     while r.peers[0].outbox.lock().journal.is_empty() {
         for i in 0..200 {
-            let key = Bytes::from(format!("rl:{{k{i}}}"));
+            let key = key(i);
             r.record(&key, &rule, &listed, 1, 0, T0);
         }
         r.share_out(T0 + intervals * 500 * MS);
@@ -526,7 +529,6 @@ fn messages_a_journal_has_no_room_for_stay_queued_not_dropped() {
     r.config.journal_max_bytes = 64 << 10;
     let rule = RuleName::try_from("api").unwrap();
     let listed = ["eu".to_owned()];
-    let key = |i: u32| Bytes::from(format!("rl:{{k{i}}}"));
     // Two intervals of 300 new keys each, the peer answering slowly: 600
     // entries wait as messages (some 23 KiB; as journal entries 100 KiB).
     for interval in 0..2 {
