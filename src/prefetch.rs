@@ -1,8 +1,9 @@
 //! Cache-line prefetch hints: the crate's one place for the instruction
 //! (an `unsafe` call only because it takes a raw pointer). The store uses
-//! it to fetch a frame's keys before checking them, the retry memory to
-//! fetch the line a remembered answer will be written to while the check
-//! it answers is evaluated.
+//! it to fetch a frame's keys before checking them and the records of a
+//! drained change log before the replication sender reads them, the retry
+//! memory to fetch the line a remembered answer will be written to while
+//! the check it answers is evaluated.
 
 /// Asks the CPU to bring the cache line holding `addr` in, to be read;
 /// elsewhere than x86_64, nothing.
