@@ -116,8 +116,7 @@ impl Generation {
     pub(super) fn prepare(&self) {
         if self.entries.len() < self.entries.capacity() {
             let next = self.entries.as_ptr_range().end as usize;
-            crate::prefetch::line_for_write(next);
-            crate::prefetch::line_for_write(next + std::mem::size_of::<Entry>() - 1);
+            crate::prefetch::range_for_write(next, std::mem::size_of::<Entry>());
         }
     }
 
