@@ -33,10 +33,12 @@
 //! `Store::spot`) and prefetched before its first check, and the checks
 //! reuse those spots. Refunds are not checks: they count only their errors.
 
+mod frame_rules;
 mod global;
 mod metrics;
 mod tagged;
 
+use frame_rules::FrameRules;
 pub(crate) use global::UsageError;
 use metrics::Tally;
 pub(crate) use metrics::{CheckMetrics, ErrorCounters};
@@ -106,7 +108,7 @@ impl Engine {
         let rules = self.rules.current();
         let evaluation = Evaluation {
             engine: self,
-            rules: &rules,
+            rules: FrameRules::new(&rules),
             now: self.clock.now_at(started),
             verb,
             gate,
@@ -139,7 +141,7 @@ impl Engine {
         let spots: Spots = pairs.iter().map(|p| self.store.spot(&p.key)).collect();
         let evaluation = Evaluation {
             engine: self,
-            rules,
+            rules: FrameRules::new(rules),
             now,
             verb: Verb::Check(mode),
             // The front ends route by CLUSTER SLOTS (the same topology as
@@ -175,7 +177,7 @@ impl Engine {
 /// rules and the time every check of it sees.
 struct Evaluation<'a, 'f> {
     engine: &'a Engine,
-    rules: &'a RuleSet,
+    rules: FrameRules<'a>,
     now: Nanos,
     verb: Verb,
     /// Which slots this node serves (cluster mode: a check whose slot is

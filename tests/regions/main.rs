@@ -40,8 +40,9 @@ const DEFAULT_INTERVAL: Duration = Duration::from_millis(500);
 /// 10% of the limit (overshoot is about one interval of traffic).
 const BUSY_INTERVAL: Duration = Duration::from_millis(200);
 
-/// Both rules: 600 units, refilled at 600 an hour (one every 6 s, so the
-/// test sees a handful at most); `sliding` over a one-hour window.
+/// Every rule: 600 units, refilled at 600 an hour (one every 6 s, so the
+/// test sees a handful at most); `sliding` over a one-hour window; `pair`
+/// shared by two of the three regions only.
 const RULES: &str = "\
 rules:
   - name: bucket
@@ -52,6 +53,10 @@ rules:
     algorithm: sliding-window
     rate: 600/h
     global: [us, eu, ap]
+  - name: pair
+    algorithm: token-bucket
+    rate: 600/h
+    global: [us, eu]
 ";
 const LIMIT: u64 = 600;
 /// Units a bucket may refill over a test (600/h for well under a minute).
@@ -491,4 +496,46 @@ async fn regions_with_their_own_cluster_secrets_exchange_under_the_region_secret
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// Two global rules naming different regions, checked in one frame, in
+/// either order: each check's usage reaches the regions its own rule
+/// names and no other (a frame keeps the last rule's peers; a check under
+/// another rule must not reuse them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_check_of_a_frame_reaches_the_regions_its_own_rule_names() {
+    const COST: u32 = 50;
+    let mut world = World::start("own-peers", DEFAULT_INTERVAL).await;
+    in_step(&world).await;
+    let acked_before = peer_field(&world.status(0).await, "ap", "messages_acked");
+    let frames = [
+        [("rl:{a}:own", "bucket"), ("rl:{b}:own", "pair")],
+        [("rl:{c}:own", "pair"), ("rl:{d}:own", "bucket")],
+    ];
+    for frame in frames {
+        let region = &mut world.regions[0];
+        region.next_id += 1;
+        let batch = batch_of(frame.iter().map(|(k, r)| vec![rule(k, r, COST)]).collect());
+        let results = region.conn.check(region.next_id, batch).await;
+        assert!(results.iter().all(common::allowed), "{results:?}");
+    }
+    // Two more messages to ap answered: everything meant for it is in.
+    eventually("two more messages from us to ap answered", || async {
+        let acked = peer_field(&world.status(0).await, "ap", "messages_acked");
+        (acked >= acked_before + 2).then_some(())
+    })
+    .await;
+    eventually("eu importing all four checks", || async {
+        let imported = peer_field(&world.status(1).await, "us", "units_imported");
+        (imported >= 4 * u64::from(COST)).then_some(imported)
+    })
+    .await;
+    let eu = peer_field(&world.status(1).await, "us", "units_imported");
+    let ap = peer_field(&world.status(2).await, "us", "units_imported");
+    assert_eq!(eu, 4 * u64::from(COST), "eu: every check");
+    assert_eq!(ap, 2 * u64::from(COST), "ap: the `bucket` checks only");
+    assert!(world.peek(2, "rl:{b}:own", "pair").await.remaining >= LIMIT - REFILL);
+    assert!(
+        world.peek(2, "rl:{d}:own", "bucket").await.remaining <= LIMIT - u64::from(COST) + REFILL
+    );
 }

@@ -215,7 +215,7 @@ impl<'f> Evaluation<'_, 'f> {
         self.usage.borrow_mut().push(Recorded {
             key: &pair.key,
             rule: name,
-            peers: regions.peers_of(rule.global()),
+            peers: self.rules.peers(rule, regions),
             charged,
             refunded,
         });
