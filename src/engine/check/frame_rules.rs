@@ -1,26 +1,38 @@
 //! A frame's rules, as its checks look them up: the rule set the frame
-//! took, and the last rule found and the peer regions it names, kept for
-//! the next check.
+//! took, and the last rule found and what the last global rule is in this
+//! region (its peers and its ceiling), kept for the next check.
 //!
 //! A frame's checks mostly name one rule, and each check looked its rule
 //! up twice (the prefetch, then the resolve) and, under a global rule,
-//! matched the rule's regions against the peers by name: 3.6% and 1.0%
-//! of the server's CPU under the global setup of `benches/feature-cost.sh`.
-//! Comparing a name with the last rule's takes one short compare, no hash
-//! and no probe; the peers of a rule are matched once per frame.
+//! matched the rule's regions against the peers by name and worked out
+//! its ceiling: 3.6%, 1.1% and 0.9% of the server's CPU under the global
+//! setup of `benches/feature-cost.sh`. Comparing a name with the last
+//! rule's takes one short compare, no hash and no probe; a global rule's
+//! peers and ceiling are worked out once per frame.
 
 use crate::node::regions::Regions;
 use crate::rules::{Rule, RuleSet};
 use std::cell::Cell;
+use tollgate_protocol::Limit;
+
+/// What a global rule is in this region.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InRegion {
+    /// The peers it is shared with, as bits ([`Regions::peers_of`]).
+    pub peers: u64,
+    /// The limit its ceiling keys are checked against
+    /// ([`Regions::ceiling`]).
+    pub ceiling: Limit,
+}
 
 /// The rules one frame is evaluated under (see the module docs).
 pub(super) struct FrameRules<'a> {
     rules: &'a RuleSet,
     /// The rule the last lookup found.
     last: Cell<Option<&'a Rule>>,
-    /// A rule (its address, compared only) and the peers its regions
-    /// name ([`Regions::peers_of`]).
-    peers: Cell<Option<(*const Rule, u64)>>,
+    /// A global rule (its address, compared only) and what it is in this
+    /// region.
+    in_region: Cell<Option<(*const Rule, InRegion)>>,
 }
 
 impl<'a> FrameRules<'a> {
@@ -28,7 +40,7 @@ impl<'a> FrameRules<'a> {
         Self {
             rules,
             last: Cell::new(None),
-            peers: Cell::new(None),
+            in_region: Cell::new(None),
         }
     }
 
@@ -43,18 +55,21 @@ impl<'a> FrameRules<'a> {
         Some(rule)
     }
 
-    /// The peers `rule` (one of these rules) is shared with, as bits
-    /// ([`Regions::peers_of`]).
+    /// What `rule` (one of these rules, a global one) is in this region.
     #[inline]
-    pub fn peers(&self, rule: &Rule, regions: &Regions) -> u64 {
-        if let Some((known, peers)) = self.peers.get() {
+    pub fn in_region(&self, rule: &Rule, regions: &Regions) -> InRegion {
+        if let Some((known, in_region)) = self.in_region.get() {
             if std::ptr::eq(known, rule) {
-                return peers;
+                return in_region;
             }
         }
-        let peers = regions.peers_of(rule.global());
-        self.peers.set(Some((std::ptr::from_ref(rule), peers)));
-        peers
+        let in_region = InRegion {
+            peers: regions.peers_of(rule.global()),
+            ceiling: regions.ceiling(&rule.limit),
+        };
+        self.in_region
+            .set(Some((std::ptr::from_ref(rule), in_region)));
+        in_region
     }
 }
 

@@ -163,7 +163,7 @@ impl<'f> Evaluation<'_, 'f> {
     /// The check of the pair's ceiling key in `mode` (None: the store
     /// refused it, e.g. full; the ceiling then does not deny).
     fn ceiling(&self, regions: &Regions, pair: &Pair, rule: &Rule, mode: Mode) -> Option<Decision> {
-        let limit = regions.ceiling(&rule.limit);
+        let limit = self.rules.in_region(rule, regions).ceiling;
         let units = Self::units(pair, rule);
         let result = self.with_ceiling_key(pair, |key, spot| {
             let ceiling = [ResolvedPair::new(key, limit, units)];
@@ -179,7 +179,7 @@ impl<'f> Evaluation<'_, 'f> {
 
     /// Refunds `units` of the pair's ceiling key; the units it gave back.
     fn ceiling_refund(&self, regions: &Regions, pair: &Pair, rule: &Rule, units: u32) -> u64 {
-        let limit = regions.ceiling(&rule.limit);
+        let limit = self.rules.in_region(rule, regions).ceiling;
         let mut returned = Returned::new();
         let result = self.with_ceiling_key(pair, |key, spot| {
             let ceiling = [ResolvedPair::new(key, limit, units)];
@@ -215,7 +215,7 @@ impl<'f> Evaluation<'_, 'f> {
         self.usage.borrow_mut().push(Recorded {
             key: &pair.key,
             rule: name,
-            peers: self.rules.peers(rule, regions),
+            peers: self.rules.in_region(rule, regions).peers,
             charged,
             refunded,
         });
@@ -295,7 +295,7 @@ impl<'f> Evaluation<'_, 'f> {
         (pair, name, rule): (&'f Pair, &'f RuleName, &'s Rule),
         check: (&ResolvedPair<'_>, Spot),
     ) -> Option<Decided<'s>> {
-        let limit = regions.ceiling(&rule.limit);
+        let limit = self.rules.in_region(rule, regions).ceiling;
         let units = Self::units(pair, rule);
         let result = self.with_ceiling_key(pair, |key, spot| {
             let ceiling = ResolvedPair::new(key, limit, units);
