@@ -81,11 +81,11 @@ impl Stripe {
     /// Starts fetching the lines a check of a state of `kind` reads under
     /// the stripe's lock before it reaches its entry: the lock word, the
     /// tables' headers and upkeep, and the change log while `capturing`.
-    /// Each is a line or two of a stripe's 600 bytes (every line a header
-    /// touches: the stripes' stride is not a multiple of a line), read
-    /// once per check at a random stripe of 1024: cold, and waited on one after another under
-    /// the lock (taking the lock, and finding the table, were 3% and 7% of
-    /// the server's CPU at 1M keys, in perf). Addresses only: nothing is
+    /// Each is one to three lines of a stripe's 600 bytes (every line a
+    /// header touches: the stripes' stride is not a multiple of a line),
+    /// read once per check at a random stripe of 1024: cold, and waited
+    /// on one after another under the lock (taking the lock, and finding
+    /// the table, were 3% and 7% of the server's CPU at 1M keys, in perf). Addresses only: nothing is
     /// read. (Under loom, whose mutex hides where its data is: nothing.)
     #[cfg(not(tollgate_loom))]
     #[inline]

@@ -507,7 +507,8 @@ async fn each_check_of_a_frame_reaches_the_regions_its_own_rule_names() {
     const COST: u32 = 50;
     let mut world = World::start("own-peers", DEFAULT_INTERVAL).await;
     in_step(&world).await;
-    let acked_before = peer_field(&world.status(0).await, "ap", "messages_acked");
+    let sent = |status: &Value, peer: &str| peer_field(status, peer, "keys_sent");
+    let before = world.status(0).await;
     let frames = [
         [("rl:{a}:own", "bucket"), ("rl:{b}:own", "pair")],
         [("rl:{c}:own", "pair"), ("rl:{d}:own", "bucket")],
@@ -519,23 +520,36 @@ async fn each_check_of_a_frame_reaches_the_regions_its_own_rule_names() {
         let results = region.conn.check(region.next_id, batch).await;
         assert!(results.iter().all(common::allowed), "{results:?}");
     }
-    // Two more messages to ap answered: everything meant for it is in.
+    // Recorded before the answers left: every message to ap sealed from
+    // now on carries what is meant for it, so two more answered hold it.
+    let acked_after_checks = peer_field(&world.status(0).await, "ap", "messages_acked");
     eventually("two more messages from us to ap answered", || async {
         let acked = peer_field(&world.status(0).await, "ap", "messages_acked");
-        (acked >= acked_before + 2).then_some(())
+        (acked >= acked_after_checks + 2).then_some(())
     })
     .await;
-    eventually("eu importing all four checks", || async {
-        let imported = peer_field(&world.status(1).await, "us", "units_imported");
-        (imported >= 4 * u64::from(COST)).then_some(imported)
+    eventually("us sending all four keys to eu", || async {
+        (sent(&world.status(0).await, "eu") >= sent(&before, "eu") + 4).then_some(())
     })
     .await;
+    // What us sent: the keys of `pair` to eu only (ap ignores a rule that
+    // does not name it, so only the sender's count shows a stray key).
+    let after = world.status(0).await;
+    assert_eq!(
+        sent(&after, "eu") - sent(&before, "eu"),
+        4,
+        "eu: every check"
+    );
+    assert_eq!(
+        sent(&after, "ap") - sent(&before, "ap"),
+        2,
+        "ap: `bucket`'s"
+    );
+    // What they took in: every unit in eu, `bucket`'s in ap.
     let eu = peer_field(&world.status(1).await, "us", "units_imported");
     let ap = peer_field(&world.status(2).await, "us", "units_imported");
     assert_eq!(eu, 4 * u64::from(COST), "eu: every check");
     assert_eq!(ap, 2 * u64::from(COST), "ap: the `bucket` checks only");
-    assert!(world.peek(2, "rl:{b}:own", "pair").await.remaining >= LIMIT - REFILL);
-    assert!(
-        world.peek(2, "rl:{d}:own", "bucket").await.remaining <= LIMIT - u64::from(COST) + REFILL
-    );
+    let d = world.peek(2, "rl:{d}:own", "bucket").await;
+    assert!(d.remaining <= LIMIT - u64::from(COST) + REFILL, "{d:?}");
 }

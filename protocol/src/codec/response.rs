@@ -271,10 +271,10 @@ where
                         (true, None) => STATUS_ALLOWED,
                     };
                     // Laid out on the stack and appended at once: one
-                    // capacity check per decision instead of one per field,
-                    // and a copy of a length known when compiling (a copy
-                    // of either length was a `memcpy` call, 1% of the
-                    // server's CPU).
+                    // capacity check per decision (two with a lease)
+                    // instead of one per field, and a copy of a length
+                    // known when compiling (a copy of either length was a
+                    // `memcpy` call, 1% of the server's CPU).
                     let mut out = [0u8; DECISION_LEN];
                     out[0] = status;
                     out[1] = d.pair;

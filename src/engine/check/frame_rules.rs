@@ -5,7 +5,7 @@
 //! A frame's checks mostly name one rule, and each check looked its rule
 //! up twice (the prefetch, then the resolve) and, under a global rule,
 //! matched the rule's regions against the peers by name and worked out
-//! its ceiling: 3.6%, 1.1% and 0.9% of the server's CPU under the global
+//! its ceiling: 3.6%, 1.1% and 1.0% of the server's CPU under the global
 //! setup of `benches/feature-cost.sh`. Comparing a name with the last
 //! rule's takes one short compare, no hash and no probe; a global rule's
 //! peers and ceiling are worked out once per frame.
