@@ -10,7 +10,7 @@
 //! answers is evaluated.
 
 /// Bytes of a cache line on the CPUs the crate is tuned for (x86_64).
-pub(crate) const LINE: usize = 64;
+const LINE: usize = 64;
 
 /// Asks the CPU to bring the cache line holding `addr` in, to be read;
 /// elsewhere than x86_64, nothing.

@@ -85,8 +85,9 @@ impl Stripe {
     /// header touches: the stripes' stride is not a multiple of a line),
     /// read once per check at a random stripe of 1024: cold, and waited
     /// on one after another under the lock (taking the lock, and finding
-    /// the table, were 3% and 7% of the server's CPU at 1M keys, in perf). Addresses only: nothing is
-    /// read. (Under loom, whose mutex hides where its data is: nothing.)
+    /// the table, were 3% and 7% of the server's CPU at 1M keys, in perf).
+    /// Addresses only: nothing is read. (Under loom, whose mutex hides
+    /// where its data is: nothing.)
     #[cfg(not(tollgate_loom))]
     #[inline]
     fn prefetch_locked(&self, kind: Kind, capturing: bool) {

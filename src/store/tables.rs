@@ -232,7 +232,9 @@ impl Tables {
     /// Notes that a compact table may have moved (after a compaction), for
     /// [`Tables::publish_hints`].
     fn note_moves(&mut self) {
-        self.hints_stale |= self.buckets.stale() || self.leaky.stale() || self.windows.stale();
+        for kind in [Kind::Buckets, Kind::Leaky, Kind::Windows] {
+            self.note_moves_in(kind);
+        }
     }
 
     /// Notes that `kind`'s tables may have moved (after an insert into
