@@ -570,11 +570,17 @@ impl Journal {
         let whole = max_bytes.saturating_sub(usage_header_len(region_len));
         let mut open: Option<(UsageFrame, usize)> = None;
         let mut left_out = (0u64, 0u64);
-        for Entry {
-            key, rule, usage, ..
-        } in self.entries.drain()
-        {
-            let rule = &self.names[usize::from(rule)].rule;
+        // Read in place, then dropped by `clear`, over the lines this walk
+        // brought in: `drain` gives entries by value, their places unknown
+        // (and erased as they are read, by `retain`, they would leave
+        // tombstones that `clear` keeps in an empty table: less room).
+        let mut ahead = FetchAhead::default();
+        for entry in self.entries.iter() {
+            ahead.past(entry);
+            let Entry {
+                key, rule, usage, ..
+            } = entry;
+            let rule = &self.names[usize::from(*rule)].rule;
             let key = key.as_bytes();
             let len = UsageEntry::encoded_len(key, rule);
             if len <= whole && open.as_ref().is_none_or(|(_, room)| *room < len) {
@@ -595,9 +601,43 @@ impl Journal {
             *room -= len;
         }
         out.extend(open.map(|(frame, _)| frame));
+        self.entries.clear();
         self.bytes = 0;
         self.names.clear();
         left_out
+    }
+}
+
+/// Asks for the lines of the entries a walk of a journal's table reads
+/// next. A journal sealed whole was written all interval long, an entry
+/// to a line at random, and is read once: without this, nearly all of the
+/// seal's time was the load of each entry (4.2% of the server's CPU under
+/// a global rule, in perf; 3.2% with it). A walk goes up the bucket
+/// indexes, and hashbrown keeps its buckets below its control bytes, the
+/// first highest: the entries to come are on the lines below. (Were the
+/// layout another, the fetches would only be wasted: a prefetch is a
+/// hint.)
+#[derive(Default)]
+struct FetchAhead {
+    /// The lowest address asked for so far (0: none).
+    asked: usize,
+}
+
+impl FetchAhead {
+    /// How far below the entry read the lines are asked for: 32 entries
+    /// (8 left the load waiting still).
+    const BYTES: usize = 32 * std::mem::size_of::<Entry>();
+
+    /// Asks for the lines down to `BYTES` below `entry` not asked for yet.
+    #[inline]
+    fn past(&mut self, entry: &Entry) {
+        let at = entry as *const Entry as usize;
+        let from = if self.asked == 0 { at } else { self.asked.min(at) };
+        let to = at.saturating_sub(Self::BYTES);
+        if from > to {
+            crate::prefetch::range(to, from - to);
+            self.asked = to;
+        }
     }
 }
 
