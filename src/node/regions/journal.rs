@@ -632,7 +632,11 @@ impl FetchAhead {
     #[inline]
     fn past(&mut self, entry: &Entry) {
         let at = entry as *const Entry as usize;
-        let from = if self.asked == 0 { at } else { self.asked.min(at) };
+        let from = if self.asked == 0 {
+            at
+        } else {
+            self.asked.min(at)
+        };
         let to = at.saturating_sub(Self::BYTES);
         if from > to {
             crate::prefetch::range(to, from - to);
