@@ -4,10 +4,10 @@
 //! its tables' hints, and the lines of its stripe read under the lock)
 //! before checking them, and the records of a change log taken by the
 //! replication sender before it reads them; the regions' journal, where a
-//! global check's usage will be recorded (through the same kind of hint);
-//! the retry memory, the index slots a CHECK2 key's lookup reads and the
-//! line its remembered answer will be written to, while the check it
-//! answers is evaluated.
+//! global check's usage will be recorded (through the same kind of hint),
+//! and the entries ahead of the walk that seals it; the retry memory, the
+//! index slots a CHECK2 key's lookup reads and the line its remembered
+//! answer will be written to, while the check it answers is evaluated.
 
 /// Bytes of a cache line on the CPUs the crate is tuned for (x86_64).
 const LINE: usize = 64;

@@ -570,10 +570,11 @@ impl Journal {
         let whole = max_bytes.saturating_sub(usage_header_len(region_len));
         let mut open: Option<(UsageFrame, usize)> = None;
         let mut left_out = (0u64, 0u64);
-        // Read in place, then dropped by `clear`, over the lines this walk
-        // brought in: `drain` gives entries by value, their places unknown
-        // (and erased as they are read, by `retain`, they would leave
-        // tombstones that `clear` keeps in an empty table: less room).
+        // Read in place, then dropped by `clear` (a second walk, reading
+        // each entry again for a key on the heap: 0.65% of the server's
+        // CPU, in perf): `drain` gives entries by value, their places
+        // unknown, and erased as they are read (`retain`) they would leave
+        // tombstones, which `clear` keeps in an empty table: less room.
         let mut ahead = FetchAhead::default();
         for entry in self.entries.iter() {
             ahead.past(entry);
@@ -631,17 +632,24 @@ impl FetchAhead {
     /// Asks for the lines down to `BYTES` below `entry` not asked for yet.
     #[inline]
     fn past(&mut self, entry: &Entry) {
-        let at = entry as *const Entry as usize;
+        if let Some((to, len)) = self.span(entry as *const Entry as usize) {
+            crate::prefetch::range(to, len);
+        }
+    }
+
+    /// The span to ask for past an entry at address `at` (start, length:
+    /// at most `BYTES`), none when all of it was asked for already.
+    fn span(&mut self, at: usize) -> Option<(usize, usize)> {
         let from = if self.asked == 0 {
             at
         } else {
             self.asked.min(at)
         };
         let to = at.saturating_sub(Self::BYTES);
-        if from > to {
-            crate::prefetch::range(to, from - to);
+        (from > to).then(|| {
             self.asked = to;
-        }
+            (to, from - to)
+        })
     }
 }
 

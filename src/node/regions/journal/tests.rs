@@ -328,3 +328,23 @@ fn the_wire_bytes_are_what_a_message_of_the_entries_takes() {
     // The frame's length, opcode and request id, then the payload.
     assert_eq!(frame.len(), 9 + usage_header_len(2) + wire);
 }
+
+/// The seal's walk asks for each line below the entries it reads once, at
+/// most `FetchAhead::BYTES` at a time: from the first entry, as it goes
+/// down, and nothing for an entry met above what it asked for.
+#[test]
+fn the_seal_asks_for_the_lines_below_its_walk_once() {
+    let bytes = FetchAhead::BYTES;
+    let mut ahead = FetchAhead::default();
+    let at = 1 << 20;
+    assert_eq!(ahead.span(at), Some((at - bytes, bytes)));
+    // One entry down: only the span not asked for yet.
+    assert_eq!(ahead.span(at - 64), Some((at - 64 - bytes, 64)));
+    // Up again (another layout): nothing more.
+    assert_eq!(ahead.span(at + 4096), None);
+    // Far below: a fresh span, no longer than BYTES.
+    assert_eq!(ahead.span(at - 10 * bytes), Some((at - 11 * bytes, bytes)));
+    // Near address 0: the span stops at 0.
+    let mut low = FetchAhead::default();
+    assert_eq!(low.span(100), Some((0, 100)));
+}
