@@ -1,12 +1,13 @@
-//! Codec micro-benchmarks: encode and decode one CHECK frame of 64 checks,
-//! and the matching CHECKED answer. `cargo bench --bench codec`.
+//! Codec micro-benchmarks: encode and decode one CHECK frame of 64 checks
+//! (inline limits, and naming a rule), and the matching CHECKED answer.
+//! `cargo bench --bench codec`.
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::hint::black_box;
 use tollgate_protocol::{
     decode_request, decode_response, encode_checked, encode_request, Algorithm, CheckBatch,
-    CheckResult, Decision, Limit, Pair, Request, ServerLimits,
+    CheckResult, Decision, Limit, Pair, Request, RuleName, ServerLimits,
 };
 
 const BATCH: usize = 64;
@@ -48,6 +49,24 @@ fn codec(c: &mut Criterion) {
     group.bench_function("decode_check", |b| {
         b.iter(|| {
             let mut src = BytesMut::from(&frame[..]);
+            black_box(decode_request(&mut src, &limits).unwrap().unwrap());
+        })
+    });
+    // The same checks naming a rule: the decoded pair holds its name.
+    let mut named = CheckBatch::with_capacity(BATCH);
+    for pair in batch().iter().flatten() {
+        named.push(Pair::rule(
+            pair.key.clone(),
+            RuleName::from_static("per-tenant"),
+            1,
+        ));
+    }
+    let mut wire = BytesMut::new();
+    encode_request(7, &Request::Check(named), &mut wire).unwrap();
+    let named = wire.freeze();
+    group.bench_function("decode_check_rule", |b| {
+        b.iter(|| {
+            let mut src = BytesMut::from(&named[..]);
             black_box(decode_request(&mut src, &limits).unwrap().unwrap());
         })
     });

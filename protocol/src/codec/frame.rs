@@ -135,6 +135,22 @@ impl PayloadReader {
         Ok(self.rest.split_to(len))
     }
 
+    /// Moves past the next `len` bytes, read by `read`, which is given
+    /// the rest of the payload from them (at least `len` bytes) and a way
+    /// to take them as a slice of the frame (no copy, a reference taken on
+    /// the frame's buffer).
+    pub fn take_with<T>(
+        &mut self,
+        len: usize,
+        read: impl FnOnce(&[u8], &dyn Fn() -> Bytes) -> T,
+    ) -> Result<T, DecodeError> {
+        self.need(len)?;
+        let rest = &self.rest;
+        let value = read(rest, &|| rest.slice(..len));
+        self.rest.advance(len);
+        Ok(value)
+    }
+
     /// The next `N` bytes, copied (fixed-size fields such as an
     /// idempotency key).
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {

@@ -248,9 +248,12 @@ pub(super) fn decode_rule_name(r: &mut PayloadReader) -> Result<RuleName, Decode
             len,
         });
     }
-    let raw = r.bytes(len.into())?;
-    RuleName::new(raw).map_err(|_| DecodeError::InvalidUtf8 {
-        request_id: r.request_id,
+    let request_id = r.request_id;
+    r.take_with(len.into(), |window, bytes| {
+        RuleName::decoded(window, len.into(), bytes)
+    })?
+    .map_err(|_| DecodeError::InvalidUtf8 {
+        request_id,
         field: "rule name",
     })
 }

@@ -101,11 +101,34 @@ pub const LIMIT_KIND_RULE: u8 = 0x80;
 
 /// The name of a rule configured on the server: 1..=64 bytes of UTF-8.
 ///
-/// Holds a slice of the received frame when decoded (no copy). The invariant
-/// (length and UTF-8) is checked by every constructor, so a `RuleName` always
-/// encodes.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct RuleName(Bytes);
+/// A name of up to 23 bytes (most) is held inline, copied; a longer one
+/// holds a slice of the received frame when decoded (no copy). Decoded as
+/// a slice, each pair's name took a reference on the frame's buffer and
+/// gave it back when dropped: two atomic operations per check naming a
+/// rule, where a copy of 23 bytes is one load. Decoding a frame and
+/// dropping its pairs went from 6.4% to 5.0% of the server's CPU under a
+/// rule (perf); `benches/codec.rs` `decode_check_rule`, 13-29% faster.
+/// The invariant (length and UTF-8) is checked by every constructor, so a
+/// `RuleName` always encodes.
+#[derive(Clone)]
+pub struct RuleName(Name);
+
+/// How a [`RuleName`] holds its bytes.
+#[derive(Clone)]
+enum Name {
+    /// `bytes[..len]`; the bytes after them are unspecified (copied with
+    /// the name, as one fixed-length copy, from whatever followed it).
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_NAME],
+    },
+    Shared(Bytes),
+}
+
+/// Longest rule name held inline: what fits beside the tag in the room a
+/// `Bytes` takes (a `RuleName` is no larger than one).
+const INLINE_NAME: usize = 23;
+const _: () = assert!(std::mem::size_of::<RuleName>() == std::mem::size_of::<Bytes>());
 
 /// Why a string is not a rule name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -117,16 +140,68 @@ pub enum InvalidRuleName {
 }
 
 impl RuleName {
-    /// Checks `name` (1..=64 bytes of UTF-8) and wraps it without copying.
+    /// Checks `name` (1..=64 bytes of UTF-8) and wraps it: copied when
+    /// short, else without copying.
     pub fn new(name: impl Into<Bytes>) -> Result<Self, InvalidRuleName> {
         let name = name.into();
+        Self::check(&name)?;
+        if name.len() <= INLINE_NAME {
+            return Ok(Self::inline(name.len(), Self::padded(&name)));
+        }
+        Ok(Self(Name::Shared(name)))
+    }
+
+    /// The name of the first `len` bytes of `window`, copied when short
+    /// (`long`, called for a name too long to copy, gives its bytes
+    /// without copying): a frame's name as it is decoded, `window` the
+    /// rest of the frame from it.
+    pub(crate) fn decoded(
+        window: &[u8],
+        len: usize,
+        long: impl FnOnce() -> Bytes,
+    ) -> Result<Self, InvalidRuleName> {
+        let name = window.get(..len).ok_or(InvalidRuleName::Length(len))?;
+        if len > INLINE_NAME {
+            return Self::new(long());
+        }
+        Self::check(name)?;
+        let bytes = match window.first_chunk::<INLINE_NAME>() {
+            // One load of a known length: no call to `memcpy` (a copy of
+            // the name's own length was one, with a `memset` for the rest).
+            Some(ahead) => *ahead,
+            None => Self::padded(name),
+        };
+        Ok(Self::inline(len, bytes))
+    }
+
+    /// `name` (at most `INLINE_NAME` bytes) and zeros after it: for a name
+    /// near the end of a frame, apart so that the common path stays one
+    /// load.
+    #[cold]
+    #[inline(never)]
+    fn padded(name: &[u8]) -> [u8; INLINE_NAME] {
+        let mut bytes = [0; INLINE_NAME];
+        bytes[..name.len()].copy_from_slice(name);
+        bytes
+    }
+
+    fn inline(len: usize, bytes: [u8; INLINE_NAME]) -> Self {
+        // At most INLINE_NAME: fits a u8.
+        Self(Name::Inline {
+            len: len as u8,
+            bytes,
+        })
+    }
+
+    /// The constructors' invariant: 1..=64 bytes of UTF-8.
+    fn check(name: &[u8]) -> Result<(), InvalidRuleName> {
         if name.is_empty() || name.len() > MAX_RULE_NAME_LEN {
             return Err(InvalidRuleName::Length(name.len()));
         }
-        if std::str::from_utf8(&name).is_err() {
+        if std::str::from_utf8(name).is_err() {
             return Err(InvalidRuleName::Utf8);
         }
-        Ok(Self(name))
+        Ok(())
     }
 
     /// A rule name from a static string; panics if it is not one (for
@@ -139,21 +214,39 @@ impl RuleName {
     }
 
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Name::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Name::Shared(bytes) => bytes,
+        }
     }
 
     pub fn as_str(&self) -> &str {
         // Checked by every constructor; the fallback is unreachable.
-        std::str::from_utf8(&self.0).unwrap_or_default()
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
     }
 
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.as_bytes().len()
     }
 
     /// Always false: a rule name has at least one byte.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.as_bytes().is_empty()
+    }
+}
+
+// By the name's bytes, however they are held.
+impl PartialEq for RuleName {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for RuleName {}
+
+impl std::hash::Hash for RuleName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
     }
 }
 

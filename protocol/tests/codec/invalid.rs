@@ -344,6 +344,23 @@ fn rule_names_must_be_utf8_and_whole() {
             }
         )
     });
+    // Too long to be copied: sliced, and checked the same.
+    let mut long = vec![b'r'; 40];
+    long[30] = 0xFF;
+    let frame = check_frame(opcode::PEEK, |p| {
+        p.put_u16(1);
+        p.put_u8(1);
+        put_rule_pair(p, b"k", &long);
+    });
+    rejects_request(frame, ErrorCode::Malformed, |e| {
+        matches!(
+            e,
+            DecodeError::InvalidUtf8 {
+                field: "rule name",
+                ..
+            }
+        )
+    });
     // name_len 10, only 4 name bytes and no cost.
     let frame = check_frame(opcode::CHECK, |p| {
         p.put_u16(1);

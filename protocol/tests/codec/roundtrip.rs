@@ -436,3 +436,42 @@ fn rule_names_refuse_what_the_wire_cannot_carry() {
     assert_eq!(longest.len(), 64);
     assert_eq!(longest.to_string(), "é".repeat(32));
 }
+
+/// A decoded rule name is the name, whatever its length and whatever
+/// followed it in the frame: short names are copied with the bytes after
+/// them (unspecified), long ones sliced; both compare and hash by the
+/// name's bytes alone, equal to the name built from a string.
+#[test]
+fn rule_names_decode_to_the_same_name_held_inline_or_sliced() {
+    use std::hash::BuildHasher;
+    let hasher = std::collections::hash_map::RandomState::new();
+    for len in [1, 2, 22, 23, 24, 63, 64] {
+        let name = RuleName::try_from("é".repeat(len / 2) + &"n".repeat(len % 2)).unwrap();
+        assert_eq!(name.len(), len);
+        // Two pairs naming it, the first followed by a pair with a long
+        // key, the last by its cost alone (fewer than 23 bytes after a
+        // short name), in two frames whose costs differ.
+        let decoded: Vec<Vec<RuleName>> = [1, 2]
+            .map(|cost| {
+                let mut batch = CheckBatch::with_capacity(2);
+                batch.push(Pair::rule("k", name.clone(), cost));
+                batch.push(Pair::rule(Bytes::from(vec![b'k'; 40]), name.clone(), cost));
+                let mut src = encode_req(7, &Request::Check(batch));
+                match decode_request(&mut src, &limits()) {
+                    Ok(Some((7, Request::Check(batch)))) => (batch.iter().flatten())
+                        .map(|p| match &p.limit {
+                            LimitRef::Rule(n) => n.clone(),
+                            other => panic!("{other:?}"),
+                        })
+                        .collect(),
+                    other => panic!("{other:?}"),
+                }
+            })
+            .into();
+        for got in decoded.iter().flatten() {
+            assert_eq!(got, &name, "{len} bytes");
+            assert_eq!(got.as_str(), name.as_str());
+            assert_eq!(hasher.hash_one(got), hasher.hash_one(&name), "{len} bytes");
+        }
+    }
+}
