@@ -239,7 +239,8 @@ fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, Dec
     Ok(Pair { key, limit, cost })
 }
 
-/// A name_len-prefixed rule name, its length checked before it is sliced.
+/// A name_len-prefixed rule name, its length checked before it is read
+/// (copied when short, sliced when long: `RuleName`).
 pub(super) fn decode_rule_name(r: &mut PayloadReader) -> Result<RuleName, DecodeError> {
     let len = r.u8()?;
     if len == 0 || usize::from(len) > MAX_RULE_NAME_LEN {

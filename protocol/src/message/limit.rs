@@ -105,7 +105,7 @@ pub const LIMIT_KIND_RULE: u8 = 0x80;
 /// holds a slice of the received frame when decoded (no copy). Decoded as
 /// a slice, each pair's name took a reference on the frame's buffer and
 /// gave it back when dropped: two atomic operations per check naming a
-/// rule, where a copy of 23 bytes is one load. Decoding a frame and
+/// rule, where a copy of 23 bytes is a few moves. Decoding a frame and
 /// dropping its pairs went from 6.4% to 5.0% of the server's CPU under a
 /// rule (perf); `benches/codec.rs` `decode_check_rule`, 13-29% faster.
 /// The invariant (length and UTF-8) is checked by every constructor, so a
@@ -125,9 +125,12 @@ enum Name {
     Shared(Bytes),
 }
 
-/// Longest rule name held inline: what fits beside the tag in the room a
-/// `Bytes` takes (a `RuleName` is no larger than one).
+/// Longest rule name held inline: what fits, with its length byte, in the
+/// room a `Bytes` takes beside its vtable pointer, whose null value tells
+/// the two kinds apart (on 64-bit targets a `RuleName` is no larger than a
+/// `Bytes`; on 32-bit ones, 8 bytes larger).
 const INLINE_NAME: usize = 23;
+#[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<RuleName>() == std::mem::size_of::<Bytes>());
 
 /// Why a string is not a rule name.
@@ -166,8 +169,8 @@ impl RuleName {
         }
         Self::check(name)?;
         let bytes = match window.first_chunk::<INLINE_NAME>() {
-            // One load of a known length: no call to `memcpy` (a copy of
-            // the name's own length was one, with a `memset` for the rest).
+            // A copy of a known length: no call to `memcpy` (a copy of the
+            // name's own length was one, with a `memset` for the rest).
             Some(ahead) => *ahead,
             None => Self::padded(name),
         };

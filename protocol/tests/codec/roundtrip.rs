@@ -451,7 +451,9 @@ fn rule_names_decode_to_the_same_name_held_inline_or_sliced() {
         // Two pairs naming it, the first followed by a pair with a long
         // key, the last by its cost alone (fewer than 23 bytes after a
         // short name), in two frames whose costs differ.
-        let decoded: Vec<Vec<RuleName>> = [1, 2]
+        // Costs whose every byte is non-zero: after a 22-byte name, its
+        // first byte is the one the name's copy takes with it.
+        let decoded: Vec<Vec<RuleName>> = [0x0101_0101, 0x0202_0202]
             .map(|cost| {
                 let mut batch = CheckBatch::with_capacity(2);
                 batch.push(Pair::rule("k", name.clone(), cost));

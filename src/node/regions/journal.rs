@@ -221,8 +221,9 @@ impl Journal {
             .map(|i| i as u16)
     }
 
-    /// The index of `rule` for `peers`, added (copied: the caller's name is
-    /// a slice of a request frame) when new; None when the names are full.
+    /// The index of `rule` for `peers`, added (copied: the caller's name,
+    /// when longer than a `RuleName` holds inline, is a slice of a request
+    /// frame) when new; None when the names are full.
     fn intern(&mut self, rule: &RuleName, peers: u64) -> Option<u16> {
         if let Some(i) = self.name_index(rule.as_bytes(), peers) {
             return Some(i);
@@ -239,8 +240,8 @@ impl Journal {
     /// `hash`, for the peers whose bits are set in `peers`. A key not yet
     /// here is taken only when its entry fits in `room` bytes; returns
     /// false when it did not (nothing recorded). The key and name are
-    /// copied: the caller's are slices of a whole request frame, which they
-    /// would keep alive.
+    /// copied: the caller's key (and a long name) are slices of a whole
+    /// request frame, which they would keep alive.
     pub fn add(
         &mut self,
         (hash, key, rule, peers): (u64, &[u8], &RuleName, u64),
