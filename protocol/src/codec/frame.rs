@@ -135,18 +135,16 @@ impl PayloadReader {
         Ok(self.rest.split_to(len))
     }
 
-    /// Moves past the next `len` bytes, read by `read`, which is given
-    /// the rest of the payload from them (at least `len` bytes) and a way
-    /// to take them as a slice of the frame (no copy, a reference taken on
-    /// the frame's buffer).
+    /// Moves past the next `len` bytes, read in place by `read`, which is
+    /// given the rest of the payload from them (at least `len` bytes): no
+    /// slice of the frame taken (which takes a reference on its buffer).
     pub fn take_with<T>(
         &mut self,
         len: usize,
-        read: impl FnOnce(&[u8], &dyn Fn() -> Bytes) -> T,
+        read: impl FnOnce(&[u8]) -> T,
     ) -> Result<T, DecodeError> {
         self.need(len)?;
-        let rest = &self.rest;
-        let value = read(rest, &|| rest.slice(..len));
+        let value = read(&self.rest);
         self.rest.advance(len);
         Ok(value)
     }

@@ -249,11 +249,13 @@ pub(super) fn decode_rule_name(r: &mut PayloadReader) -> Result<RuleName, Decode
             len,
         });
     }
-    let request_id = r.request_id;
-    r.take_with(len.into(), |window, bytes| {
-        RuleName::decoded(window, len.into(), bytes)
-    })?
-    .map_err(|_| DecodeError::InvalidUtf8 {
+    let (request_id, len) = (r.request_id, usize::from(len));
+    let name = if len > RuleName::INLINE_LEN {
+        RuleName::new(r.bytes(len)?)
+    } else {
+        r.take_with(len, |window| RuleName::copied(window, len))?
+    };
+    name.map_err(|_| DecodeError::InvalidUtf8 {
         request_id,
         field: "rule name",
     })

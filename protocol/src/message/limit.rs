@@ -120,16 +120,11 @@ enum Name {
     /// the name, as one fixed-length copy, from whatever followed it).
     Inline {
         len: u8,
-        bytes: [u8; INLINE_NAME],
+        bytes: [u8; RuleName::INLINE_LEN],
     },
     Shared(Bytes),
 }
 
-/// Longest rule name held inline: what fits, with its length byte, in the
-/// room a `Bytes` takes beside its vtable pointer, whose null value tells
-/// the two kinds apart (on 64-bit targets a `RuleName` is no larger than a
-/// `Bytes`; on 32-bit ones, 8 bytes larger).
-const INLINE_NAME: usize = 23;
 #[cfg(target_pointer_width = "64")]
 const _: () = assert!(std::mem::size_of::<RuleName>() == std::mem::size_of::<Bytes>());
 
@@ -143,32 +138,33 @@ pub enum InvalidRuleName {
 }
 
 impl RuleName {
+    /// Longest rule name held inline (a longer one is decoded as a slice
+    /// of the frame): what fits, with its length byte, in the room a
+    /// `Bytes` takes beside its vtable pointer, whose null value tells the
+    /// two kinds apart (on 64-bit targets a `RuleName` is no larger than a
+    /// `Bytes`; on 32-bit ones, 8 bytes larger).
+    pub(crate) const INLINE_LEN: usize = 23;
+
     /// Checks `name` (1..=64 bytes of UTF-8) and wraps it: copied when
     /// short, else without copying.
     pub fn new(name: impl Into<Bytes>) -> Result<Self, InvalidRuleName> {
         let name = name.into();
         Self::check(&name)?;
-        if name.len() <= INLINE_NAME {
+        if name.len() <= Self::INLINE_LEN {
             return Ok(Self::inline(name.len(), Self::padded(&name)));
         }
         Ok(Self(Name::Shared(name)))
     }
 
-    /// The name of the first `len` bytes of `window`, copied when short
-    /// (`long`, called for a name too long to copy, gives its bytes
-    /// without copying): a frame's name as it is decoded, `window` the
-    /// rest of the frame from it.
-    pub(crate) fn decoded(
-        window: &[u8],
-        len: usize,
-        long: impl FnOnce() -> Bytes,
-    ) -> Result<Self, InvalidRuleName> {
-        let name = window.get(..len).ok_or(InvalidRuleName::Length(len))?;
-        if len > INLINE_NAME {
-            return Self::new(long());
-        }
+    /// The name of the first `len` bytes of `window` (at most
+    /// [`Self::INLINE_LEN`]), copied: a frame's name as it is decoded,
+    /// `window` the rest of the frame from it.
+    pub(crate) fn copied(window: &[u8], len: usize) -> Result<Self, InvalidRuleName> {
+        let name = (window.get(..len))
+            .filter(|_| len <= Self::INLINE_LEN)
+            .ok_or(InvalidRuleName::Length(len))?;
         Self::check(name)?;
-        let bytes = match window.first_chunk::<INLINE_NAME>() {
+        let bytes = match window.first_chunk::<{ Self::INLINE_LEN }>() {
             // A copy of a known length: no call to `memcpy` (a copy of the
             // name's own length was one, with a `memset` for the rest).
             Some(ahead) => *ahead,
@@ -177,19 +173,19 @@ impl RuleName {
         Ok(Self::inline(len, bytes))
     }
 
-    /// `name` (at most `INLINE_NAME` bytes) and zeros after it: for a name
+    /// `name` (at most `INLINE_LEN` bytes) and zeros after it: for a name
     /// near the end of a frame, apart so that the common path stays one
-    /// load.
+    /// copy of a known length.
     #[cold]
     #[inline(never)]
-    fn padded(name: &[u8]) -> [u8; INLINE_NAME] {
-        let mut bytes = [0; INLINE_NAME];
+    fn padded(name: &[u8]) -> [u8; Self::INLINE_LEN] {
+        let mut bytes = [0; Self::INLINE_LEN];
         bytes[..name.len()].copy_from_slice(name);
         bytes
     }
 
-    fn inline(len: usize, bytes: [u8; INLINE_NAME]) -> Self {
-        // At most INLINE_NAME: fits a u8.
+    fn inline(len: usize, bytes: [u8; Self::INLINE_LEN]) -> Self {
+        // At most INLINE_LEN: fits a u8.
         Self(Name::Inline {
             len: len as u8,
             bytes,

@@ -619,10 +619,15 @@ impl Journal {
 /// first highest: the entries to come are on the lines below. (Were the
 /// layout another, the fetches would only be wasted: a prefetch is a
 /// hint.)
-#[derive(Default)]
 struct FetchAhead {
-    /// The lowest address asked for so far (0: none).
+    /// The lowest address asked for so far (`usize::MAX`: none).
     asked: usize,
+}
+
+impl Default for FetchAhead {
+    fn default() -> Self {
+        Self { asked: usize::MAX }
+    }
 }
 
 impl FetchAhead {
@@ -641,11 +646,7 @@ impl FetchAhead {
     /// The span to ask for past an entry at address `at` (start, length:
     /// at most `BYTES`), none when all of it was asked for already.
     fn span(&mut self, at: usize) -> Option<(usize, usize)> {
-        let from = if self.asked == 0 {
-            at
-        } else {
-            self.asked.min(at)
-        };
+        let from = self.asked.min(at);
         let to = at.saturating_sub(Self::BYTES);
         (from > to).then(|| {
             self.asked = to;
