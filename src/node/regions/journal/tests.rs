@@ -1,6 +1,8 @@
 //! The journal's own tests: room, merging, sharing and sealing.
 
+use super::seal::FetchAhead;
 use super::*;
+use tollgate_protocol::usage_header_len;
 
 const ROOM: usize = usize::MAX;
 
