@@ -12,7 +12,7 @@
 //! Only node and region connections (HELLO proving the cluster or region
 //! secret, [`crate::node_auth`]) may send USAGE.
 
-use crate::message::RuleName;
+use crate::message::limit::RuleName;
 use bytes::Bytes;
 
 /// Longest region name, in bytes (the shortest is 1).

@@ -208,7 +208,8 @@ async fn regions(AxumState(state): AppState) -> Response {
 
 /// The status page (`status_page.rs`).
 async fn status_page(AxumState(state): AppState) -> Response {
-    axum::response::Html(super::status_page::render(&state)).into_response()
+    let page = super::status_page::render(&state.shared, state.max_memory, state.status_refresh);
+    axum::response::Html(page).into_response()
 }
 
 async fn healthz() -> Response {

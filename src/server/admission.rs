@@ -26,7 +26,7 @@
 //!   call), a RESP one is never shed (it ends on its idle timeout); each
 //!   is refused in its own words ([`Answer`]).
 
-use super::connection::secure;
+use super::handshake::secure;
 use super::stop::Stop;
 use super::Shared;
 use bytes::BytesMut;

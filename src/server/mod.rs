@@ -54,6 +54,7 @@ mod connection;
 #[cfg(feature = "envoy")]
 mod envoy;
 mod frontend;
+mod handshake;
 mod listener;
 mod resp;
 mod run;

@@ -16,7 +16,6 @@
 //!   `/metrics` does (memory and key counts visit each stripe once);
 //! - it is behind the admin token like every endpoint but the probes.
 
-use super::admin::AdminState;
 use super::Shared;
 use crate::clock::NANOS_PER_MS;
 use crate::node::status;
@@ -91,8 +90,7 @@ fn cluster_topology(shared: &Shared) -> Option<ClusterTopology> {
         .then(|| shared.engine.node().topology())
 }
 
-fn snapshot(state: &AdminState) -> Snapshot {
-    let shared = &state.shared;
+fn snapshot(shared: &Shared, max_memory: Option<usize>) -> Snapshot {
     let now = shared.engine.now();
     let rules = shared.engine.rules().current();
     let mut rows: Vec<RuleRow> = rules
@@ -132,7 +130,7 @@ fn snapshot(state: &AdminState) -> Snapshot {
         throttled_window_ms: sketch.window() / NANOS_PER_MS,
         keys: store.keys,
         memory: store.memory,
-        max_memory: state.max_memory,
+        max_memory,
         evicted: store.evicted,
         refused: store.refused,
     }
@@ -147,9 +145,10 @@ fn printable_key(key: &[u8]) -> String {
     }
 }
 
-/// The page, as sent.
-pub(super) fn render(state: &AdminState) -> String {
-    page(&snapshot(state), state.status_refresh).into_string()
+/// The page, as sent: `max_memory` is `--max-memory` (None: no cap),
+/// `refresh` `--status-refresh`.
+pub(super) fn render(shared: &Shared, max_memory: Option<usize>, refresh: Duration) -> String {
+    page(&snapshot(shared, max_memory), refresh).into_string()
 }
 
 fn page(s: &Snapshot, refresh: Duration) -> Markup {

@@ -27,6 +27,7 @@
 
 mod cluster;
 mod error;
+mod fields;
 mod frame;
 mod framed;
 mod regions;

@@ -9,8 +9,8 @@
 
 use bytes::{BufMut, BytesMut};
 
+use super::fields::{decode_key, decode_rule_name};
 use super::frame::{encode_frame, invalid, wire_len, PayloadReader};
-use super::request::{decode_key, decode_rule_name};
 use super::{opcode, DecodeError, EncodeError};
 use crate::message::RuleName;
 use crate::message::{RequestId, ServerLimits};

@@ -16,12 +16,13 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use super::fields::{decode_key, decode_rule_name};
 use super::frame::{encode_frame, take_frame, wire_len, PayloadReader};
 use super::{opcode, DecodeError, EncodeError};
 use crate::message::{
     Algorithm, CheckBatch, CheckTag, IdempotencyKey, LeaseRef, Limit, LimitRef, Pair, Priority,
-    Request, RequestId, RuleName, ServerLimits, TaggedBatch, IDEMPOTENCY_KEY_LEN, LIMIT_KIND_RULE,
-    MAX_RULE_NAME_LEN, PROTOCOL_VERSION,
+    Request, RequestId, ServerLimits, TaggedBatch, IDEMPOTENCY_KEY_LEN, LIMIT_KIND_RULE,
+    PROTOCOL_VERSION,
 };
 
 /// Smallest encoded check: n_pairs, then one pair with a 1-byte key.
@@ -237,49 +238,6 @@ fn decode_pair(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Pair, Dec
     };
     let cost = r.u32()?;
     Ok(Pair { key, limit, cost })
-}
-
-/// A name_len-prefixed rule name, its length checked before it is read
-/// (copied when short, sliced when long: `RuleName`).
-pub(super) fn decode_rule_name(r: &mut PayloadReader) -> Result<RuleName, DecodeError> {
-    let len = r.u8()?;
-    if len == 0 || usize::from(len) > MAX_RULE_NAME_LEN {
-        return Err(DecodeError::RuleNameLength {
-            request_id: r.request_id,
-            len,
-        });
-    }
-    let (request_id, len) = (r.request_id, usize::from(len));
-    let name = if len > RuleName::INLINE_LEN {
-        RuleName::new(r.bytes(len)?)
-    } else {
-        r.take_with(len, |window| RuleName::copied(window, len))?
-    };
-    name.map_err(|_| DecodeError::InvalidUtf8 {
-        request_id,
-        field: "rule name",
-    })
-}
-
-/// A key_len-prefixed key, its length checked before it is sliced.
-pub(super) fn decode_key(
-    r: &mut PayloadReader,
-    limits: &ServerLimits,
-) -> Result<Bytes, DecodeError> {
-    let len = r.u16()?;
-    if len == 0 {
-        return Err(DecodeError::EmptyKey {
-            request_id: r.request_id,
-        });
-    }
-    if len > limits.max_key_len {
-        return Err(DecodeError::KeyTooLong {
-            request_id: r.request_id,
-            len,
-            max: limits.max_key_len,
-        });
-    }
-    r.bytes(len.into())
 }
 
 fn decode_reset(r: &mut PayloadReader, limits: &ServerLimits) -> Result<Vec<Bytes>, DecodeError> {

@@ -17,7 +17,7 @@
 //! [`replication`](crate::replication).
 
 mod error_code;
-mod limit;
+pub(crate) mod limit;
 mod tagged;
 
 pub use error_code::ErrorCode;

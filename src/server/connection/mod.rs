@@ -50,6 +50,7 @@ use crate::node::{Access, Gate, Handover, Refusal};
 use crate::server::admission::Ticket;
 use crate::server::budget::ReadBuffer;
 use crate::server::conn_metrics::OpenConnection;
+use crate::server::handshake::secure;
 use crate::server::Shared;
 use crate::tls::Socket;
 use bytes::BytesMut;
@@ -186,41 +187,6 @@ pub(super) async fn serve(
             None => tracing::debug!(%peer, client = %conn.client_name, "connection closed"),
         },
         Err(e) => tracing::info!(%peer, client = %conn.client_name, error = %e, "connection ended"),
-    }
-}
-
-/// The TLS handshake, when the port speaks TLS, within the handshake
-/// timeout (which also bounds the HELLO after it); None when it failed.
-pub(super) async fn secure(stream: TcpStream, peer: SocketAddr, shared: &Shared) -> Option<Socket> {
-    secure_with(stream, peer, shared, crate::tls::Tls::protocol_acceptor).await
-}
-
-/// [`secure`] with the acceptor `acceptor` picks (the RESP port takes the
-/// protocol port's, the gRPC port one that offers HTTP/2 by ALPN).
-pub(super) async fn secure_with(
-    stream: TcpStream,
-    peer: SocketAddr,
-    shared: &Shared,
-    acceptor: fn(&crate::tls::Tls) -> tokio_rustls::TlsAcceptor,
-) -> Option<Socket> {
-    let Some(tls) = &shared.tls else {
-        return Some(Socket::Plain(stream));
-    };
-    let acceptor = acceptor(tls);
-    let limit = shared.network.handshake_timeout;
-    let failed = |why: &dyn std::fmt::Display| {
-        shared.metrics.conns.tls_failures.inc();
-        tracing::debug!(%peer, error = %why, "TLS handshake failed");
-        None
-    };
-    let handshake = tokio::select! {
-        _ = shared.lifecycle.draining.cancelled() => return None,
-        h = tokio::time::timeout(limit, acceptor.accept(stream)) => h,
-    };
-    match handshake {
-        Ok(Ok(tls)) => Some(Socket::from(tls)),
-        Ok(Err(e)) => failed(&e),
-        Err(_) => failed(&format!("not done within {limit:?}")),
     }
 }
 

@@ -35,8 +35,8 @@ mod route;
 mod service;
 
 use super::admission::{Admission, Answer};
-use super::connection::secure_with;
 use super::frontend::accept_loop;
+use super::handshake::secure_with;
 use super::Shared;
 use conn::Conn;
 use std::io;

@@ -9,7 +9,7 @@
 //! of a deployment runs it on the same port). Node ids are 40 hex digits
 //! derived from the protocol address, so every node names a node alike.
 
-use super::commands::Ctx;
+use super::context::Ctx;
 use super::reply::Reply;
 use crate::server::frontend::on_port;
 use crate::slot::Slot;

@@ -23,30 +23,18 @@
 //!   pipeline is).
 
 use super::cluster;
+use super::context::{key_error, Ctx};
 use super::counter::{counter, incr};
 use super::multi::Multi;
 use super::parse::Args;
 use super::reply::Reply;
 use super::table::{self, Cmd, Spec, SCRIPTING, TABLE};
 use super::throttle::Throttle;
-use crate::clock::Nanos;
 use crate::node::Refusal;
-use crate::rules::RuleSet;
 use crate::server::frontend::on_port;
 use crate::server::Shared;
 use bytes::{Bytes, BytesMut};
 use tollgate_protocol::Role;
-
-/// What every command of one batch sees.
-pub(super) struct Ctx<'a> {
-    pub shared: &'a Shared,
-    /// The rules in force, loaded once per batch.
-    pub rules: &'a RuleSet,
-    /// The server clock, read once per batch.
-    pub now: Nanos,
-    /// This front end's port (other nodes' front ends are on it too).
-    pub port: u16,
-}
 
 /// Redis's version the front end answers like (HELLO, INFO): the commands
 /// it knows behave as in this version.
@@ -431,21 +419,6 @@ pub(super) fn refused(refusal: &Refusal, port: u16) -> String {
                 .to_owned()
         }
         other => format!("ERR {other}"),
-    }
-}
-
-/// The checks every key-taking command makes of its key.
-pub(super) fn key_error(ctx: &Ctx, key: &[u8]) -> Option<String> {
-    let max = usize::from(ctx.shared.limits.max_key_len);
-    if key.is_empty() {
-        Some("ERR empty key: Tollgate keys are 1 or more bytes".to_owned())
-    } else if key.len() > max {
-        Some(format!(
-            "ERR key of {} bytes is longer than max-key-len ({max})",
-            key.len()
-        ))
-    } else {
-        None
     }
 }
 

@@ -4,7 +4,7 @@
 //! lock) are the engine's (`engine/counter.rs`, whose module docs give the
 //! commands' meaning).
 
-use super::commands::{key_error, Ctx};
+use super::context::{key_error, Ctx};
 use super::parse::Args;
 use super::reply::Reply;
 use super::table::Cmd;

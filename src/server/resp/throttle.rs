@@ -19,7 +19,7 @@
 //! is limited with retry-after -1 (it never fits). `quantity` 0 peeks:
 //! nothing is charged, and the reply is the bucket as it stands.
 
-use super::commands::Ctx;
+use super::context::Ctx;
 use super::reply::Reply;
 use crate::clock::NANOS_PER_MS;
 use crate::engine::{self, Mode};
