@@ -30,6 +30,7 @@
 //! The budget itself is kept by [`Tables::make_room`] (`budget`).
 
 mod budget;
+mod compact;
 mod hint;
 mod packed;
 mod slots;
@@ -43,9 +44,10 @@ use crate::algorithm::{State, Verdict};
 use crate::clock::Nanos;
 use crate::sync::{AtomicU64, Ordering};
 use budget::Upkeep;
+use compact::Probe;
 use packed::Window;
 use slots::Slots;
-use split::{Probe, Split};
+use split::Split;
 
 /// A token or leaky bucket: GCRA's theoretical arrival time, which is also
 /// when the state expires.
@@ -583,11 +585,11 @@ impl Tables {
 }
 
 const _: () =
-    assert!(std::mem::size_of::<split::Compact<crate::store::key::ShortKey, Tat>>() == 24);
-const _: () = assert!(std::mem::size_of::<split::Compact<StoredKey, Tat>>() == 32);
+    assert!(std::mem::size_of::<compact::Compact<crate::store::key::ShortKey, Tat>>() == 24);
+const _: () = assert!(std::mem::size_of::<compact::Compact<StoredKey, Tat>>() == 32);
 const _: () =
-    assert!(std::mem::size_of::<split::Compact<crate::store::key::ShortKey, Window>>() == 32);
-const _: () = assert!(std::mem::size_of::<split::Compact<StoredKey, Window>>() == 40);
+    assert!(std::mem::size_of::<compact::Compact<crate::store::key::ShortKey, Window>>() == 32);
+const _: () = assert!(std::mem::size_of::<compact::Compact<StoredKey, Window>>() == 40);
 
 #[cfg(test)]
 mod tests;

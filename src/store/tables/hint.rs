@@ -21,7 +21,7 @@
 //! a wasted prefetch and nothing else: a prefetch reads nothing into the
 //! program and never faults.
 
-use super::split::{Compact, Probe};
+use super::compact::{Compact, Probe};
 use super::{Kind, Tat};
 use crate::store::key::{ShortKey, StoredKey};
 use hashbrown::HashTable;

@@ -7,36 +7,9 @@
 //! 16-byte key and GCRA's `tat`: 24-byte entries instead of 32), and its
 //! probes compare 16 bytes at once instead of a slice.
 
+use super::compact::{Compact, Probe};
 use super::slots::Slots;
 use crate::store::key::{ShortKey, StoredKey};
-
-/// One entry of a compact table: a key slot and a packed state.
-#[derive(Debug)]
-pub(super) struct Compact<K, P> {
-    pub(super) key: K,
-    pub(super) state: P,
-}
-
-/// A key as a lookup compares it: its short slot, or its bytes.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Probe<'k> {
-    Short(ShortKey),
-    Long(&'k [u8]),
-}
-
-impl<'k> Probe<'k> {
-    #[inline]
-    pub(super) fn of(key: &'k [u8]) -> Self {
-        match ShortKey::new(key) {
-            Some(short) => Probe::Short(short),
-            None => Probe::Long(key),
-        }
-    }
-
-    pub(super) fn is_short(&self) -> bool {
-        matches!(self, Probe::Short(_))
-    }
-}
 
 /// The two tables of one kind of packed state `P`.
 #[derive(Debug)]
