@@ -212,6 +212,61 @@ async fn normal_is_shed_past_its_bound_high_and_check_never() {
     server.stop().await;
 }
 
+/// The bounds as shipped (8 KiB low, 24 KiB normal) are reached by a
+/// real backlog: the read buffer holds 16 KiB, so what a client sent
+/// beyond it waits in the kernel, and that counts as received. (Counted
+/// from the buffer alone, a backlog never passed 24 KiB: normal priority
+/// was never shed under the defaults.)
+#[tokio::test]
+async fn the_default_bounds_count_what_waits_in_the_kernel() {
+    let server = TestServer::start_admin(|c| {
+        assert_eq!(
+            (c.overload.shed_low_backlog, c.overload.shed_normal_backlog),
+            (8 << 10, 24 << 10),
+            "the defaults"
+        );
+    })
+    .await;
+    let admin = server.admin.unwrap();
+    let mut conn = RawConn::ready(server.addr).await;
+    // About 64 KiB of frames, each a low, a normal and a high check, sent
+    // in one write: about four read buffers' worth.
+    let frames: Vec<(RequestId, Request)> = (0..400u32)
+        .map(|i| {
+            let key = |p: &str| bucket(&format!("rl:{{b{i}}}:{p}"));
+            let id = u128::from(i) * 3;
+            let checks = vec![
+                (tag(id + 1, Priority::Low), key("low")),
+                (tag(id + 2, Priority::Normal), key("normal")),
+                (tag(id + 3, Priority::High), key("high")),
+            ];
+            (i + 10, check2(checks))
+        })
+        .collect();
+    send_together(&mut conn, &frames).await;
+    let mut shed = [0u32; 3];
+    for (id, _) in &frames {
+        let results = match conn.recv().await {
+            (rid, Response::Checked(results)) if rid == *id => results,
+            other => panic!("expected CHECKED {id}, got {other:?}"),
+        };
+        for (p, result) in results.iter().enumerate() {
+            if *result == CheckResult::Error(ErrorCode::Shed) {
+                shed[p] += 1;
+            } else {
+                assert_eq!(remaining(result), 4, "charged once, priority {p}");
+            }
+        }
+    }
+    assert!(shed[1] > 0, "normal priority shed past 24 KiB: {shed:?}");
+    assert!(shed[0] >= shed[1], "low shed wherever normal is: {shed:?}");
+    assert_eq!(shed[2], 0, "high never shed");
+    let counted = |p: &str| format!("tollgate_checks_shed_total{{priority=\"{p}\"}}");
+    assert_eq!(metric(admin, &counted("low")).await, f64::from(shed[0]));
+    assert_eq!(metric(admin, &counted("normal")).await, f64::from(shed[1]));
+    server.stop().await;
+}
+
 /// A CHECK2 frame around a hand-written payload.
 fn raw_check2(id: RequestId, write: impl FnOnce(&mut BytesMut)) -> BytesMut {
     let mut payload = BytesMut::new();

@@ -28,6 +28,14 @@ impl Socket {
     pub fn is_tls(&self) -> bool {
         matches!(self, Self::Tls(_))
     }
+
+    /// Bytes the kernel has received on the connection and not handed to
+    /// a read yet (`FIONREAD`; under TLS, records not yet decrypted): what
+    /// waits behind a full read buffer. 0 when the kernel cannot say.
+    pub fn unread(&self) -> usize {
+        rustix::io::ioctl_fionread(self.tcp())
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+    }
 }
 
 impl From<tokio_rustls::server::TlsStream<TcpStream>> for Socket {

@@ -135,6 +135,12 @@ struct Connection {
     client_name: String,
     /// When the partial frame now in `rbuf` started arriving.
     partial_since: Option<Instant>,
+    /// What the kernel still held for the connection when the last read
+    /// filled `rbuf` (0 when it did not: the read took all there was).
+    /// Part of a CHECK2's backlog: the buffer holds at most 16 KiB (or one
+    /// larger frame), so the bytes behind it wait in the kernel, and
+    /// without them a backlog could never pass `--shed-normal-backlog`.
+    unread: usize,
     /// Set with [`Flow::HandOver`].
     replicate: Option<Replicate>,
     /// The server's `abort` and `draining`, as tokens of this connection's
@@ -176,6 +182,7 @@ pub(super) async fn serve(
         owner: Default::default(),
         client_name: String::new(),
         partial_since: None,
+        unread: 0,
         replicate: None,
         abort,
         draining,
@@ -282,6 +289,7 @@ impl Connection {
                             Ok(_) => self.ticket.touch(),
                             Err(e) => return Err(e.into()),
                         }
+                        self.note_unread();
                         break;
                     }
                     Woke::Timer => {
@@ -294,6 +302,13 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// After a read: what the kernel still holds, when the read filled the
+    /// buffer (asked only then: a syscall, and only under backlog).
+    fn note_unread(&mut self) {
+        let full = self.rbuf.buf.len() == self.rbuf.buf.capacity();
+        self.unread = if full { self.stream.unread() } else { 0 };
     }
 
     /// Closes with an ERROR of the server's own (request id 0).
@@ -429,12 +444,13 @@ impl Connection {
                     .engine
                     .answer(id, &batch, Verb::Check(Mode::Peek), &gate, &mut self.wbuf)
             }
-            // Backlog for shedding: bytes received behind it, not answered.
+            // Backlog for shedding: bytes received behind it, not answered
+            // (in the buffer, and in the kernel when the buffer was full).
             Request::Check2(batch) => shared.engine.answer_tagged(
                 id,
                 &batch,
                 self.owner,
-                self.rbuf.buf.len(),
+                self.rbuf.buf.len() + self.unread,
                 &gate,
                 &mut self.wbuf,
             ),
@@ -528,7 +544,7 @@ impl Connection {
                 read = tokio::time::timeout(DRAIN_QUIET, self.stream.read_buf(&mut self.rbuf.buf)) => {
                     match read {
                         Ok(Ok(0)) | Err(_) => break,
-                        Ok(Ok(_)) => {}
+                        Ok(Ok(_)) => self.note_unread(),
                         Ok(Err(e)) => return Err(e.into()),
                     }
                 }
