@@ -8,6 +8,7 @@ use crate::config::{AdminAddr, ConfigError, ConfigFile, ServerConfig};
 use crate::huge_pages::{self, HostMode, HugePages};
 use crate::server::Server;
 use clap::{Args, CommandFactory, FromArgMatches};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tokio::net::TcpListener;
@@ -63,10 +64,10 @@ pub(super) async fn run(
         return ExitCode::from(2);
     }
     if args.print_config {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&config).expect("settings serialize")
-        );
+        let text = serde_json::to_string_pretty(&config).expect("settings serialize");
+        // A reader that stops early (`| head`) is no error: `println!`
+        // would panic on the closed pipe.
+        let _ = writeln!(std::io::stdout().lock(), "{text}");
         return ExitCode::SUCCESS;
     }
     init_logging(config.logging.log_format);

@@ -136,6 +136,8 @@ pub enum ConfigError {
         than: &'static str,
         bound: String,
     },
+    #[error("{name} must be whole seconds, got {value:?}")]
+    NotWholeSeconds { name: &'static str, value: Duration },
     #[error("{0}")]
     Cluster(String),
     #[error(transparent)]

@@ -372,6 +372,14 @@ impl AdminSettings {
             MAX_THROTTLED_METRIC_KEYS as u64,
         )?;
         at_least("status-refresh (seconds)", self.status_refresh.as_secs(), 1)?;
+        // The page's refresh is given in seconds: a fraction would be
+        // dropped without a word.
+        if self.status_refresh.subsec_nanos() != 0 {
+            return Err(ConfigError::NotWholeSeconds {
+                name: "status-refresh",
+                value: self.status_refresh,
+            });
+        }
         Ok(())
     }
 }

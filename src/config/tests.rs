@@ -60,12 +60,23 @@ fn impossible_settings_are_typed_errors() {
             ..
         })
     ));
-    let mut c = base;
+    let mut c = base.clone();
     c.network.frame_timeout = Duration::ZERO;
     assert_eq!(
         c.validate(),
         Err(ConfigError::ZeroDuration {
             name: "frame-timeout"
+        })
+    );
+    // The status page reloads in whole seconds: 1.5 s is refused, not
+    // cut to 1 s.
+    let mut c = base;
+    c.admin.status_refresh = Duration::from_millis(1500);
+    assert_eq!(
+        c.validate(),
+        Err(ConfigError::NotWholeSeconds {
+            name: "status-refresh",
+            value: Duration::from_millis(1500),
         })
     );
 }

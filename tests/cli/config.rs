@@ -258,3 +258,21 @@ fn serve_with_resp_answers_redis_cli() {
     let status = server.terminate();
     assert!(status.success(), "{status:?}");
 }
+
+/// `serve --print-config | head`: a reader that stops early is no error
+/// (a `println!` into the closed pipe panicked, with a backtrace).
+#[test]
+fn print_config_into_a_closed_pipe_exits_cleanly() {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--print-config"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed before the child has parsed its flags, let alone written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {err}", out.status);
+    assert!(!err.contains("panicked"), "{err}");
+}

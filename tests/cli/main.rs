@@ -47,7 +47,10 @@ impl ServeProcess {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
+                // The receiver gone: stop reading, closing the pipe.
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
         });
         let (addr, admin, resp) = loop {
@@ -337,6 +340,30 @@ fn every_algorithm_inline_from_the_cli_then_release() {
     assert_eq!(code, 0, "{err}");
     assert_eq!(decisions(&out)[0]["remaining"], 2);
     drop(server);
+}
+
+/// With the reader of its log gone (stderr a closed pipe: a log shipper
+/// that died), the server keeps serving and still exits cleanly on
+/// SIGTERM; a line it cannot write is dropped. (tracing-subscriber told of
+/// a failed write with `eprintln!`, which panics on a closed stderr: the
+/// server died at its next log line, or hung in its shutdown.)
+#[test]
+fn a_closed_log_pipe_neither_stops_nor_hangs_the_server() {
+    let mut server = ServeProcess::start(&[]);
+    // The reader stops at the next line and closes its end of the pipe.
+    drop(std::mem::replace(
+        &mut server.log,
+        std::sync::mpsc::channel().1,
+    ));
+    server.signal("-HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    // Logged into the closed pipe.
+    server.signal("-HUP");
+    std::thread::sleep(Duration::from_millis(300));
+    let (code, out, err) = tollgate(&["ping", "--server", &server.addr]);
+    assert_eq!(code, 0, "still serving: {out} {err}");
+    let status = server.terminate();
+    assert!(status.success(), "a clean exit, not a panic: {status:?}");
 }
 
 #[test]
