@@ -570,3 +570,20 @@ async fn a_key_reused_by_another_client_or_for_another_check_is_refused() {
     assert_eq!(remaining(&checked(&mut b, 4, &own).await[0]), 4);
     server.stop().await;
 }
+
+/// A server that requires no token ignores any token sent (PROTOCOL.md
+/// §4), so its clients are one identity to the retry memory whatever they
+/// send: a retry from a connection that sent a token is answered from
+/// memory, not refused as another client's.
+#[tokio::test]
+async fn without_required_tokens_every_client_is_one_identity() {
+    let server = TestServer::start_with(|_| {}).await;
+    let mut plain = RawConn::ready(server.addr).await;
+    let first = check2(vec![(tag(0xab, Priority::Normal), bucket("rl:{t}:a"))]);
+    let answer = checked(&mut plain, 2, &first).await;
+    assert_eq!(remaining(&answer[0]), 4);
+    let mut tokened = as_client(server.addr, "a-token-no-one-checks").await;
+    assert_eq!(checked(&mut tokened, 2, &first).await, answer);
+    assert_eq!(left(&mut tokened, "rl:{t}:a").await, 4, "charged once");
+    server.stop().await;
+}

@@ -159,6 +159,18 @@ impl Authenticator {
         }
     }
 
+    /// What a client's HELLO `token` counts as for the retry memory: the
+    /// token where client tokens are required; nothing where they are not
+    /// (PROTOCOL.md §4: the token is then ignored, and an unchecked token
+    /// proves no one: every client is one identity).
+    pub fn identity<'t>(&self, token: &'t [u8]) -> &'t [u8] {
+        if self.clients.is_empty() {
+            &[]
+        } else {
+            token
+        }
+    }
+
     /// What a token alone may do (no challenge: the RESP and Envoy front
     /// ends, which take client tokens); `None`: refused.
     pub fn hello(&self, token: &[u8]) -> Option<Privilege> {

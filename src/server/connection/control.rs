@@ -145,7 +145,7 @@ impl Connection {
         self.privilege = privilege;
         // A peer region's own secret: the connection speaks for it alone.
         self.usage_region = region;
-        self.owner = self.shared.engine.owner(privilege, given);
+        self.owner = (self.shared.engine).owner(privilege, self.shared.auth.identity(given));
         self.client_name = client_name;
         let greeting = self.shared.engine.node().greeting();
         let hello = Response::HelloOk {
