@@ -17,7 +17,7 @@
 //! routing table for the whole frame, so every key of a frame is judged
 //! against the same map.
 
-use super::source::Refusal;
+use super::refusal::Refusal;
 #[cfg(feature = "cluster")]
 use tollgate_protocol::Pair;
 use tollgate_protocol::Request;
@@ -28,7 +28,7 @@ pub(crate) enum Gate<'a> {
     All,
     /// Cluster mode: decided per slot from one routing table.
     #[cfg(feature = "cluster")]
-    Slots(super::cluster::SlotGate<'a>),
+    Slots(super::cluster::slot_gate::SlotGate<'a>),
     /// Holds the lifetime when cluster mode is not built in; never made.
     #[cfg(not(feature = "cluster"))]
     #[allow(dead_code)]

@@ -46,46 +46,6 @@ pub(crate) enum LinkError {
     Protocol(String),
 }
 
-/// What this node presents to other nodes.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Credentials {
-    /// `--cluster-secret`: proved over the other node's challenge.
-    pub cluster: Option<String>,
-    /// `--region-secret`: what the region senders prove instead, when set.
-    pub region: Option<String>,
-    /// `--region-peer-secret`: what the sender to one peer region proves
-    /// before any other secret, (region, secret).
-    pub region_peers: Vec<(String, String)>,
-    /// Without a cluster secret (only with `--insecure`): the client token,
-    /// if any, sent in HELLO as any client's.
-    pub token: Option<String>,
-}
-
-impl Credentials {
-    /// The secret to prove for `scope` to peer region `peer` (None: not a
-    /// region link), and the scope it is proved in (the region exchange
-    /// takes the secret shared with that peer, else the region secret,
-    /// else the cluster secret); None: no secret, HELLO with the client
-    /// token.
-    fn secret_for(&self, scope: NodeScope, peer: Option<&str>) -> Option<(&str, NodeScope)> {
-        let own = peer.and_then(|name| {
-            self.region_peers
-                .iter()
-                .find(|(region, _)| region == name)
-                .map(|(_, secret)| secret.as_str())
-        });
-        let region = match scope {
-            NodeScope::Region => own.or(self.region.as_deref()),
-            NodeScope::Cluster => None,
-        };
-        match (region, self.cluster.as_deref()) {
-            (Some(region), _) => Some((region, NodeScope::Region)),
-            (None, Some(cluster)) => Some((cluster, NodeScope::Cluster)),
-            (None, None) => None,
-        }
-    }
-}
-
 /// What the other node said of itself in HELLO_OK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Hello {

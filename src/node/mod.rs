@@ -37,10 +37,12 @@
 
 #[cfg(feature = "cluster")]
 mod cluster;
+mod credentials;
 mod gate;
 mod link;
 mod metrics;
 mod pair;
+mod refusal;
 pub(crate) mod regions;
 mod replication;
 mod role;
@@ -52,10 +54,11 @@ mod supervisor;
 
 #[cfg(feature = "cluster")]
 pub(crate) use cluster::{check_settings as check_cluster_settings, etcd_access, Membership};
+pub(crate) use credentials::Credentials;
 pub(crate) use gate::Gate;
-pub(crate) use link::Credentials;
+pub(crate) use refusal::Refusal;
 pub(crate) use shared::Handover;
-pub(crate) use source::{Access, Refusal};
+pub(crate) use source::Access;
 pub(crate) use supervisor::Supervisor;
 
 use crate::clock::Clock;
@@ -98,7 +101,7 @@ pub(crate) struct Node {
 pub(crate) struct NodeParts {
     pub settings: ReplicationSettings,
     /// What the node proves (or presents) to other nodes in HELLO.
-    pub credentials: link::Credentials,
+    pub credentials: credentials::Credentials,
     /// TLS for its own connections to other nodes.
     pub tls: Option<Arc<Tls>>,
     pub limits: ServerLimits,

@@ -41,8 +41,9 @@
 
 use super::gate::Gate;
 use super::link::{unexpected, Link, LinkError};
+use super::refusal::{EpochError, Refusal};
 use super::shared::Core;
-use super::source::{Access, Duty, Refusal, RoleSource};
+use super::source::{Access, Duty, RoleSource};
 use crate::config::ReplicationSettings;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -358,7 +359,7 @@ async fn start(core: &Core) {
 }
 
 /// Logs a role change that the role state refused (an absurd epoch).
-fn settle(changed: Result<(), super::role::EpochError>) {
+fn settle(changed: Result<(), EpochError>) {
     if let Err(e) = changed {
         tracing::warn!(error = %e, "role change refused");
     }

@@ -20,7 +20,7 @@
 //!   claim (2^40, `u64::MAX`) cannot fence every later promotion out, or
 //!   overflow the next one, which is checked too ([`EpochError::Exhausted`]).
 
-use super::source::Refusal;
+use super::refusal::{EpochError, Refusal};
 use parking_lot::Mutex;
 // Not `crate::sync`: nothing here is modelled by loom.
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
@@ -33,17 +33,6 @@ const STANDBY: u8 = Role::Standby as u8;
 
 /// Why a role changed, for the log line.
 pub(crate) type Reason = &'static str;
-
-/// An epoch this node will not take.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum EpochError {
-    #[error(
-        "epoch {theirs} refused: more than {gap} above the highest epoch known here ({known})"
-    )]
-    TooFar { theirs: u64, known: u64, gap: u64 },
-    #[error("this node knows epoch {0}, the largest there is: no promotion can outrank it")]
-    Exhausted(u64),
-}
 
 #[derive(Debug)]
 pub(crate) struct RoleState {

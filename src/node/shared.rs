@@ -21,7 +21,7 @@ pub(crate) struct Core {
     pub clock: Arc<dyn Clock>,
     pub settings: ReplicationSettings,
     /// What this node proves (or presents) in HELLO to other nodes.
-    pub credentials: super::link::Credentials,
+    pub credentials: super::credentials::Credentials,
     /// TLS for this node's own connections (None: plain TCP).
     pub tls: Option<Arc<Tls>>,
     /// Frame limits for what a standby sends on its stream.

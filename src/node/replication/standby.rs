@@ -21,7 +21,8 @@
 use super::handoff::hand_off;
 use super::records::into_key_write;
 use crate::node::link::{unexpected, Link, LinkError};
-use crate::node::role::{EpochError, RoleState};
+use crate::node::refusal::EpochError;
+use crate::node::role::RoleState;
 use crate::node::shared::Core;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
