@@ -161,6 +161,15 @@ async fn serve(mut server: Server, listeners: Listeners) -> ExitCode {
     if let Some(envoy) = envoy {
         server = server.with_envoy_rls(envoy);
     }
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    tokio::spawn(reload_on_sighup(
+        server.rules(),
+        server.tls(),
+        shutdown.clone(),
+    ));
+    // Logged once the signals are handled: a supervisor may signal
+    // from here on.
     tracing::info!(
         listen = %addr,
         admin = %admin_addr,
@@ -171,13 +180,6 @@ async fn serve(mut server: Server, listeners: Listeners) -> ExitCode {
         version = env!("CARGO_PKG_VERSION"),
         "tollgate serving"
     );
-    let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
-    tokio::spawn(reload_on_sighup(
-        server.rules(),
-        server.tls(),
-        shutdown.clone(),
-    ));
     match server.run(protocol, shutdown).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

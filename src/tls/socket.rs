@@ -30,11 +30,19 @@ impl Socket {
     }
 
     /// Bytes the kernel has received on the connection and not handed to
-    /// a read yet (`FIONREAD`; under TLS, records not yet decrypted): what
-    /// waits behind a full read buffer. 0 when the kernel cannot say.
+    /// a read yet (`FIONREAD`; under TLS, records not yet taken off the
+    /// socket, without those rustls already holds). 0 when the kernel
+    /// cannot say, and off Linux, where it is not asked.
+    #[cfg(target_os = "linux")]
     pub fn unread(&self) -> usize {
         rustix::io::ioctl_fionread(self.tcp())
             .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    /// See the Linux version: not asked here.
+    #[cfg(not(target_os = "linux"))]
+    pub fn unread(&self) -> usize {
+        0
     }
 }
 

@@ -350,6 +350,10 @@ fn every_algorithm_inline_from_the_cli_then_release() {
 #[test]
 fn a_closed_log_pipe_neither_stops_nor_hangs_the_server() {
     let mut server = ServeProcess::start(&[]);
+    // The SIGHUP handler is in place once one reload is logged (before it,
+    // SIGHUP's default action would end the process).
+    server.signal("-HUP");
+    server.wait_for_log("SIGHUP: reloading rules and certificates");
     // The reader stops at the next line and closes its end of the pipe.
     drop(std::mem::replace(
         &mut server.log,

@@ -310,3 +310,51 @@ async fn a_large_pipelined_burst_arrives_whole_over_tls() {
     drop(writer.await.unwrap());
     server.stop().await;
 }
+
+/// Shedding's backlog over TLS: what waits in the kernel behind a full
+/// read buffer counts here too (PROTOCOL.md §5; the kernel holds TLS
+/// records, not yet decrypted): under the default bounds (8 KiB low,
+/// 24 KiB normal), a 48 KiB burst of CHECK2 frames has normal priority
+/// shed too, high never.
+#[tokio::test]
+async fn shedding_counts_the_backlog_waiting_in_the_kernel_over_tls() {
+    use tollgate_protocol::{
+        CheckResult, CheckTag, ErrorCode, IdempotencyKey, Priority, TaggedBatch,
+    };
+    let dir = TempDir::new("tls-shed");
+    let root = Ca::root("root");
+    let leaf = root.issue("server", Validity::Now);
+    let server = TestServer::start_with(with_tls(&dir, &leaf, None)).await;
+    let (mut conn, _) = tls_connect(server.addr, client_config(&root.pem(), None))
+        .await
+        .unwrap();
+    assert!(hello(&mut conn).await);
+    let frames = 300u32;
+    let mut wire = bytes::BytesMut::new();
+    for i in 0..frames {
+        let mut batch = TaggedBatch::default();
+        for (n, priority) in [Priority::Low, Priority::Normal, Priority::High]
+            .into_iter()
+            .enumerate()
+        {
+            let key = IdempotencyKey::from_u128(u128::from(i) * 3 + n as u128 + 1);
+            let pair = tb(&format!("rl:{{s{i}}}:{n}"), 1, 60_000, 5, 1);
+            batch.push(CheckTag::new(key, priority), pair);
+        }
+        tollgate_protocol::encode_request(i + 2, &Request::Check2(batch), &mut wire).unwrap();
+    }
+    conn.send_raw(&wire).await;
+    let mut shed = [0u32; 3];
+    for _ in 0..frames {
+        let Response::Checked(results) = conn.recv().await.1 else {
+            panic!("CHECKED expected")
+        };
+        for (p, result) in results.iter().enumerate() {
+            shed[p] += u32::from(*result == CheckResult::Error(ErrorCode::Shed));
+        }
+    }
+    assert!(shed[1] > 0, "normal priority shed past 24 KiB: {shed:?}");
+    assert!(shed[0] >= shed[1], "low shed wherever normal is: {shed:?}");
+    assert_eq!(shed[2], 0, "high never shed");
+    server.stop().await;
+}

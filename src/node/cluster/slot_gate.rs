@@ -1,7 +1,7 @@
 //! One frame's view of the slots in cluster mode ([`SlotGate`]): the
 //! routing table every key of the frame is judged against, and whether
-//! this node serves its shard; the rules it applies are gate.rs's
-//! (PROTOCOL.md §14).
+//! this node serves its shard; `screen` applies PROTOCOL.md §14's rules,
+//! which gate.rs states and dispatches to.
 
 use super::metrics;
 use crate::cluster::{Route, RoutingTable, ShardId, Unavailable};

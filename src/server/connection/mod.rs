@@ -305,7 +305,9 @@ impl Connection {
     }
 
     /// After a read: what the kernel still holds, when the read filled the
-    /// buffer (asked only then: a syscall, and only under backlog).
+    /// buffer (a read takes what the kernel holds up to the buffer's room,
+    /// so only a full buffer may have left bytes behind). A syscall, asked
+    /// only then: when requests are pipelined past the buffer's room.
     fn note_unread(&mut self) {
         let full = self.rbuf.buf.len() == self.rbuf.buf.capacity();
         self.unread = if full { self.stream.unread() } else { 0 };
@@ -444,16 +446,19 @@ impl Connection {
                     .engine
                     .answer(id, &batch, Verb::Check(Mode::Peek), &gate, &mut self.wbuf)
             }
-            // Backlog for shedding: bytes received behind it, not answered
-            // (in the buffer, and in the kernel when the buffer was full).
-            Request::Check2(batch) => shared.engine.answer_tagged(
-                id,
-                &batch,
-                self.owner,
-                self.rbuf.buf.len() + self.unread,
-                &gate,
-                &mut self.wbuf,
-            ),
+            Request::Check2(batch) => {
+                // Backlog for shedding: the request bytes received behind
+                // this frame, in the buffer and in the kernel.
+                let backlog = self.rbuf.buf.len().saturating_add(self.unread);
+                (shared.engine).answer_tagged(
+                    id,
+                    &batch,
+                    self.owner,
+                    backlog,
+                    &gate,
+                    &mut self.wbuf,
+                )
+            }
             Request::Reset(keys) => {
                 let removed = shared.engine.reset(&keys);
                 encode_response(id, &Response::ResetDone(removed), &mut self.wbuf)
