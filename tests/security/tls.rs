@@ -63,6 +63,19 @@ async fn metrics(server: &TestServer, ca: &std::path::Path) -> String {
         .text()
 }
 
+/// A TLS server with a certificate of a fresh root (files in `dir`), and
+/// a connection to it past HELLO.
+async fn served_over_tls(dir: &TempDir) -> (TestServer, RawConn) {
+    let root = Ca::root("root");
+    let leaf = root.issue("server", Validity::Now);
+    let server = TestServer::start_with(with_tls(dir, &leaf, None)).await;
+    let (mut conn, _) = tls_connect(server.addr, client_config(&root.pem(), None))
+        .await
+        .unwrap();
+    assert!(hello(&mut conn).await);
+    (server, conn)
+}
+
 async fn ping(conn: &mut RawConn, id: u32) {
     conn.send(id, &Request::Ping).await;
     assert!(matches!(conn.recv().await, (got, Response::Pong) if got == id));
@@ -266,13 +279,7 @@ async fn a_changed_certificate_file_is_picked_up_by_itself() {
 #[tokio::test]
 async fn a_large_pipelined_burst_arrives_whole_over_tls() {
     let dir = TempDir::new("tls-burst");
-    let root = Ca::root("root");
-    let leaf = root.issue("server", Validity::Now);
-    let server = TestServer::start_with(with_tls(&dir, &leaf, None)).await;
-    let (mut conn, _) = tls_connect(server.addr, client_config(&root.pem(), None))
-        .await
-        .unwrap();
-    assert!(hello(&mut conn).await);
+    let (server, mut conn) = served_over_tls(&dir).await;
     let frames = 60;
     let mut wire = bytes::BytesMut::new();
     for id in 2..2 + frames {
@@ -322,13 +329,7 @@ async fn shedding_counts_the_backlog_waiting_in_the_kernel_over_tls() {
         CheckResult, CheckTag, ErrorCode, IdempotencyKey, Priority, TaggedBatch,
     };
     let dir = TempDir::new("tls-shed");
-    let root = Ca::root("root");
-    let leaf = root.issue("server", Validity::Now);
-    let server = TestServer::start_with(with_tls(&dir, &leaf, None)).await;
-    let (mut conn, _) = tls_connect(server.addr, client_config(&root.pem(), None))
-        .await
-        .unwrap();
-    assert!(hello(&mut conn).await);
+    let (server, mut conn) = served_over_tls(&dir).await;
     let frames = 300u32;
     let mut wire = bytes::BytesMut::new();
     for i in 0..frames {
