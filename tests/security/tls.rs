@@ -279,7 +279,7 @@ async fn a_changed_certificate_file_is_picked_up_by_itself() {
 #[tokio::test]
 async fn a_large_pipelined_burst_arrives_whole_over_tls() {
     let dir = TempDir::new("tls-burst");
-    let (server, mut conn) = served_over_tls(&dir).await;
+    let (server, conn) = served_over_tls(&dir).await;
     let frames = 60;
     let mut wire = bytes::BytesMut::new();
     for id in 2..2 + frames {
