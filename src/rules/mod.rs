@@ -302,8 +302,10 @@ impl Rules {
     /// (edits made through the admin API included). On error nothing changes.
     pub async fn reload(&self, source: ReloadSource) -> Result<usize, ReloadError> {
         let _serial = self.update.lock().await;
+        // Without a file there is nothing to reload: refused, and not
+        // recorded as a failed reload (a SIGHUP for the certificates, or a
+        // caller of the admin API, would raise a false alarm).
         let Some(path) = &self.path else {
-            self.record(source, Err(&ReloadError::NoFile));
             return Err(ReloadError::NoFile);
         };
         let text = match read_file_async(path).await {

@@ -43,6 +43,7 @@ use prometheus::Registry;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tollgate_protocol::RETRY_NEVER;
 
 /// What the admin API reads: what connections see, and the server's own
@@ -273,15 +274,56 @@ async fn get_rule(
     }
 }
 
+/// The most a rule's body may hold: a rule is a few fields, and every
+/// byte of a body is held until it has all arrived.
+pub(crate) const MAX_RULE_BODY: usize = 64 << 10;
+
+/// A request's body, whole within `patience` (the bound its head had) and
+/// `MAX_RULE_BODY`: a body sent slowly or not at all would otherwise hold
+/// its connection and what arrived of it for good. 408, 413 or 400 (as
+/// `{"error"}`) when it does not come.
+async fn whole_body(
+    request: axum::extract::Request,
+    patience: Duration,
+) -> Result<Bytes, Response> {
+    let read = axum::body::to_bytes(request.into_body(), MAX_RULE_BODY);
+    match tokio::time::timeout(patience, read).await {
+        Err(_) => Err(error(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("the body did not arrive within {patience:?}"),
+        )),
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            Err(if too_large {
+                error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("a rule's body is at most {MAX_RULE_BODY} bytes"),
+                )
+            } else {
+                error(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read the body: {e}"),
+                )
+            })
+        }
+    }
+}
+
 async fn put_rule(
     AxumState(state): AppState,
     name: Result<Path<String>, PathRejection>,
-    body: Bytes,
+    request: axum::extract::Request,
 ) -> Response {
     let shared = &state.shared;
     let name = match name {
         Ok(Path(n)) => n,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let body = match whole_body(request, shared.network.handshake_timeout).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
     };
     match shared.engine.rules().put(&name, &body).await {
         Ok((created, rule)) => {

@@ -130,7 +130,13 @@ impl RequestGuard {
     fn host(&self, value: &str) -> Result<(), Refusal> {
         let refused = || Refusal::Host(cut(value));
         let authority: Authority = value.parse().map_err(|_| refused())?;
-        if authority.as_str().contains('@') {
+        // After the host, only a port (a number) may follow.
+        let port = &authority.as_str()[authority.host().len()..];
+        let port_ok = port.is_empty()
+            || port
+                .strip_prefix(':')
+                .is_some_and(|p| p.parse::<u16>().is_ok());
+        if authority.as_str().contains('@') || !port_ok {
             return Err(refused());
         }
         let host = authority.host();
@@ -166,9 +172,14 @@ fn same_origin(headers: &HeaderMap) -> Result<(), Refusal> {
             return Err(Refusal::FetchSite(String::from_utf8_lossy(site).into()));
         }
     }
-    let Some(origin) = headers.get(ORIGIN) else {
+    let mut origins = headers.get_all(ORIGIN).iter();
+    let Some(origin) = origins.next() else {
         return Ok(());
     };
+    if let Some(second) = origins.next() {
+        // No browser sends two; which one would count is anyone's guess.
+        return Err(Refusal::Origin(quote(second)));
+    }
     let host = headers.get(HOST).map(HeaderValue::as_bytes);
     // `scheme://host[:port]`: the part after the scheme must be the Host
     // the request was sent to (a proxy may change the scheme, not that).
@@ -283,6 +294,8 @@ mod tests {
             "user@127.0.0.1",
             "a b",
             "[::1",
+            "127.0.0.1:abc",
+            "127.0.0.1:99999",
         ] {
             assert_eq!(
                 check(request(&open, Method::GET, "/v1/rules", &[("host", host)])),
@@ -340,6 +353,13 @@ mod tests {
             Some("origin")
         );
         assert_eq!(promote(&[host, ("origin", "null")]), Some("origin"));
+        // Two origins, the first its own: refused, whichever would count.
+        let both = [
+            host,
+            ("origin", "http://127.0.0.1:7701"),
+            ("origin", "http://evil.example"),
+        ];
+        assert_eq!(promote(&both), Some("origin"));
         assert_eq!(
             promote(&[host, ("origin", "http://127.0.0.1:8080")]),
             Some("origin")

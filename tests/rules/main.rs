@@ -328,6 +328,25 @@ async fn the_admin_api_edits_rules() {
     server.stop().await;
 }
 
+/// Without a rules file, a reload asked for is refused (409) and is not
+/// a failed reload: nothing was tried, so no alarm is raised (no error
+/// recorded for `tollgate rules`, none counted).
+#[tokio::test]
+async fn a_reload_without_a_rules_file_is_refused_not_recorded() {
+    let server = TestServer::start_admin(|_| {}).await;
+    let admin = server.admin.unwrap();
+    let refused = http(admin, "POST", "/v1/rules/reload", None).await;
+    assert_eq!(refused.status, 409, "{}", refused.text());
+    let status = http(admin, "GET", "/v1/rules", None).await.json();
+    assert_eq!(status["last_reload"], serde_json::Value::Null, "{status}");
+    let metrics = http(admin, "GET", "/metrics", None).await.text();
+    assert!(
+        metrics.contains("tollgate_rule_reloads_total{outcome=\"error\",source=\"admin-api\"} 0"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn reload_through_the_api_replaces_api_edits() {
     let dir = TempDir::new("api-reload");
