@@ -276,7 +276,7 @@ async fn get_rule(
 
 /// The most a rule's body may hold: a rule is a few fields, and every
 /// byte of a body is held until it has all arrived.
-pub(crate) const MAX_RULE_BODY: usize = 64 << 10;
+const MAX_RULE_BODY: usize = 64 << 10;
 
 /// A request's body, whole within `patience` (the bound its head had) and
 /// `MAX_RULE_BODY`: a body sent slowly or not at all would otherwise hold

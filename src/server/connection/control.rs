@@ -145,7 +145,8 @@ impl Connection {
         self.privilege = privilege;
         // A peer region's own secret: the connection speaks for it alone.
         self.usage_region = region;
-        self.owner = (self.shared.engine).owner(privilege, self.shared.auth.identity(given));
+        let identity = self.shared.auth.identity(given);
+        self.owner = self.shared.engine.owner(privilege, identity);
         self.client_name = client_name;
         let greeting = self.shared.engine.node().greeting();
         let hello = Response::HelloOk {

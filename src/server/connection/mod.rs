@@ -135,12 +135,14 @@ struct Connection {
     client_name: String,
     /// When the partial frame now in `rbuf` started arriving.
     partial_since: Option<Instant>,
-    /// What the kernel still held for the connection when the last read
-    /// filled `rbuf` (0 when it did not: the read took all there was).
-    /// Part of a CHECK2's backlog: the buffer holds at most 16 KiB (or one
-    /// larger frame), so the bytes behind it wait in the kernel, and
-    /// without them a backlog could never pass `--shed-normal-backlog`.
-    unread: usize,
+    /// What the kernel still holds for the connection behind the last
+    /// read: `Some(0)` when the read left room in `rbuf` (it took all there
+    /// was), `None` when it filled `rbuf` and no CHECK2 has asked the
+    /// kernel since. Part of a CHECK2's backlog: the buffer holds at most
+    /// 16 KiB (or one larger frame), so the bytes behind it wait in the
+    /// kernel, and without them a backlog could never pass
+    /// `--shed-normal-backlog`.
+    unread: Option<usize>,
     /// Set with [`Flow::HandOver`].
     replicate: Option<Replicate>,
     /// The server's `abort` and `draining`, as tokens of this connection's
@@ -182,7 +184,7 @@ pub(super) async fn serve(
         owner: Default::default(),
         client_name: String::new(),
         partial_since: None,
-        unread: 0,
+        unread: Some(0),
         replicate: None,
         abort,
         draining,
@@ -304,13 +306,13 @@ impl Connection {
         }
     }
 
-    /// After a read: what the kernel still holds, when the read filled the
-    /// buffer (a read takes what the kernel holds up to the buffer's room,
-    /// so only a full buffer may have left bytes behind). A syscall, asked
-    /// only then: when requests are pipelined past the buffer's room.
+    /// After a read: whether the kernel may hold more behind it. A read
+    /// takes what the kernel holds up to the buffer's room, so only a full
+    /// buffer may have left bytes behind; the kernel is asked (a syscall)
+    /// only when a CHECK2 needs its backlog, so other requests never pay.
     fn note_unread(&mut self) {
         let full = self.rbuf.buf.len() == self.rbuf.buf.capacity();
-        self.unread = if full { self.stream.unread() } else { 0 };
+        self.unread = if full { None } else { Some(0) };
     }
 
     /// Closes with an ERROR of the server's own (request id 0).
@@ -449,7 +451,8 @@ impl Connection {
             Request::Check2(batch) => {
                 // Backlog for shedding: the request bytes received behind
                 // this frame, in the buffer and in the kernel.
-                let backlog = self.rbuf.buf.len().saturating_add(self.unread);
+                let unread = *self.unread.get_or_insert_with(|| self.stream.unread());
+                let backlog = self.rbuf.buf.len().saturating_add(unread);
                 (shared.engine).answer_tagged(
                     id,
                     &batch,
