@@ -5,9 +5,11 @@
 //! bytes the server has received on the connection and not answered yet,
 //! behind the frame being answered: in its read buffer, and in the
 //! kernel's receive queue when a read filled the buffer (the connection
-//! asks the kernel then: the buffer holds 16 KiB, so without the kernel's
-//! part the 24 KiB default for normal priority was never passed). When the server falls behind, it
-//! reaches each connection less often and finds more waiting; shedding
+//! asks the kernel once after such a read, for the first CHECK2 that needs
+//! it: the buffer holds 16 KiB, so without the kernel's part the 24 KiB
+//! default for normal priority was never passed). When the server falls
+//! behind, it reaches each connection less often and finds more waiting;
+//! shedding
 //! the cheap-to-lose checks of the frames in that backlog gets it back to
 //! the rest sooner.
 //!
