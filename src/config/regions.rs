@@ -56,9 +56,18 @@ pub struct RegionSettings {
     pub region_stall_intervals: u32,
 
     /// The share of a global rule's limit this region admits while the
-    /// exchange is stalled, in (0, 1] (default: 1 / number of regions).
+    /// exchange is stalled, in (0, 1] (default: 1 / the number of regions
+    /// the rule lists).
     #[arg(long, value_name = "SHARE")]
     pub region_ceiling: Option<f64>,
+
+    /// When a global rule is capped at this region's ceiling: once the
+    /// exchange is stalled with a majority of the peer regions the rule
+    /// lists (majority), or with any one of them (any: also caps two
+    /// regions that lost each other while both still reach a third, at the
+    /// price of capping every region while one is down).
+    #[arg(long, value_enum, default_value_t = CutOff::Majority)]
+    pub region_cut_off: CutOff,
 
     /// Most memory the usage not yet sent to one peer region may take
     /// (while it is down, say); usage of keys new to it is dropped past
@@ -75,6 +84,34 @@ fn comma_separated<S: serde::Serializer>(peers: &[String], s: S) -> Result<S::Ok
     } else {
         s.serialize_str(&peers.join(","))
     }
+}
+
+/// When a global rule is capped at the region's ceiling
+/// (`--region-cut-off`): stalled with a majority of the rule's peer
+/// regions, or with any of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CutOff {
+    Majority,
+    Any,
+}
+
+impl CutOff {
+    /// Whether a rule shared with `peers` peer regions, `stalled` of them
+    /// stalled, is capped at the ceiling.
+    pub fn applies(self, stalled: u32, peers: u32) -> bool {
+        match self {
+            CutOff::Majority => stalled * 2 > peers,
+            CutOff::Any => stalled > 0,
+        }
+    }
+}
+
+/// The share of a global limit a region admits while the rule is capped:
+/// `set` (`--region-ceiling`), or else an equal share of the `regions`
+/// the rule lists.
+pub fn ceiling_share(set: Option<f64>, regions: usize) -> f64 {
+    set.unwrap_or(1.0 / regions.max(1) as f64)
 }
 
 /// A peer region as configured.
@@ -119,10 +156,10 @@ impl RegionSettings {
         Ok(peers)
     }
 
-    /// The share of a global limit admitted while stalled.
-    pub fn ceiling_share(&self) -> f64 {
-        self.region_ceiling
-            .unwrap_or(1.0 / (self.region_peer.len() + 1) as f64)
+    /// The share of a global limit admitted while stalled, by a rule that
+    /// lists `regions` regions.
+    pub fn ceiling_share(&self, regions: usize) -> f64 {
+        ceiling_share(self.region_ceiling, regions)
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {

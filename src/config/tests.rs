@@ -328,8 +328,9 @@ fn region_settings_are_checked() {
     c.regions.region_peer = vec!["us=10.0.0.1:7700".into(), "ap=10.0.0.2:7700".into()];
     assert_eq!(c.validate(), Ok(()));
     assert_eq!(c.regions.peers().unwrap()[1].addr, "10.0.0.2:7700");
-    // Default ceiling: an equal share of three regions.
-    assert!((c.regions.ceiling_share() - 1.0 / 3.0).abs() < 1e-9);
+    // Default ceiling: an equal share of the regions a rule lists.
+    assert!((c.regions.ceiling_share(3) - 1.0 / 3.0).abs() < 1e-9);
+    assert!((c.regions.ceiling_share(2) - 0.5).abs() < 1e-9);
     for bad in ["us", "eu=10.0.0.3:7700", "us=", "x y=h:1"] {
         let mut d = c.clone();
         d.regions.region_peer.push(bad.into());

@@ -66,7 +66,7 @@ impl Store {
     /// Evaluates one check (an atomic group when it has several pairs).
     pub fn check(&self, pairs: &[ResolvedPair<'_>], now: Nanos, mode: Mode) -> CheckResult {
         let spots = self.spots(pairs);
-        self.run_group(pairs, &spots, now, Op::Check(mode), None)
+        self.run_group(pairs, &spots, now, Op::Check(mode), None, &[])
     }
 
     /// [`Store::check`] of pairs whose spots the caller already has
@@ -79,7 +79,7 @@ impl Store {
         now: Nanos,
         mode: Mode,
     ) -> CheckResult {
-        self.run_group(pairs, spots, now, Op::Check(mode), None)
+        self.run_group(pairs, spots, now, Op::Check(mode), None, &[])
     }
 
     /// The spot of every pair's key.
@@ -94,13 +94,13 @@ impl Store {
     /// InvalidLimit: leases are given back with [`Store::release`].
     pub fn refund(&self, pairs: &[ResolvedPair<'_>], now: Nanos) -> CheckResult {
         let spots = self.spots(pairs);
-        self.run_group(pairs, &spots, now, Op::Refund, None)
+        self.run_group(pairs, &spots, now, Op::Refund, None, &[])
     }
 
     /// [`Store::refund`] of pairs whose spots the caller already has (as
     /// for [`Store::check_at`]).
     pub fn refund_at(&self, pairs: &[ResolvedPair<'_>], spots: &[Spot], now: Nanos) -> CheckResult {
-        self.run_group(pairs, spots, now, Op::Refund, None)
+        self.run_group(pairs, spots, now, Op::Refund, None, &[])
     }
 
     /// [`Store::refund_at`] that also fills `returned` with the units each
@@ -114,7 +114,23 @@ impl Store {
         returned: &mut Returned,
     ) -> CheckResult {
         returned.clear();
-        self.run_group(pairs, spots, now, Op::Refund, Some(returned))
+        self.run_group(pairs, spots, now, Op::Refund, Some(returned), &[])
+    }
+
+    /// [`Store::refund_returning`] where pair `i` gives back at most
+    /// `caps[i]` units (0: none; a pair past the end of `caps`: its cost):
+    /// a global rule's key gives back no more than its ceiling key did,
+    /// which counts this region's own admissions (`engine/check/global.rs`).
+    pub fn refund_within(
+        &self,
+        pairs: &[ResolvedPair<'_>],
+        spots: &[Spot],
+        now: Nanos,
+        caps: &[u64],
+        returned: &mut Returned,
+    ) -> CheckResult {
+        returned.clear();
+        self.run_group(pairs, spots, now, Op::Refund, Some(returned), caps)
     }
 
     /// Frees concurrency lease `lease` of `key`. Returns whether it was live
@@ -151,13 +167,14 @@ impl Store {
         now: Nanos,
         op: Op,
         returned: Option<&mut Returned>,
+        caps: &[u64],
     ) -> CheckResult {
         assert_eq!(pairs.len(), spots.len(), "one spot per pair");
         debug_assert!(
             pairs.iter().zip(spots).all(|(p, &s)| s == self.spot(p.key)),
             "spots of other keys"
         );
-        match self.evaluate_group(pairs, spots, now, op, returned) {
+        match self.evaluate_group(pairs, spots, (now, op), returned, caps) {
             Ok(decision) => CheckResult::Decision(decision),
             Err(code) => CheckResult::Error(code),
         }
@@ -167,9 +184,9 @@ impl Store {
         &self,
         pairs: &[ResolvedPair<'_>],
         spots: &[Spot],
-        now: Nanos,
-        op: Op,
+        (now, op): (Nanos, Op),
         returned: Option<&mut Returned>,
+        caps: &[u64],
     ) -> Result<tollgate_protocol::Decision, ErrorCode> {
         let first = spots.first().ok_or(ErrorCode::Malformed)?;
         if pairs.len() > usize::from(u8::MAX) {
@@ -212,6 +229,7 @@ impl Store {
             hashes: &hashes,
             now,
             op,
+            caps,
         };
         let stripe = self.stripe(slot);
         let mut locked = stripe.lock();
@@ -248,6 +266,7 @@ impl Store {
             hashes,
             now,
             op,
+            caps,
         } = *group;
         let mut decisions = Decisions::new();
         // The entry each pair leaves behind, seen by a later pair on the same key.
@@ -264,9 +283,13 @@ impl Store {
             let state = current.as_ref().map(|e| &e.state);
             let verdict = match op {
                 Op::Check(_) => policy.evaluate(state, now, pair.cost),
-                Op::Refund => policy
-                    .refund(state, now, pair.cost.into())
-                    .map_err(|_| ErrorCode::InvalidLimit)?,
+                Op::Refund => {
+                    let cost = u64::from(pair.cost);
+                    let units = caps.get(i).map_or(cost, |&cap| cap.min(cost));
+                    policy
+                        .refund(state, now, units)
+                        .map_err(|_| ErrorCode::InvalidLimit)?
+                }
             };
             if let (Op::Refund, Some(r)) = (op, returned.as_deref_mut()) {
                 let left = policy.in_use(verdict.state.as_ref(), now);
@@ -301,6 +324,7 @@ impl Store {
             hashes,
             now,
             op,
+            ..
         } = *group;
         let written = pairs
             .iter()
@@ -346,6 +370,8 @@ struct Group<'g, 'k> {
     hashes: &'g [u64],
     now: Nanos,
     op: Op,
+    /// A refund's most units per pair ([`Store::refund_within`]).
+    caps: &'g [u64],
 }
 
 /// The decision of each pair of a group.

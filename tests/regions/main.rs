@@ -14,6 +14,7 @@ mod drain;
 #[path = "../replication/harness.rs"]
 mod harness;
 mod journal_bound;
+mod partial;
 mod peer_text;
 mod process;
 mod spoofing;
@@ -177,6 +178,18 @@ impl World {
         answer.json()
     }
 
+    /// Cuts the link between regions `a` and `b`, both ways (each still
+    /// reaches the third), or heals it.
+    fn cut_link(&self, (a, b): (usize, usize), cut: bool) {
+        for pair in [(a, b), (b, a)] {
+            if cut {
+                self.relays[&pair].cut();
+            } else {
+                self.relays[&pair].heal();
+            }
+        }
+    }
+
     /// Cuts region `r` off from the others, both ways.
     fn isolate(&self, r: usize, cut: bool) {
         for ((i, j), relay) in &self.relays {
@@ -288,9 +301,20 @@ async fn a_shift_to_one_region_stays_within_the_global_window() {
     spread_then_shift("sliding").await;
 }
 
-/// Checks round-robin over `regions` (one round every 30 ms at most)
-/// until `streak` checks in a row are denied; what each admitted.
+/// Checks of `key` under `bucket` round-robin over `regions` (one round
+/// every 30 ms at most) until `streak` checks in a row are denied; what
+/// each admitted.
 async fn drain(world: &mut World, regions: &[usize], key: &str, streak: u32) -> Vec<u64> {
+    drain_rule(world, (regions, "bucket"), key, streak).await
+}
+
+/// [`drain`] under the rule `rule_name`.
+async fn drain_rule(
+    world: &mut World,
+    (regions, rule_name): (&[usize], &str),
+    key: &str,
+    streak: u32,
+) -> Vec<u64> {
     let mut admitted = vec![0u64; regions.len()];
     let mut denied_in_a_row = 0;
     let mut checks = 0;
@@ -298,7 +322,7 @@ async fn drain(world: &mut World, regions: &[usize], key: &str, streak: u32) -> 
         for (k, &r) in regions.iter().enumerate() {
             checks += 1;
             assert!(checks < 10_000, "the regions never stopped admitting");
-            if world.check(r, key, "bucket").await {
+            if world.check(r, key, rule_name).await {
                 admitted[k] += 1;
                 denied_in_a_row = 0;
             } else {
@@ -360,6 +384,15 @@ async fn a_cut_off_region_caps_at_its_ceiling_and_converges_after_healing() {
         .check(region.next_id, batch_of(vec![pairs]))
         .await;
     assert_eq!(results[0], CheckResult::Error(ErrorCode::UnknownRule));
+    // `pair` (us and eu) does not list ap: regional there, never capped.
+    // 400 units pass its whole limit of 600, not a ceiling's share.
+    region.next_id += 1;
+    let pairs = vec![rule("rl:{customer}:pair-in-ap", "pair", 400)];
+    let results = region
+        .conn
+        .check(region.next_id, batch_of(vec![pairs]))
+        .await;
+    assert!(common::allowed(&results[0]), "{results:?}");
     // The two still in touch: the whole limit between them, not more.
     let others = drain(&mut world, &[us, eu], key, 100).await;
     let both = others[0] + others[1];

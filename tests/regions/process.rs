@@ -291,9 +291,9 @@ async fn a_refund_of_an_untouched_global_key_leaves_the_other_region_alone() {
 }
 
 /// A refund in a of a key only b charged, whose usage a already absorbed
-/// from b's reports, gives none of it back in b: a reports only what it
-/// charged itself (its ceiling key's share), not what a's copy of the key
-/// gave back.
+/// from b's reports, gives none of it back in b, nor in a's own copy: a
+/// gives back and reports only what it charged itself (its ceiling key's
+/// count). Before, a's copy gave the 100 back, and a admitted them again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_in_one_region_gives_back_none_of_anothers_reported_usage() {
     let dir = TempDir::new("refund-reported");
@@ -315,6 +315,19 @@ async fn a_refund_in_one_region_gives_back_none_of_anothers_reported_usage() {
     assert!(
         (before..=before + 1).contains(&after),
         "b's own usage given back by a refund in a: {before} -> {after}"
+    );
+    let kept = peek(&a_addr, key).await.remaining;
+    assert!(
+        (in_a..=in_a + 1).contains(&kept),
+        "a's copy gave back b's usage: {in_a} -> {kept}"
+    );
+    // What a charged itself it gets back, and no more.
+    assert!(charge(&a_addr, key, 50, false).await.allowed);
+    assert!(charge(&a_addr, key, 80, true).await.allowed);
+    let own = peek(&a_addr, key).await.remaining;
+    assert!(
+        (kept..=kept + 1).contains(&own),
+        "a gave back its own 50 and nothing of b's: {kept} -> {own}"
     );
 }
 

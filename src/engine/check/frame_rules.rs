@@ -18,6 +18,9 @@ use tollgate_protocol::Limit;
 /// What a global rule is in this region.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct InRegion {
+    /// Whether it lists this region: a rule that does not is regional
+    /// here.
+    pub shared: bool,
     /// The peers it is shared with, as bits ([`Regions::peers_of`]).
     pub peers: u64,
     /// The limit its ceiling keys are checked against
@@ -64,8 +67,10 @@ impl<'a> FrameRules<'a> {
             }
         }
         let in_region = InRegion {
+            shared: rule.global().iter().any(|r| r == regions.name()),
             peers: regions.peers_of(rule.global()),
-            ceiling: regions.ceiling(&rule.limit),
+            // Distinct names: a rule's list names each region once.
+            ceiling: regions.ceiling(&rule.limit, rule.global().len()),
         };
         self.in_region
             .set(Some((std::ptr::from_ref(rule), in_region)));

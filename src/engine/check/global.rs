@@ -6,7 +6,9 @@
 //!  frame's prefetch: each global pair's ceiling key built and located
 //!    once (`Ceilings`), for its check to find
 //!  CHECK (charge), pairs naming global rules:
-//!    cut off? -> PEEK each global pair's ceiling key -> one denies: denied
+//!    each pair whose rule is capped (the exchange stalled with a majority
+//!    of the rule's peers, `Regions::capped`): PEEK its ceiling key -> one
+//!    denies: denied
 //!    the check as usual -> allowed: keep the units charged of each global
 //!      pair for the peers its rule lists; charge its ceiling key
 //!  REFUND: as usual, then refund each global pair's ceiling key too and
@@ -111,24 +113,33 @@ impl Ceilings {
     }
 }
 
-/// The pairs naming a global rule, from the rules `pairs` resolved to
-/// (`rules[i]`: pair i's): no name looked up again (a lookup per pair was
-/// 1.6% of the server's CPU under a global rule).
-fn global_pairs<'p, 'r>(pairs: &'p [Pair], rules: &[Option<&'r Rule>]) -> GlobalPairs<'p, 'r> {
-    pairs
-        .iter()
-        .zip(rules)
-        .enumerate()
-        .filter_map(|(i, (p, rule))| match (&p.limit, rule) {
-            (LimitRef::Rule(name), Some(rule)) if !rule.global().is_empty() => {
-                Some((i, name, *rule))
-            }
-            _ => None,
-        })
-        .collect()
-}
-
 impl<'f> Evaluation<'_, 'f> {
+    /// The pairs naming a global rule shared with this region, from the
+    /// rules `pairs` resolved to (`rules[i]`: pair i's): no name looked up
+    /// again (a lookup per pair was 1.6% of the server's CPU under a global
+    /// rule). A global rule that does not list this region is regional
+    /// here: no usage kept, no ceiling.
+    fn global_pairs<'p, 'r>(
+        &self,
+        regions: &Regions,
+        pairs: &'p [Pair],
+        rules: &[Option<&'r Rule>],
+    ) -> GlobalPairs<'p, 'r> {
+        pairs
+            .iter()
+            .zip(rules)
+            .enumerate()
+            .filter_map(|(i, (p, rule))| match (&p.limit, rule) {
+                (LimitRef::Rule(name), Some(rule))
+                    if !rule.global().is_empty() && self.rules.in_region(rule, regions).shared =>
+                {
+                    Some((i, name, *rule))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Starts fetching the ceiling key of `pair` when its `rule` is global
     /// on a node in a region (see `Evaluation::prefetch`): the check charges
     /// it after the key itself, and unfetched it was the costlier of the two
@@ -142,6 +153,9 @@ impl<'f> Evaluation<'_, 'f> {
         let Some(regions) = self.engine.node.regions() else {
             return;
         };
+        if !self.rules.in_region(rule, regions).shared {
+            return;
+        }
         let store = &self.engine.store;
         let mut ceilings = self.ceilings.borrow_mut();
         let (start, spot) = ceilings.push(pair, key_spot, store);
@@ -160,11 +174,16 @@ impl<'f> Evaluation<'_, 'f> {
         }
     }
 
-    /// The check of the pair's ceiling key in `mode` (None: the store
-    /// refused it, e.g. full; the ceiling then does not deny).
-    fn ceiling(&self, regions: &Regions, pair: &Pair, rule: &Rule, mode: Mode) -> Option<Decision> {
+    /// The check of `units` of the pair's ceiling key in `mode` (None: the
+    /// store refused it, e.g. full; the ceiling then does not deny).
+    fn ceiling(
+        &self,
+        regions: &Regions,
+        (pair, rule): (&Pair, &Rule),
+        units: u32,
+        mode: Mode,
+    ) -> Option<Decision> {
         let limit = self.rules.in_region(rule, regions).ceiling;
-        let units = Self::units(pair, rule);
         let result = self.with_ceiling_key(pair, |key, spot| {
             let ceiling = [ResolvedPair::new(key, limit, units)];
             self.engine
@@ -235,13 +254,13 @@ impl<'f> Evaluation<'_, 'f> {
         if let Err(code) = self.resolve(pairs, &mut resolved) {
             return Decided::Error(code);
         }
-        let globals = global_pairs(pairs, &resolved.rules);
+        let globals = self.global_pairs(regions, pairs, &resolved.rules);
         if globals.is_empty() {
             return self.evaluate_resolved(&resolved, spots, Mode::Charge);
         }
-        let cut_off = regions.cut_off();
-        if let (false, [pair], [(_, name, rule)]) = (cut_off, pairs, globals.as_slice()) {
-            if !rule.shadow() {
+        let capped = |rule: &Rule| regions.capped(self.rules.in_region(rule, regions).peers);
+        if let ([pair], [(_, name, rule)]) = (pairs, globals.as_slice()) {
+            if !rule.shadow() && !capped(rule) {
                 let check = (&resolved.checks[0], spots[0]);
                 if let Some(decided) = self.charge_with_ceiling(regions, (pair, name, rule), check)
                 {
@@ -249,16 +268,19 @@ impl<'f> Evaluation<'_, 'f> {
                 }
             }
         }
-        if cut_off {
-            for &(i, _, rule) in &globals {
-                let denied = self
-                    .ceiling(regions, &pairs[i], rule, Mode::Peek)
-                    .filter(|d| !d.allowed);
-                if let Some(mut d) = denied {
-                    regions.ceiling_denied();
-                    d.pair = i as u8;
-                    return Decided::decision(d, Some(rule));
-                }
+        for &(i, _, rule) in globals.iter().filter(|(_, _, rule)| capped(rule)) {
+            let denied = self
+                .ceiling(
+                    regions,
+                    (&pairs[i], rule),
+                    Self::units(&pairs[i], rule),
+                    Mode::Peek,
+                )
+                .filter(|d| !d.allowed);
+            if let Some(mut d) = denied {
+                regions.ceiling_denied();
+                d.pair = i as u8;
+                return Decided::decision(d, Some(rule));
             }
         }
         let decided = self.evaluate_resolved(&resolved, spots, Mode::Charge);
@@ -275,9 +297,9 @@ impl<'f> Evaluation<'_, 'f> {
                         continue;
                     }
                     let pair = &pairs[i];
-                    let units = u64::from(Self::units(pair, rule));
-                    self.record(regions, pair, name, rule, (units, 0));
-                    self.ceiling(regions, pair, rule, Mode::Charge);
+                    let units = Self::units(pair, rule);
+                    self.record(regions, pair, name, rule, (u64::from(units), 0));
+                    self.ceiling(regions, (pair, rule), units, Mode::Charge);
                 }
             }
         }
@@ -312,14 +334,14 @@ impl<'f> Evaluation<'_, 'f> {
         })
     }
 
-    /// A REFUND on a node in a region: each global pair's refund is given
-    /// to its ceiling key too, and what is reported to the peers is the
-    /// least of what the key and its ceiling key gave back. The key also
-    /// holds the usage absorbed from the peers, the ceiling key only this
-    /// region's own admissions: reporting the cost asked for, or what the
-    /// key alone gave back, would let a client here refund usage the peers
-    /// charged (an untouched key, or one only they used) and wipe it out
-    /// there.
+    /// A REFUND on a node in a region: each global pair's ceiling key,
+    /// which counts this region's own admissions alone, is refunded first,
+    /// and the key itself then gives back at most what the ceiling key did
+    /// (`Store::refund_within`); that is what is reported to the peers.
+    /// The key also holds the usage absorbed from the peers: refunding the
+    /// cost asked for would let a client here give back usage the peers
+    /// charged (of an untouched key, or one only they used), admitting it
+    /// again here and, reported, wiping it out there.
     pub(super) fn refund_regional(
         &self,
         regions: &Regions,
@@ -330,25 +352,46 @@ impl<'f> Evaluation<'_, 'f> {
         if let Err(code) = self.resolve(pairs, &mut resolved) {
             return Decided::Error(code);
         }
+        let globals = self.global_pairs(regions, pairs, &resolved.rules);
+        if globals.is_empty() {
+            return self.refund_resolved(&resolved.checks, spots, None);
+        }
+        // Pairs after the last global one keep their cost (no cap).
+        let mut caps: SmallVec<[u64; 4]> = SmallVec::new();
+        for &(i, _, rule) in &globals {
+            caps.resize(i + 1, u64::MAX);
+            caps[i] = self.ceiling_refund(regions, &pairs[i], rule, resolved.checks[i].cost);
+        }
         let mut returned = Returned::new();
-        let decided = self.refund_resolved(&resolved.checks, spots, Some(&mut returned));
-        if let Decided::Refunded(_) = decided {
-            for (i, name, rule) in global_pairs(pairs, &resolved.rules) {
-                let pair = &pairs[i];
-                let units = returned.get(i).copied().unwrap_or(0);
-                if units == 0 {
-                    continue;
+        let result = (self.engine.store).refund_within(
+            &resolved.checks,
+            spots,
+            self.now,
+            &caps,
+            &mut returned,
+        );
+        match result {
+            CheckResult::Decision(d) => {
+                for &(i, name, rule) in &globals {
+                    let units = returned.get(i).copied().unwrap_or(0);
+                    if units > 0 {
+                        self.record(regions, &pairs[i], name, rule, (0, units));
+                    }
                 }
-                // At most the pair's cost, a u32.
-                let asked = u32::try_from(units).unwrap_or(u32::MAX);
-                let own = self.ceiling_refund(regions, pair, rule, asked);
-                let units = units.min(own);
-                if units > 0 {
-                    self.record(regions, pair, name, rule, (0, units));
+                Decided::Refunded(d)
+            }
+            CheckResult::Error(code) => {
+                // Nothing was refunded of the keys: the ceiling keys take
+                // back what they gave (it was theirs a moment ago, so the
+                // charge passes).
+                for &(i, _, rule) in &globals {
+                    if let Ok(units @ 1..) = u32::try_from(caps[i]) {
+                        self.ceiling(regions, (&pairs[i], rule), units, Mode::Charge);
+                    }
                 }
+                Decided::Error(code)
             }
         }
-        decided
     }
 }
 

@@ -12,7 +12,8 @@
 //!  each sender: its sealed messages, then its journal -> its pending
 //!      -> one USAGE -> USAGE_OK
 //!  USAGE from a peer (server) --receive--> at-most-once -> Store::absorb
-//!  monitor: who is stalled -> the cut-off flag the check path reads
+//!  monitor: who is stalled -> the stalled peers' bits the check path
+//!      reads (a rule is capped by who among its own peers is stalled)
 //! ```
 //!
 //! Invariants:
@@ -20,7 +21,7 @@
 //!   records), never what it absorbed from others, so nothing counts twice;
 //! - a USAGE is applied at most once per (sender, session, seq); a retry is
 //!   answered `duplicate`;
-//! - `record_all` and `cut_off` are on the request path: one short lock
+//! - `record_all` and `capped` are on the request path: one short lock
 //!   per frame and one entry per key however many peers the rule lists,
 //!   one atomic load;
 //! - the node never sees rules: the server resolves a rule name to its
@@ -36,7 +37,7 @@ mod spares;
 pub(crate) use exchange::run;
 
 use crate::clock::Nanos;
-use crate::config::{RegionPeer, RegionSettings};
+use crate::config::{ceiling_share, CutOff, RegionPeer, RegionSettings};
 use crate::store::{RemoteUsage, Store, TableHint};
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use journal::{Journal, JournalHasher};
@@ -58,7 +59,10 @@ pub(crate) struct RegionConfig {
     pub interval: Duration,
     pub stall_intervals: u32,
     pub max_message_bytes: usize,
-    pub ceiling_share: f64,
+    /// `--region-ceiling`: None, an equal share of a rule's regions.
+    pub ceiling_share: Option<f64>,
+    /// `--region-cut-off`.
+    pub cut_off: CutOff,
     /// The bytes one peer's journal, the messages sealed for it and its
     /// sender's pending usage may take together.
     pub journal_max_bytes: usize,
@@ -75,7 +79,8 @@ impl RegionConfig {
             interval: s.exchange_interval,
             stall_intervals: s.region_stall_intervals,
             max_message_bytes: s.exchange_max_bytes.min(max_frame as usize),
-            ceiling_share: s.ceiling_share(),
+            ceiling_share: s.region_ceiling,
+            cut_off: s.region_cut_off,
             journal_max_bytes: s.region_journal_max_bytes,
         })
     }
@@ -157,7 +162,11 @@ pub(crate) struct Regions {
     /// When it was last shared out (clock, ns).
     shared_at: AtomicU64,
     store: std::sync::Arc<Store>,
-    /// Set while the exchange is stalled with a majority of the peers.
+    /// The peers the exchange is stalled with, as bits (bit `i`: peer `i`),
+    /// for the check path to judge each rule by its own peers.
+    stalled: AtomicU64,
+    /// Set while the region is cut off from all its peers as a rule
+    /// listing every region would be ([`Regions::capped`]).
     cut_off: AtomicBool,
     metrics: RegionMetrics,
     /// The hasher of every journal here, the senders' pending ones too.
@@ -200,6 +209,7 @@ impl Regions {
             shared_hint: Journal::new_hint(),
             shared_at: AtomicU64::new(0),
             store,
+            stalled: AtomicU64::new(0),
             cut_off: AtomicBool::new(false),
             metrics,
             hasher: JournalHasher::default(),
@@ -327,22 +337,43 @@ impl Regions {
             .unwrap_or(usize::MAX)
     }
 
-    /// Whether the exchange is stalled with a majority of the peers: global
-    /// rules are then capped at this region's ceiling. One atomic load.
+    /// Whether the region is cut off as a rule listing every region sees
+    /// it: stalled with a majority of its peers (or with any, under
+    /// `--region-cut-off any`). What `GET /v1/regions` shows.
     pub fn cut_off(&self) -> bool {
         // Relaxed: a flag of its own; a check racing the change may go
         // either way.
         self.cut_off.load(Ordering::Relaxed)
     }
 
+    /// Whether a global rule shared with `peers` (bits, [`Regions::peers_of`])
+    /// is capped at this region's ceiling now: the exchange is stalled with
+    /// a majority of those peers (or any of them, `--region-cut-off any`).
+    /// Judged by the rule's own peers, so that a rule shared by two of
+    /// three regions is capped when those two lose each other, whoever
+    /// else is still heard. One atomic load.
+    pub fn capped(&self, peers: u64) -> bool {
+        // Relaxed: bits of their own; a check racing the change may go
+        // either way.
+        let stalled = self.stalled.load(Ordering::Relaxed) & peers;
+        stalled != 0
+            && self
+                .config
+                .cut_off
+                .applies(stalled.count_ones(), peers.count_ones())
+    }
+
     /// The limit a global rule's ceiling key is checked against: the
     /// region's share of the count (and of a bucket's burst), at least 1.
-    pub fn ceiling(&self, limit: &Limit) -> Limit {
+    /// `regions`: how many regions the rule lists (the default share is an
+    /// equal one of them).
+    pub fn ceiling(&self, limit: &Limit, regions: usize) -> Limit {
+        let part = ceiling_share(self.config.ceiling_share, regions);
         // `as` truncates toward zero: the floor of a share, which is never
         // negative (an `f64::floor` call was 1% of the server's CPU under a
         // global rule, in perf: a library call, not an instruction, on the
         // baseline x86_64 target).
-        let share = |n: u64| ((n as f64 * self.config.ceiling_share) as u64).max(1);
+        let share = |n: u64| ((n as f64 * part) as u64).max(1);
         Limit {
             count: share(limit.count),
             burst: if limit.burst == 0 {
@@ -432,8 +463,8 @@ impl Regions {
     /// Returns whether the region is cut off now.
     fn assess(&self, now: Nanos) -> bool {
         let limit = self.stall_after().as_nanos() as u64;
-        let mut stalled = 0;
-        for peer in &self.peers {
+        let mut stalled = 0u64;
+        for (i, peer) in self.peers.iter().enumerate() {
             let lag = peer.lag(now);
             self.metrics
                 .peer(&peer.config.name)
@@ -441,9 +472,11 @@ impl Regions {
                 .set(lag as f64 / 1e9);
             let s = lag > limit;
             peer.stalled.store(s, Ordering::Relaxed);
-            stalled += usize::from(s);
+            stalled |= u64::from(s) << i;
         }
-        let cut_off = !self.peers.is_empty() && stalled * 2 > self.peers.len();
+        self.stalled.store(stalled, Ordering::Relaxed);
+        let cut_off = self.capped(self.all_peers());
+        let stalled = stalled.count_ones();
         let was = self.cut_off.swap(cut_off, Ordering::Relaxed);
         if cut_off && !was {
             tracing::warn!(
@@ -459,6 +492,12 @@ impl Regions {
         cut_off
     }
 
+    /// Every peer, as bits.
+    fn all_peers(&self) -> u64 {
+        // At most 64 peers (`MAX_REGION_PEERS`).
+        (0..self.peers.len()).fold(0, |bits, i| bits | 1 << i)
+    }
+
     fn stall_after(&self) -> Duration {
         self.config.interval * self.config.stall_intervals
     }
@@ -469,7 +508,7 @@ impl Regions {
             region: self.config.region.clone(),
             exchange_interval_ms: self.config.interval.as_millis() as u64,
             stall_after_ms: self.stall_after().as_millis() as u64,
-            ceiling_share: self.config.ceiling_share,
+            ceiling_share: ceiling_share(self.config.ceiling_share, self.peers.len() + 1),
             cut_off: self.cut_off(),
             peers: self
                 .peers
@@ -513,8 +552,12 @@ pub(crate) struct RegionsStatus {
     pub region: String,
     pub exchange_interval_ms: u64,
     pub stall_after_ms: u64,
+    /// The share of a rule listing every region (one listing fewer
+    /// regions has an equal share of those, unless `--region-ceiling` is
+    /// set).
     pub ceiling_share: f64,
-    /// Stalled with a majority of the peers: the ceiling is in force.
+    /// Stalled with a majority of the peers (any, `--region-cut-off any`):
+    /// the ceiling is in force for rules listing every region.
     pub cut_off: bool,
     pub peers: Vec<PeerStatus>,
 }

@@ -23,7 +23,8 @@ fn regions(peers: &[&str]) -> Regions {
         interval: Duration::from_millis(500),
         stall_intervals: 4,
         max_message_bytes: 1 << 20,
-        ceiling_share: 1.0 / 3.0,
+        ceiling_share: None,
+        cut_off: CutOff::Majority,
         journal_max_bytes: 64 << 20,
     };
     let store = Arc::new(Store::new(StoreConfig::default()));
@@ -156,8 +157,11 @@ fn unknown_regions_and_rules_change_nothing() {
 #[test]
 fn the_ceiling_is_the_share_of_count_and_burst() {
     let r = regions(&["eu", "ap"]);
-    let c = r.ceiling(&bucket());
+    let c = r.ceiling(&bucket(), 3);
     assert_eq!((c.count, c.burst, c.period_ms), (200, 200, 3_600_000));
+    // A rule shared by two regions: half of it each.
+    let c = r.ceiling(&bucket(), 2);
+    assert_eq!((c.count, c.burst), (300, 300));
     let window = Limit {
         algorithm: Algorithm::FixedWindow,
         count: 2,
@@ -165,11 +169,11 @@ fn the_ceiling_is_the_share_of_count_and_burst() {
         burst: 0,
     };
     // Never below one unit, never a burst where there was none.
-    let c = r.ceiling(&window);
+    let c = r.ceiling(&window, 3);
     assert_eq!((c.count, c.burst), (1, 0));
     // Rounded down: a third of 1000 is 333, of 1001 333 too.
     for (count, share) in [(1000, 333), (1001, 333), (1002, 334)] {
-        let c = r.ceiling(&Limit { count, ..window });
+        let c = r.ceiling(&Limit { count, ..window }, 3);
         assert_eq!(c.count, share, "{count}");
     }
 }
@@ -194,6 +198,43 @@ fn a_region_is_cut_off_when_most_peers_are_stalled() {
     r.peers[1].last_acked.store(later, Ordering::Relaxed);
     r.peers[1].last_received.store(later, Ordering::Relaxed);
     assert!(!r.assess(later));
+}
+
+/// A rule is capped by who among its own peers is stalled: a rule shared
+/// with eu alone is capped once eu is stalled, whoever else is heard; one
+/// shared with eu and ap only once both are (a majority), or once either
+/// is under `--region-cut-off any`.
+#[test]
+fn each_rule_is_capped_by_its_own_peers() {
+    let mut r = regions(&["eu", "ap"]);
+    let later = T0 + 2_001 * MS;
+    let (eu, both) = (
+        r.peers_of(&["eu".into()]),
+        r.peers_of(&["eu".into(), "ap".into()]),
+    );
+    assert!(!r.assess(T0 + 1_999 * MS));
+    assert!(!r.capped(eu) && !r.capped(both));
+    // ap still talks both ways, eu does not.
+    r.peers[1].last_acked.store(later, Ordering::Relaxed);
+    r.peers[1].last_received.store(later, Ordering::Relaxed);
+    assert!(
+        !r.assess(later),
+        "one of two stalled: not cut off as a whole"
+    );
+    assert!(r.capped(eu), "the rule's only peer is stalled");
+    assert!(
+        !r.capped(both),
+        "one of the rule's two peers is not a majority"
+    );
+    assert!(!r.capped(0), "a rule with no peer here is never capped");
+    r.config.cut_off = CutOff::Any;
+    assert!(r.assess(later), "any stalled peer cuts the region off");
+    assert!(r.capped(eu) && r.capped(both));
+    // In step again: nothing capped.
+    r.peers[0].last_acked.store(later, Ordering::Relaxed);
+    r.peers[0].last_received.store(later, Ordering::Relaxed);
+    assert!(!r.assess(later));
+    assert!(!r.capped(eu) && !r.capped(both));
 }
 
 #[test]

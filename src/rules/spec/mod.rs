@@ -170,6 +170,8 @@ pub enum RuleError {
     Impossible { name: String, reason: String },
     #[error("rule {name:?}: global region name {region:?} must be 1 to 64 characters out of A-Z a-z 0-9 _ - .")]
     BadRegion { name: String, region: String },
+    #[error("rule {name:?}: global names region {region:?} twice")]
+    RegionTwice { name: String, region: String },
     #[error("rule {name:?}: {reason}")]
     NotGlobal { name: String, reason: String },
     #[error("duplicate rule name {0:?}")]
@@ -227,6 +229,16 @@ impl RuleSpec {
         if !self.global.is_empty() {
             if let Some(region) = self.global.iter().find(|r| !valid_region_name(r)) {
                 return Err(RuleError::BadRegion {
+                    name: name(),
+                    region: region.clone(),
+                });
+            }
+            // Each region once: the default ceiling is an equal share of
+            // the regions listed.
+            let twice =
+                (self.global.iter().enumerate()).find(|(i, r)| self.global[..*i].contains(r));
+            if let Some((_, region)) = twice {
+                return Err(RuleError::RegionTwice {
                     name: name(),
                     region: region.clone(),
                 });

@@ -235,6 +235,8 @@ fn global_rules_list_valid_regions_and_a_shareable_algorithm() {
     let e = error("rules:\n  - name: g\n    rate: 1/s\n    global: [us, \"e u\"]\n");
     assert_eq!(e.line, Some(2), "{e}");
     assert!(e.reason.contains("\"e u\""), "{e}");
+    let e = error("rules:\n  - name: g\n    rate: 1/s\n    global: [us, eu, us]\n");
+    assert!(e.reason.contains("names region \"us\" twice"), "{e}");
     for algorithm in ["sliding-log", "leaky-bucket", "concurrency"] {
         let e = error(&format!(
             "rules:\n  - name: g\n    algorithm: {algorithm}\n    rate: 5/s\n    global: [us]\n"
