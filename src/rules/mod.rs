@@ -444,6 +444,9 @@ impl Rules {
         let rules = self.current.load().len();
         match outcome {
             Ok(n) => tracing::info!(source = source.name(), rules = n, "rules loaded"),
+            // At start there are no previous rules: the error stops the
+            // server, and its caller reports it (exit 2).
+            Err(_) if source == ReloadSource::Startup => {}
             Err(e) => tracing::warn!(
                 source = source.name(),
                 error = %e,

@@ -184,6 +184,8 @@ fn bad_rules_stop_the_server_at_start_with_file_and_line() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains(&format!("{}:3:", rules.path())), "{err}");
     assert!(err.contains("at least 1"), "{err}");
+    // No word of "previous rules" that stay: at start there are none.
+    assert!(!err.contains("previous rules"), "{err}");
 }
 
 #[test]
