@@ -11,9 +11,9 @@
 //!    denies: denied
 //!    the check as usual -> allowed: keep the units charged of each global
 //!      pair for the peers its rule lists; charge its ceiling key
-//!  REFUND: as usual, then refund each global pair's ceiling key too and
-//!    keep the least of what the two gave back (never the cost asked
-//!    for, never usage the peers charged)
+//!  REFUND: each global pair's ceiling key first, then the keys as one
+//!    group, each global key giving back at most what its ceiling key did
+//!    (never usage the peers charged); what they gave back is kept
 //!  frame's end (`Evaluation` dropped): what was kept is recorded, in
 //!    order, under one lock of the shared journal (`Regions::record_all`)
 //! ```
