@@ -5,10 +5,11 @@
 //!   decision says itself, an undecided outcome carries the fail mode that
 //!   applied to it (the call's, the rule's from the rule table, or the
 //!   client's default), a rejected request is **never** allowed;
-//! - a request the server (or the client, from the server's announced
-//!   limits) refused as invalid is [`Outcome::Rejected`], never undecided:
-//!   a key the caller let grow past the limit, keys of a group in two slots
-//!   or an unknown rule would otherwise pass under fail-open forever;
+//! - a request the server (or the client, before anything else: module
+//!   `validity`) refused as invalid is [`Outcome::Rejected`], never
+//!   undecided, whether or not the server can be reached: a key the caller
+//!   let grow past the limit, keys of a group in two slots or an unknown
+//!   rule would otherwise pass under fail-open forever;
 //! - an outcome never hides a failure as a server decision, and never turns
 //!   one into a panic or an `Err` on the request path.
 
@@ -160,6 +161,8 @@ impl Failure {
             }
             Error::Key(_) => rejected(ErrorCode::Malformed),
             Error::FrameTooLarge { .. } => rejected(ErrorCode::FrameTooLarge),
+            Error::CrossSlot { .. } => rejected(ErrorCode::CrossSlot),
+            Error::InvalidLimit { .. } => rejected(ErrorCode::InvalidLimit),
             Error::EmptyKey | Error::EmptyGroup { .. } | Error::Encode(_) => {
                 rejected(ErrorCode::Malformed)
             }

@@ -35,7 +35,7 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tollgate_protocol::Role;
+use tollgate_protocol::{Role, ServerLimits};
 
 use crate::backoff;
 use crate::breaker::Breaker;
@@ -142,6 +142,16 @@ impl Shard {
 
     pub(crate) fn server_info(&self) -> Option<ServerInfo> {
         self.state.lock().info
+    }
+
+    /// The limits the server announced in the last handshake: the current
+    /// connection's, read without a lock, else the last one kept. `None`
+    /// before the first handshake.
+    pub(crate) fn announced_limits(&self) -> Option<ServerLimits> {
+        if let Some(conn) = self.current.load().as_ref() {
+            return Some(conn.info().limits);
+        }
+        self.state.lock().info.map(|info| info.limits)
     }
 
     pub(crate) fn in_flight(&self) -> usize {
