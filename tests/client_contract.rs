@@ -1,7 +1,8 @@
 //! The client's contract (docs/CLIENT.md) where the server cannot answer,
 //! against real `tollgate serve` processes: an invalid request is
 //! `Rejected` whether the server is up, hung behind an open breaker,
-//! killed, or was never reached (never a fallback's free pass).
+//! killed, or was never reached (never a fallback's free pass); an open
+//! breaker fails a one-node client's calls at once.
 //!
 //! Pass/fail is counted in outcomes (which variant, which `why`), never
 //! in time.
@@ -15,7 +16,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use harness::{eventually, free_addr, Node};
 use tollgate_client::{
-    BreakerState, Client, ClientConfig, ErrorCode, FallbackConfig, Limit, Outcome, Pair, Rate,
+    BreakerConfig, BreakerState, Client, ClientConfig, ErrorCode, FallbackConfig, Limit, Outcome,
+    Pair, Rate, Undecided,
 };
 
 /// Short enough that a hung server costs little, long enough for a loaded
@@ -211,5 +213,57 @@ async fn the_limits_announced_last_still_apply_when_the_server_is_gone() {
     assert!(matches!(within, Outcome::Fallback { .. }), "{within:?}");
     let beyond = client.check("k".repeat(600), bucket(), 1).await;
     assert_eq!(code(&beyond), Some(ErrorCode::KeyTooLong), "{beyond:?}");
+    client.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_fails_a_one_node_clients_calls_at_once() {
+    let node = Node::start(&free_addr(), &[]);
+    let client = Client::connect(
+        node.addr.clone(),
+        ClientConfig {
+            // No fallback: the outcome's `why` is the breaker's or the
+            // deadline's, nothing else.
+            fallback: None,
+            breaker: BreakerConfig {
+                // Long enough that no probe is due while the calls below
+                // run, however slow the machine.
+                open_for: Duration::from_secs(5),
+                open_max: Duration::from_secs(10),
+                ..BreakerConfig::default()
+            },
+            ..config()
+        },
+    )
+    .await
+    .expect("connect");
+
+    node.pause();
+    breaker_opens(&client).await;
+    // Spread over several probe timeouts, so the suspect connection is
+    // dropped meanwhile: calls must still fail at once, not wait for a
+    // new connection's handshake that the hung server never answers.
+    let mut why = Vec::new();
+    for _ in 0..15 {
+        why.push(client.check("rl:{a}:x", bucket(), 1).await.undecided());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        why.iter().all(|w| *w == Some(Undecided::BreakerOpen)),
+        "while open: {why:?}"
+    );
+
+    // The documented recovery still works: once due, one probe goes
+    // through, and an answer closes the breaker.
+    node.resume();
+    eventually("the probe closes the breaker", || async {
+        matches!(
+            client.check("rl:{b}:x", bucket(), 1).await,
+            Outcome::Decided(_)
+        )
+        .then_some(())
+    })
+    .await;
+    assert_eq!(client.breakers()[0].1, BreakerState::Closed);
     client.close();
 }
