@@ -2,7 +2,8 @@
 //! against real `tollgate serve` processes: an invalid request is
 //! `Rejected` whether the server is up, hung behind an open breaker,
 //! killed, or was never reached (never a fallback's free pass); an open
-//! breaker fails a one-node client's calls at once.
+//! breaker fails a one-node client's calls at once; a refused handshake
+//! reads as the server's error code, not as an outage.
 //!
 //! Pass/fail is counted in outcomes (which variant, which `why`), never
 //! in time.
@@ -16,8 +17,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use harness::{eventually, free_addr, Node};
 use tollgate_client::{
-    BreakerConfig, BreakerState, Client, ClientConfig, ErrorCode, FallbackConfig, Limit, Outcome,
-    Pair, Rate, Undecided,
+    BreakerConfig, BreakerState, Client, ClientConfig, ErrorCode, FailMode, FallbackConfig, Limit,
+    Outcome, Pair, Rate, Undecided,
 };
 
 /// Short enough that a hung server costs little, long enough for a loaded
@@ -265,5 +266,44 @@ async fn an_open_breaker_fails_a_one_node_clients_calls_at_once() {
     })
     .await;
     assert_eq!(client.breakers()[0].1, BreakerState::Closed);
+    client.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_handshake_is_the_servers_error_not_an_outage() {
+    let node = Node::start(&free_addr(), &["--auth-token", "contract-token-1234"]);
+    let client = Client::new(
+        node.addr.clone(),
+        ClientConfig {
+            auth_token: Some(b"wrong-token".to_vec()),
+            // Every call here must meet the refusal itself, not a breaker
+            // opened by the refused attempts.
+            breaker: BreakerConfig::never_open(),
+            ..config()
+        },
+    )
+    .expect("valid config");
+    // The first call waits for the refused attempt; the next ones find
+    // the shard backing off from it: all say AuthFailed.
+    let refused = Undecided::ServerError(ErrorCode::AuthFailed);
+    for _ in 0..5 {
+        let outcome = client
+            .with_deadline(Duration::from_secs(2))
+            .check("rl:{a}:x", bucket(), 1)
+            .await;
+        assert!(
+            matches!(outcome, Outcome::Fallback { why, .. } if why == refused),
+            "{outcome:?}"
+        );
+    }
+    let closed = client
+        .with_fail_mode(FailMode::Closed)
+        .check("rl:{a}:x", bucket(), 1)
+        .await;
+    assert!(
+        matches!(closed, Outcome::Undecided { why, fail_mode: FailMode::Closed } if why == refused),
+        "{closed:?}"
+    );
+    assert!(!closed.is_allowed());
     client.close();
 }

@@ -135,6 +135,12 @@ impl Failure {
         };
         match error {
             Error::Timeout { .. } => Self::Undecided(Undecided::DeadlineExceeded),
+            // While the shard backs off after a refused handshake, calls
+            // carry the refusal as the cause: it stays the server's error
+            // code (an auth misconfiguration), not an outage.
+            Error::Unavailable { cause, .. } if matches!(**cause, Error::Handshake { .. }) => {
+                Self::from_error(cause)
+            }
             Error::Config(_)
             | Error::Connect { .. }
             | Error::ConnectTimeout { .. }
@@ -298,5 +304,20 @@ mod tests {
             undecided(Failure::from_error(&Error::ConnectionLost)),
             Undecided::ConnectionLost
         );
+        let refused = Error::Handshake {
+            code: ErrorCode::AuthFailed,
+            message: "bad token".into(),
+        };
+        let backing_off = Error::Unavailable {
+            retry_in: Duration::from_millis(50),
+            cause: std::sync::Arc::new(refused.clone()),
+        };
+        for error in [refused, backing_off] {
+            assert_eq!(
+                undecided(Failure::from_error(&error)),
+                Undecided::ServerError(ErrorCode::AuthFailed),
+                "{error}"
+            );
+        }
     }
 }
