@@ -119,6 +119,22 @@ impl Breaker {
         }
     }
 
+    /// How long a call would be refused now, without taking the probe:
+    /// open and not yet due, or half-open with its probe out. `None` when
+    /// a call would be admitted (closed, or a probe is due).
+    pub(crate) fn refusing(&self, now: Instant) -> Option<Duration> {
+        if self.state.load(Ordering::Relaxed) == CLOSED {
+            return None;
+        }
+        let inner = self.inner.lock();
+        match self.state.load(Ordering::Relaxed) {
+            CLOSED => None,
+            OPEN if now < inner.open_until => Some(inner.open_until - now),
+            _ if inner.probe_out && now < inner.probe_expires => Some(inner.probe_expires - now),
+            _ => None,
+        }
+    }
+
     /// Whether a shard round should skip the node (open, not yet due for a
     /// probe).
     pub(crate) fn skip(&self, now: Instant) -> bool {
@@ -222,6 +238,8 @@ mod tests {
         );
         assert_eq!(b.admit(t0 + 10 * MS), Err(90 * MS));
         assert!(b.skip(t0 + 10 * MS));
+        assert_eq!(b.refusing(t0 + 10 * MS), Some(90 * MS));
+        assert_eq!(b.refusing(t0 + 100 * MS), None, "a probe is due");
         // Due: one probe goes, the next call waits for it.
         assert_eq!(
             b.admit(t0 + 100 * MS),
@@ -231,6 +249,7 @@ mod tests {
         );
         assert_eq!(b.state(), BreakerState::HalfOpen);
         assert!(b.admit(t0 + 101 * MS).is_err());
+        assert!(b.refusing(t0 + 101 * MS).is_some(), "the probe is out");
         assert_eq!(
             b.record(1, 0, t0 + 102 * MS),
             Some(Transition {

@@ -166,22 +166,9 @@ pub(crate) fn one_result(
 /// Refuses locally what the server would refuse, using the limits it
 /// announced: no round trip for a request that cannot succeed.
 pub(crate) fn check_limits(checks: &Checks, limits: &ServerLimits) -> Result<(), Error> {
-    let check_group = |index: usize, pairs: &[Pair]| -> Result<(), Error> {
-        if pairs.is_empty() {
-            return Err(Error::EmptyGroup { check: index });
-        }
-        if pairs.len() > usize::from(limits.max_group) {
-            return Err(Error::GroupTooLarge {
-                check: index,
-                pairs: pairs.len(),
-                max: limits.max_group,
-            });
-        }
-        pairs.iter().try_for_each(|p| check_key(&p.key, limits))
-    };
     match checks {
         Checks::One(p) => check_key(&p.key, limits),
-        Checks::Group(g) | Checks::Tagged(_, g) => check_group(0, g),
+        Checks::Group(g) | Checks::Tagged(_, g) => check_group(0, g, limits),
         Checks::Batch(batch) => {
             if batch.len() > usize::from(limits.max_batch) {
                 return Err(Error::BatchTooLarge {
@@ -192,9 +179,28 @@ pub(crate) fn check_limits(checks: &Checks, limits: &ServerLimits) -> Result<(),
             batch
                 .iter()
                 .enumerate()
-                .try_for_each(|(i, c)| check_group(i, c))
+                .try_for_each(|(i, c)| check_group(i, c, limits))
         }
     }
+}
+
+/// Check `index`'s pairs within the server's group and key limits.
+pub(crate) fn check_group(
+    index: usize,
+    pairs: &[Pair],
+    limits: &ServerLimits,
+) -> Result<(), Error> {
+    if pairs.is_empty() {
+        return Err(Error::EmptyGroup { check: index });
+    }
+    if pairs.len() > usize::from(limits.max_group) {
+        return Err(Error::GroupTooLarge {
+            check: index,
+            pairs: pairs.len(),
+            max: limits.max_group,
+        });
+    }
+    pairs.iter().try_for_each(|p| check_key(&p.key, limits))
 }
 
 pub(crate) fn check_key(key: &[u8], limits: &ServerLimits) -> Result<(), Error> {

@@ -96,6 +96,17 @@ pub enum Error {
     #[error("empty key")]
     EmptyKey,
 
+    /// The keys of an atomic group are in two hash slots (checked locally:
+    /// the server would answer CrossSlot).
+    #[error("the group's keys are in slots {first} and {other}; a group's keys must share a {{hash tag}}")]
+    CrossSlot { first: u16, other: u16 },
+
+    /// A pair's inline limit or cost is impossible (checked locally, as
+    /// PROTOCOL.md §8 says every server checks it: the server would answer
+    /// InvalidLimit).
+    #[error("invalid limit in pair {pair}: {reason}")]
+    InvalidLimit { pair: usize, reason: &'static str },
+
     /// The encoded request is larger than the server's frame limit. Refused
     /// locally: the server would close the connection, failing every other
     /// call on it.

@@ -108,6 +108,7 @@ mod shard;
 mod sync;
 pub mod tls;
 mod undecided;
+mod validity;
 
 pub use breaker::BreakerState;
 pub use cluster::ClusterStats;

@@ -3,6 +3,7 @@
 //! calls' answers and failures.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -52,6 +53,37 @@ impl Node {
                 retry_in,
             }),
         }
+    }
+
+    /// `Err(BreakerOpen)` when a call to this node would be refused now
+    /// (open, or half-open with its probe out), without taking the probe.
+    pub(crate) fn refuses(&self) -> Result<(), Error> {
+        if self.breaker.state() == BreakerState::Closed {
+            return Ok(());
+        }
+        match self.breaker.refusing(Instant::now()) {
+            None => Ok(()),
+            Some(retry_in) => Err(Error::BreakerOpen {
+                addr: self.addr.clone(),
+                retry_in,
+            }),
+        }
+    }
+
+    /// `Err(BreakerOpen)` while the breaker is not closed: a connection
+    /// attempt to this node under way is then its probe, and other calls
+    /// fail at once rather than wait for it.
+    pub(crate) fn probing(&self) -> Result<(), Error> {
+        if self.breaker.state() == BreakerState::Closed {
+            return Ok(());
+        }
+        Err(Error::BreakerOpen {
+            addr: self.addr.clone(),
+            retry_in: self
+                .breaker
+                .refusing(Instant::now())
+                .unwrap_or(Duration::ZERO),
+        })
     }
 
     /// Whether a round over the shard's nodes should skip this one (its

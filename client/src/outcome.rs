@@ -5,10 +5,11 @@
 //!   decision says itself, an undecided outcome carries the fail mode that
 //!   applied to it (the call's, the rule's from the rule table, or the
 //!   client's default), a rejected request is **never** allowed;
-//! - a request the server (or the client, from the server's announced
-//!   limits) refused as invalid is [`Outcome::Rejected`], never undecided:
-//!   a key the caller let grow past the limit, keys of a group in two slots
-//!   or an unknown rule would otherwise pass under fail-open forever;
+//! - a request the server (or the client, before anything else: module
+//!   `validity`) refused as invalid is [`Outcome::Rejected`], never
+//!   undecided, whether or not the server can be reached: a key the caller
+//!   let grow past the limit, keys of a group in two slots or an unknown
+//!   rule would otherwise pass under fail-open forever;
 //! - an outcome never hides a failure as a server decision, and never turns
 //!   one into a panic or an `Err` on the request path.
 
@@ -134,6 +135,12 @@ impl Failure {
         };
         match error {
             Error::Timeout { .. } => Self::Undecided(Undecided::DeadlineExceeded),
+            // While the shard backs off after a refused handshake, calls
+            // carry the refusal as the cause: it stays the server's error
+            // code (an auth misconfiguration), not an outage.
+            Error::Unavailable { cause, .. } if matches!(**cause, Error::Handshake { .. }) => {
+                Self::from_error(cause)
+            }
             Error::Config(_)
             | Error::Connect { .. }
             | Error::ConnectTimeout { .. }
@@ -160,6 +167,8 @@ impl Failure {
             }
             Error::Key(_) => rejected(ErrorCode::Malformed),
             Error::FrameTooLarge { .. } => rejected(ErrorCode::FrameTooLarge),
+            Error::CrossSlot { .. } => rejected(ErrorCode::CrossSlot),
+            Error::InvalidLimit { .. } => rejected(ErrorCode::InvalidLimit),
             Error::EmptyKey | Error::EmptyGroup { .. } | Error::Encode(_) => {
                 rejected(ErrorCode::Malformed)
             }
@@ -295,5 +304,20 @@ mod tests {
             undecided(Failure::from_error(&Error::ConnectionLost)),
             Undecided::ConnectionLost
         );
+        let refused = Error::Handshake {
+            code: ErrorCode::AuthFailed,
+            message: "bad token".into(),
+        };
+        let backing_off = Error::Unavailable {
+            retry_in: Duration::from_millis(50),
+            cause: std::sync::Arc::new(refused.clone()),
+        };
+        for error in [refused, backing_off] {
+            assert_eq!(
+                undecided(Failure::from_error(&error)),
+                Undecided::ServerError(ErrorCode::AuthFailed),
+                "{error}"
+            );
+        }
     }
 }

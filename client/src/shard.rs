@@ -22,8 +22,11 @@
 //!   ([`Error::Unavailable`]); only the first attempt (or a reconnect
 //!   after a healthy connection died) is waited for;
 //! - each node has a circuit breaker: calls to a node whose breaker is
-//!   open fail at once ([`Error::BreakerOpen`]), and a round over several
-//!   nodes skips it, so a hung primary does not hold up finding its standby.
+//!   open fail at once ([`Error::BreakerOpen`]), connected or not, and a
+//!   round over several nodes skips it, so a hung primary does not hold up
+//!   finding its standby. A one-node shard's connection attempt asks the
+//!   breaker first and, once a probe is due, is that probe: the calls that
+//!   come meanwhile fail at once rather than wait for its handshake.
 //!
 //! A round over several nodes opens every (non-skipped) address at once and
 //! keeps the node whose handshake says *primary* with the highest epoch.
@@ -35,7 +38,7 @@ use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use tollgate_protocol::Role;
+use tollgate_protocol::{Role, ServerLimits};
 
 use crate::backoff;
 use crate::breaker::Breaker;
@@ -144,6 +147,16 @@ impl Shard {
         self.state.lock().info
     }
 
+    /// The limits the server announced in the last handshake: the current
+    /// connection's, read without a lock, else the last one kept. `None`
+    /// before the first handshake.
+    pub(crate) fn announced_limits(&self) -> Option<ServerLimits> {
+        if let Some(conn) = self.current.load().as_ref() {
+            return Some(conn.info().limits);
+        }
+        self.state.lock().info.map(|info| info.limits)
+    }
+
     pub(crate) fn in_flight(&self) -> usize {
         self.current
             .load()
@@ -189,6 +202,13 @@ impl Shard {
     pub(crate) async fn connection(self: &Arc<Self>, wait: Wait) -> Result<Arc<Connection>, Error> {
         if let Some(ready) = self.ready() {
             return ready;
+        }
+        // One node: while its breaker refuses, fail at once rather than
+        // wait for (or start) a connection attempt that the breaker says
+        // is likely to hang. A shard of several nodes skips such nodes in
+        // its round instead.
+        if let [node] = &self.nodes[..] {
+            node.refuses()?;
         }
         // Boxed: the slow path's state (a Notified, a timer) would otherwise
         // be part of every call's future, and be moved with it.
@@ -256,7 +276,15 @@ impl Shard {
                     cause: Arc::clone(cause),
                 }));
             }
-            Phase::Connecting { .. } => return None,
+            // One node whose breaker is not closed: the attempt under way
+            // is its probe; the other calls fail at once (the probe may
+            // outlive the breaker's probe time, up to connect_timeout).
+            Phase::Connecting { .. } => {
+                return match (wait, &self.nodes[..]) {
+                    (Wait::Until(_), [node]) => node.probing().err().map(Err),
+                    _ => None,
+                };
+            }
             Phase::Idle | Phase::Connected(_) => {}
         }
         // Idle, dead connection, or backoff over: this caller starts the one
@@ -276,8 +304,18 @@ impl Shard {
     async fn attempt(self: Arc<Self>) {
         let result = match &self.nodes[..] {
             [node] => {
-                let result = Connection::open(Arc::clone(node), &self.config).await;
-                node.record(u32::from(result.is_ok()), u32::from(result.is_err()));
+                // The attempt asks the breaker first: while it is open the
+                // attempt fails at once, and once a probe is due the
+                // attempt is the probe, so its result closes the breaker
+                // or opens it again for twice as long.
+                let result = match node.admit() {
+                    Ok(()) => {
+                        let result = Connection::open(Arc::clone(node), &self.config).await;
+                        node.record(u32::from(result.is_ok()), u32::from(result.is_err()));
+                        result
+                    }
+                    Err(refused) => Err(refused),
+                };
                 result.map(|c| (c, 0))
             }
             nodes => self.round(nodes).await,

@@ -10,10 +10,10 @@
 //! | outcome | answer |
 //! |---|---|
 //! | allowed (by the server, a lease or the local fallback) | the inner service's response, with the rate-limit headers |
-//! | denied | `429 Too Many Requests`, `Retry-After`, the rate-limit headers |
+//! | denied (by the server or the local fallback) | `429 Too Many Requests`, `Retry-After`, the rate-limit headers |
 //! | no identifier (header missing or empty) | `400 Bad Request` |
 //! | rejected as invalid (e.g. a key the server refuses) | `400 Bad Request` |
-//! | undecided, fail-open | the inner service's response, no rate-limit headers |
+//! | undecided, fail-open, and no fallback decision (`fallback: None`, or a rule whose numbers the client lacks) | the inner service's response, no rate-limit headers |
 //! | undecided, fail-closed | `503 Service Unavailable`, `Retry-After: 1` |
 //!
 //! So no identifier can buy a free pass: an identifier is made safe by the

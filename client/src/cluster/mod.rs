@@ -163,6 +163,17 @@ impl Cluster {
     }
 
     /// Every shard of the map that has nodes.
+    /// The limits the first shard to have answered a handshake announced
+    /// (every node of a cluster is run with the same limits); `None`
+    /// before any handshake.
+    pub(crate) fn announced_limits(&self) -> Option<tollgate_protocol::ServerLimits> {
+        let map = self.map.load();
+        map.shards
+            .iter()
+            .filter_map(|s| s.shard.as_ref())
+            .find_map(|s| s.announced_limits())
+    }
+
     pub(crate) fn all_shards(&self) -> Vec<Arc<Shard>> {
         let map = self.map.load();
         map.shards.iter().filter_map(|s| s.shard.clone()).collect()

@@ -2,6 +2,8 @@
 //! the one pipeline that turns any of them into an [`Outcome`]:
 //!
 //! ```text
+//!  invalid? (module `validity`) ──yes──> Rejected (never allowed)
+//!      │ no
 //!  lease spend? ──yes──> Decided(lease)
 //!      │ no
 //!  server call (cost + lease when hot) ──> decision ──> Decided(server)
@@ -210,6 +212,13 @@ impl Client {
                 }
                 _ => (kind, None),
             };
+            // Before anything else: an invalid request is rejected whether
+            // or not the server can be reached (no lease, no fallback).
+            if let Err(error) = self.validate(&pairs) {
+                let outcome = self.conclude(kind, Err(error), &pairs, names);
+                self.observe(&outcome, started);
+                return outcome;
+            }
             if self.inner.leases.is_some() && kind == BatchKind::Check && pairs.len() == 1 {
                 // Boxed: leasing is opt-in, its state need not weigh on every
                 // check's future. Scoped, so its outcome is not kept across
@@ -230,6 +239,13 @@ impl Client {
             self.observe(&outcome, started);
             outcome
         }
+    }
+
+    /// What the server would refuse as invalid, found locally against its
+    /// last announced limits (module `validity`): `Err` is a rejection.
+    pub(super) fn validate(&self, pairs: &[Pair]) -> Result<(), Error> {
+        let limits = self.inner.route.announced_limits();
+        crate::validity::check_pairs(pairs, &limits, |rule| self.rule_limit(rule))
     }
 
     pub(super) fn observe(&self, outcome: &Outcome, started: Instant) {

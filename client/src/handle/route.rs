@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use tollgate_protocol::ServerLimits;
+
 use crate::calls;
 use crate::cluster::Cluster;
 use crate::connection::pending::{Answer, BatchKind, Checks};
@@ -19,6 +21,17 @@ pub(crate) enum Route {
 }
 
 impl Route {
+    /// The limits requests are checked against before they go anywhere
+    /// (module `validity`): the server's last announced ones, else
+    /// PROTOCOL.md §10's defaults.
+    pub(crate) fn announced_limits(&self) -> ServerLimits {
+        let announced = match self {
+            Self::Shard(shard) => shard.announced_limits(),
+            Self::Cluster(cluster) => cluster.announced_limits(),
+        };
+        announced.unwrap_or_default()
+    }
+
     /// Sends checks of `kind` and returns their answer (a batch's results
     /// in the batch's order, however it was split).
     ///

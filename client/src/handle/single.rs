@@ -13,7 +13,9 @@
 //! resend after NotPrimary or a lost CHECK2.
 //!
 //! ```text
-//!  Start ── leasing on? ──yes──> Leasing ── spent / leased ──> outcome
+//!  Start ── invalid? ──yes──> Rejected (module `validity`)
+//!    │ valid
+//!  leasing on? ──yes──> Leasing ── spent / leased ──> outcome
 //!    │ no                           │ not leased
 //!    ├── shard connected ──> Call ──┴──> answer ── resend? ──> Routed
 //!    ├── cluster, slot's shard connected ──> ClusterCall ──> answer
@@ -225,6 +227,12 @@ impl<'a> Future for Single<'a> {
                 Step::Start => {
                     let client = this.client;
                     client.start_background();
+                    // Before anything else (module `validity`): an invalid
+                    // pair is rejected whether or not the server can be
+                    // reached, never leased or left to the fallback.
+                    if let Err(e) = client.validate(std::slice::from_ref(&this.pair)) {
+                        return Poll::Ready(this.finish(Err(e)));
+                    }
                     // A priority makes a CHECK a CHECK2, under a key of its
                     // own that a resend after a lost connection reuses.
                     let tag = match (this.kind, client.priority) {
