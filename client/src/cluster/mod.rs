@@ -162,7 +162,6 @@ impl Cluster {
         }
     }
 
-    /// Every shard of the map that has nodes.
     /// The limits the first shard to have answered a handshake announced
     /// (every node of a cluster is run with the same limits); `None`
     /// before any handshake.
@@ -174,6 +173,7 @@ impl Cluster {
             .find_map(|s| s.announced_limits())
     }
 
+    /// Every shard of the map that has nodes.
     pub(crate) fn all_shards(&self) -> Vec<Arc<Shard>> {
         let map = self.map.load();
         map.shards.iter().filter_map(|s| s.shard.clone()).collect()
