@@ -217,7 +217,8 @@ mod imp {
         let (_, version) = load_topology(&etcd, &keys).await?;
         let moving = begin_move(&etcd, &keys, slots, to, version).await?;
         println!("moving slots {slots} to shard {to} (topology version {moving})");
-        let deadline = Instant::now() + args.etcd.timeout;
+        // None: a --timeout past the clock's range, waited for as long.
+        let deadline = Instant::now().checked_add(args.etcd.timeout);
         loop {
             let (topology, version) = load_topology(&etcd, &keys).await?;
             let pending = topology.moving.iter().any(|m| m.slots == slots);
@@ -233,7 +234,7 @@ mod imp {
                     "the move of slots {slots} was aborted (topology version {version})"
                 )));
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(ClusterError::Timeout {
                     op: "wait for the slot move",
                     after: args.etcd.timeout,

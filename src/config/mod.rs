@@ -136,6 +136,10 @@ pub enum ConfigError {
         than: &'static str,
         bound: String,
     },
+    #[error(
+        "--lease-ttl {secs}s is above etcd's largest lease TTL, {max}s (etcd would refuse it)"
+    )]
+    LeaseTtlTooLong { secs: u64, max: u64 },
     #[error("{name} must be whole seconds, got {value:?}")]
     NotWholeSeconds { name: &'static str, value: Duration },
     #[error("{0}")]
