@@ -30,8 +30,8 @@ pub enum ClusterCommand {
 /// Which etcd, which cluster.
 #[derive(Debug, Args)]
 pub struct EtcdArgs {
-    /// etcd members, HOST:PORT[,HOST:PORT...].
-    #[arg(long, value_name = "HOST:PORT[,...]")]
+    /// etcd members, HOST:PORT[,HOST:PORT...] (or http(s)://HOST:PORT).
+    #[arg(long, value_name = "HOST:PORT[,...]", value_parser = etcd_list)]
     pub etcd: String,
     /// The cluster's name.
     #[arg(long, value_name = "NAME")]
@@ -76,6 +76,23 @@ pub struct MoveArgs {
     /// The shard that receives them.
     #[arg(long, value_name = "S")]
     pub to: u16,
+}
+
+/// `--etcd`: each endpoint's form is checked as `serve --etcd`'s is, so
+/// a port out of range is a bad flag, not a dial to port 80.
+fn etcd_list(text: &str) -> Result<String, String> {
+    let endpoints: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    if endpoints.is_empty() {
+        return Err("no etcd endpoint given".into());
+    }
+    for endpoint in endpoints {
+        crate::config::etcd_endpoint(endpoint).map_err(|why| format!("{endpoint:?}: {why}"))?;
+    }
+    Ok(text.to_owned())
 }
 
 pub(super) async fn run(args: ClusterArgs) -> ExitCode {

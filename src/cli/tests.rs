@@ -385,3 +385,30 @@ fn json_rendering() {
     assert_eq!(v["lease"], 77);
     assert!(render(&leased, false).ends_with("retry_after=0ms lease=77"));
 }
+
+#[test]
+fn cluster_commands_refuse_an_etcd_endpoint_without_a_valid_port() {
+    for bad in ["127.0.0.1:99999", "notahost", " , "] {
+        let err = Cli::try_parse_from([
+            "tollgate",
+            "cluster",
+            "status",
+            "--etcd",
+            bad,
+            "--cluster",
+            "c",
+        ])
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{bad}");
+    }
+    assert!(Cli::try_parse_from([
+        "tollgate",
+        "cluster",
+        "status",
+        "--etcd",
+        "http://127.0.0.1:2379",
+        "--cluster",
+        "c",
+    ])
+    .is_ok());
+}

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{ClusterError, EtcdAccess};
-use crate::config::MAX_LEASE_TTL;
+use crate::config::{etcd_endpoint, MAX_LEASE_TTL};
 
 /// TTL of a node's etcd lease: how long after its last renewal etcd keeps
 /// the node's registration and primary key. A failover takes about this
@@ -55,7 +55,8 @@ impl EtcdSettings {
         }
     }
 
-    /// Parses `HOST:PORT[,HOST:PORT...]` (the CLI's `--etcd`).
+    /// Parses `HOST:PORT[,HOST:PORT...]` (the CLI's `--etcd`; an endpoint
+    /// may also be `http://HOST:PORT` or `https://HOST:PORT`).
     pub fn parse_endpoints(list: &str) -> Result<Vec<String>, ClusterError> {
         let endpoints: Vec<String> = list
             .split(',')
@@ -65,6 +66,12 @@ impl EtcdSettings {
             .collect();
         if endpoints.is_empty() {
             return Err(ClusterError::Settings("no etcd endpoint given".into()));
+        }
+        // Unchecked, a port out of range was dialled as port 80.
+        for endpoint in &endpoints {
+            etcd_endpoint(endpoint).map_err(|why| {
+                ClusterError::Settings(format!("etcd endpoint {endpoint:?}: {why}"))
+            })?;
         }
         Ok(endpoints)
     }
@@ -207,6 +214,18 @@ mod tests {
             ..s
         };
         at_ceiling.validate().unwrap();
+    }
+
+    #[test]
+    fn endpoints_need_a_port_in_range() {
+        for bad in ["127.0.0.1:99999", "notahost", "http://127.0.0.1"] {
+            let err = EtcdSettings::parse_endpoints(bad).unwrap_err().to_string();
+            assert!(err.contains(bad), "{err}");
+        }
+        assert_eq!(
+            EtcdSettings::parse_endpoints("https://a:1,b:2").unwrap(),
+            ["https://a:1", "b:2"]
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Cluster mode's settings: how the node reaches etcd, which cluster and
 //! shard it joins, and the lease that fences its writes as a primary.
 
+use super::addrs::etcd_endpoint;
 use super::{human, redacted, ConfigError, ReplicationSettings};
 use crate::units::parse_duration;
 use clap::Args;
@@ -104,6 +105,20 @@ impl ClusterSettings {
             return Err(ConfigError::Cluster(format!(
                 "--{name} is a pair-mode setting: in cluster mode etcd elects each shard's primary"
             )));
+        }
+        // An endpoint with no port, or one out of range, was dialled on
+        // port 80 (etcd-client's URL default) instead of being refused.
+        let endpoints = self.etcd.as_deref().unwrap_or_default();
+        for endpoint in endpoints
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
+            etcd_endpoint(endpoint).map_err(|reason| ConfigError::Address {
+                flag: "etcd",
+                value: endpoint.to_owned(),
+                reason,
+            })?;
         }
         // etcd refuses a longer lease, and one past 2^63 s would reach
         // etcd as a negative number (granted its 2 s minimum instead).
