@@ -47,8 +47,8 @@ pub struct EtcdArgs {
 pub struct InitArgs {
     #[command(flatten)]
     pub etcd: EtcdArgs,
-    /// Number of shards.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    /// Number of shards (1 to 16384, one slot each at most).
+    #[arg(long, value_parser = shard_count)]
     pub shards: u16,
 }
 
@@ -76,6 +76,16 @@ pub struct MoveArgs {
     /// The shard that receives them.
     #[arg(long, value_name = "S")]
     pub to: u16,
+}
+
+/// `--shards`: 0 and too many are refused alike, with the control plane's
+/// own words, before etcd is asked (a bad flag: exit 2).
+fn shard_count(text: &str) -> Result<u16, String> {
+    let max = crate::slot::SLOT_COUNT;
+    match text.trim().parse::<u16>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("a cluster needs 1 to {max} shards, got {text}")),
+    }
 }
 
 /// `--etcd`: each endpoint's form is checked as `serve --etcd`'s is, so
