@@ -30,8 +30,8 @@ pub enum ClusterCommand {
 /// Which etcd, which cluster.
 #[derive(Debug, Args)]
 pub struct EtcdArgs {
-    /// etcd members, HOST:PORT[,HOST:PORT...].
-    #[arg(long, value_name = "HOST:PORT[,...]")]
+    /// etcd members, HOST:PORT[,HOST:PORT...] (or http(s)://HOST:PORT).
+    #[arg(long, value_name = "HOST:PORT[,...]", value_parser = etcd_list)]
     pub etcd: String,
     /// The cluster's name.
     #[arg(long, value_name = "NAME")]
@@ -47,8 +47,8 @@ pub struct EtcdArgs {
 pub struct InitArgs {
     #[command(flatten)]
     pub etcd: EtcdArgs,
-    /// Number of shards.
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    /// Number of shards (1 to 16384, one slot each at most).
+    #[arg(long, value_parser = shard_count)]
     pub shards: u16,
 }
 
@@ -76,6 +76,33 @@ pub struct MoveArgs {
     /// The shard that receives them.
     #[arg(long, value_name = "S")]
     pub to: u16,
+}
+
+/// `--shards`: 0 and too many are refused alike, with the control plane's
+/// own words, before etcd is asked (a bad flag: exit 2).
+fn shard_count(text: &str) -> Result<u16, String> {
+    let max = crate::slot::SLOT_COUNT;
+    match text.trim().parse::<u16>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!("a cluster needs 1 to {max} shards, got {text}")),
+    }
+}
+
+/// `--etcd`: each endpoint's form is checked as `serve --etcd`'s is, so
+/// a port out of range is a bad flag, not a dial to port 80.
+fn etcd_list(text: &str) -> Result<String, String> {
+    let endpoints: Vec<&str> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    if endpoints.is_empty() {
+        return Err("no etcd endpoint given".into());
+    }
+    for endpoint in endpoints {
+        crate::config::etcd_endpoint(endpoint).map_err(|why| format!("{endpoint:?}: {why}"))?;
+    }
+    Ok(text.to_owned())
 }
 
 pub(super) async fn run(args: ClusterArgs) -> ExitCode {
@@ -217,7 +244,8 @@ mod imp {
         let (_, version) = load_topology(&etcd, &keys).await?;
         let moving = begin_move(&etcd, &keys, slots, to, version).await?;
         println!("moving slots {slots} to shard {to} (topology version {moving})");
-        let deadline = Instant::now() + args.etcd.timeout;
+        // None: a --timeout past the clock's range, waited for as long.
+        let deadline = Instant::now().checked_add(args.etcd.timeout);
         loop {
             let (topology, version) = load_topology(&etcd, &keys).await?;
             let pending = topology.moving.iter().any(|m| m.slots == slots);
@@ -233,7 +261,7 @@ mod imp {
                     "the move of slots {slots} was aborted (topology version {version})"
                 )));
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(ClusterError::Timeout {
                     op: "wait for the slot move",
                     after: args.etcd.timeout,

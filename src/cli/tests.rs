@@ -385,3 +385,67 @@ fn json_rendering() {
     assert_eq!(v["lease"], 77);
     assert!(render(&leased, false).ends_with("retry_after=0ms lease=77"));
 }
+
+#[test]
+fn cluster_init_refuses_every_bad_shard_count_alike() {
+    for bad in ["0", "16385", "65536", "many"] {
+        let err = Cli::try_parse_from([
+            "tollgate",
+            "cluster",
+            "init",
+            "--etcd",
+            "127.0.0.1:2379",
+            "--cluster",
+            "c",
+            "--shards",
+            bad,
+        ])
+        .unwrap_err();
+        // A bad flag: exit 2, the control plane's own words.
+        assert_eq!(err.exit_code(), 2, "{bad}");
+        let text = err.to_string();
+        assert!(
+            text.contains("a cluster needs 1 to 16384 shards"),
+            "{bad}: {text}"
+        );
+    }
+    assert!(Cli::try_parse_from([
+        "tollgate",
+        "cluster",
+        "init",
+        "--etcd",
+        "127.0.0.1:2379",
+        "--cluster",
+        "c",
+        "--shards",
+        "16384",
+    ])
+    .is_ok());
+}
+
+#[test]
+fn cluster_commands_refuse_an_etcd_endpoint_without_a_valid_port() {
+    for bad in ["127.0.0.1:99999", "notahost", " , "] {
+        let err = Cli::try_parse_from([
+            "tollgate",
+            "cluster",
+            "status",
+            "--etcd",
+            bad,
+            "--cluster",
+            "c",
+        ])
+        .unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{bad}");
+    }
+    assert!(Cli::try_parse_from([
+        "tollgate",
+        "cluster",
+        "status",
+        "--etcd",
+        "http://127.0.0.1:2379",
+        "--cluster",
+        "c",
+    ])
+    .is_ok());
+}

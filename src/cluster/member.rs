@@ -104,7 +104,9 @@ impl Member {
         let sent = Instant::now();
         let grant = etcd
             .call("grant a lease", |mut c| {
-                let ttl = settings.lease_ttl.as_secs() as i64;
+                // Validated above (at most MAX_LEASE_TTL); never wrapped
+                // negative, which etcd would take as its minimum.
+                let ttl = i64::try_from(settings.lease_ttl.as_secs()).unwrap_or(i64::MAX);
                 async move { c.lease_grant(ttl, None).await }
             })
             .await?;

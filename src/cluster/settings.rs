@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::{ClusterError, EtcdAccess};
+use crate::config::{etcd_endpoint, MAX_LEASE_TTL};
 
 /// TTL of a node's etcd lease: how long after its last renewal etcd keeps
 /// the node's registration and primary key. A failover takes about this
@@ -54,7 +55,8 @@ impl EtcdSettings {
         }
     }
 
-    /// Parses `HOST:PORT[,HOST:PORT...]` (the CLI's `--etcd`).
+    /// Parses `HOST:PORT[,HOST:PORT...]` (the CLI's `--etcd`; an endpoint
+    /// may also be `http://HOST:PORT` or `https://HOST:PORT`).
     pub fn parse_endpoints(list: &str) -> Result<Vec<String>, ClusterError> {
         let endpoints: Vec<String> = list
             .split(',')
@@ -64,6 +66,12 @@ impl EtcdSettings {
             .collect();
         if endpoints.is_empty() {
             return Err(ClusterError::Settings("no etcd endpoint given".into()));
+        }
+        // Unchecked, a port out of range was dialled as port 80.
+        for endpoint in &endpoints {
+            etcd_endpoint(endpoint).map_err(|why| {
+                ClusterError::Settings(format!("etcd endpoint {endpoint:?}: {why}"))
+            })?;
         }
         Ok(endpoints)
     }
@@ -79,6 +87,12 @@ impl EtcdSettings {
                 self.lease_ttl
             ));
         }
+        if self.lease_ttl > MAX_LEASE_TTL {
+            return bad(format!(
+                "lease TTL {:?}: etcd grants at most {:?}",
+                self.lease_ttl, MAX_LEASE_TTL
+            ));
+        }
         if self.lease_margin >= self.lease_ttl {
             return bad(format!(
                 "lease margin {:?} must be below the TTL {:?}",
@@ -87,7 +101,7 @@ impl EtcdSettings {
         }
         // A renewal must be able to land before the deadline it extends.
         if self.keepalive_interval.is_zero()
-            || self.keepalive_interval + self.lease_margin >= self.lease_ttl
+            || self.keepalive_interval.saturating_add(self.lease_margin) >= self.lease_ttl
         {
             return bad(format!(
                 "keepalive interval {:?} plus margin {:?} must be below the TTL {:?}",
@@ -178,6 +192,40 @@ mod tests {
         };
         assert_eq!(tls.urls(), ["https://a:1", "https://b:2"]);
         tls.validate().unwrap();
+    }
+
+    #[test]
+    fn durations_past_etcds_range_are_refused_not_overflowed() {
+        let s = EtcdSettings::new(vec!["127.0.0.1:2379".into()]);
+        let ttl = EtcdSettings {
+            lease_ttl: Duration::from_secs(1 << 63),
+            ..s.clone()
+        };
+        let err = ttl.validate().unwrap_err().to_string();
+        assert!(err.contains("at most"), "{err}");
+        // The renewal plus the margin used to be added unchecked: a panic.
+        let renew = EtcdSettings {
+            keepalive_interval: Duration::MAX,
+            ..s.clone()
+        };
+        assert!(renew.validate().is_err());
+        let at_ceiling = EtcdSettings {
+            lease_ttl: MAX_LEASE_TTL,
+            ..s
+        };
+        at_ceiling.validate().unwrap();
+    }
+
+    #[test]
+    fn endpoints_need_a_port_in_range() {
+        for bad in ["127.0.0.1:99999", "notahost", "http://127.0.0.1"] {
+            let err = EtcdSettings::parse_endpoints(bad).unwrap_err().to_string();
+            assert!(err.contains(bad), "{err}");
+        }
+        assert_eq!(
+            EtcdSettings::parse_endpoints("https://a:1,b:2").unwrap(),
+            ["https://a:1", "b:2"]
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Cluster mode's settings: how the node reaches etcd, which cluster and
 //! shard it joins, and the lease that fences its writes as a primary.
 
+use super::addrs::etcd_endpoint;
 use super::{human, redacted, ConfigError, ReplicationSettings};
 use crate::units::parse_duration;
 use clap::Args;
@@ -13,6 +14,10 @@ pub const DEFAULT_LEASE_MARGIN: &str = "500ms";
 pub const DEFAULT_LEASE_RENEW: &str = "1s";
 pub const DEFAULT_ETCD_TIMEOUT: &str = "2s";
 pub const DEFAULT_CAMPAIGN_DELAY: &str = "1s";
+/// etcd's own ceiling on a lease's TTL (`MaxLeaseTTL`, 9e9 s): a longer
+/// one is refused here rather than sent, since past 2^63 s it would not
+/// even fit the signed number etcd's request carries.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
 
 /// Cluster mode: the node joins a cluster recorded in etcd (`cluster
 /// init`), as a primary or a standby of its shard, elected by etcd. Only
@@ -35,8 +40,9 @@ pub struct ClusterSettings {
     #[arg(long, value_name = "S")]
     pub shard: Option<u16>,
 
-    /// TTL of this node's etcd lease (whole seconds): a primary that stops
-    /// renewing it is replaced after about this long.
+    /// TTL of this node's etcd lease (whole seconds, at most etcd's
+    /// 9000000000s): a primary that stops renewing it is replaced after
+    /// about this long.
     #[arg(long, default_value = DEFAULT_LEASE_TTL, value_parser = parse_duration)]
     #[serde(serialize_with = "human")]
     pub lease_ttl: Duration,
@@ -100,13 +106,35 @@ impl ClusterSettings {
                 "--{name} is a pair-mode setting: in cluster mode etcd elects each shard's primary"
             )));
         }
+        // An endpoint with no port, or one out of range, was dialled on
+        // port 80 (etcd-client's URL default) instead of being refused.
+        let endpoints = self.etcd.as_deref().unwrap_or_default();
+        for endpoint in endpoints
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
+            etcd_endpoint(endpoint).map_err(|reason| ConfigError::Address {
+                flag: "etcd",
+                value: endpoint.to_owned(),
+                reason,
+            })?;
+        }
+        // etcd refuses a longer lease, and one past 2^63 s would reach
+        // etcd as a negative number (granted its 2 s minimum instead).
+        if self.lease_ttl > MAX_LEASE_TTL {
+            return Err(ConfigError::LeaseTtlTooLong {
+                secs: self.lease_ttl.as_secs(),
+                max: MAX_LEASE_TTL.as_secs(),
+            });
+        }
         if self.campaign_delay.is_zero() {
             return Err(ConfigError::ZeroDuration {
                 name: "campaign-delay",
             });
         }
-        // The endpoints, lease timings, credentials and the cluster's name
-        // are checked by the control plane's own rules when the node builds
+        // The rest of the lease timings, the credentials and the cluster's
+        // name are checked by the control plane's own rules when the node builds
         // its etcd settings from these (node::cluster::settings), which
         // `tollgate serve` does right after this.
         #[cfg(not(feature = "cluster"))]

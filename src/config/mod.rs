@@ -17,6 +17,7 @@
 //! builds from them (`ServerConfig::store_config`, in node/store_settings.rs:
 //! the store does not know this module, nor this module the store).
 
+mod addrs;
 mod admin_hosts;
 mod cluster;
 mod events;
@@ -28,6 +29,7 @@ mod replication;
 mod sections;
 mod security;
 
+pub(crate) use addrs::etcd_endpoint;
 pub use admin_hosts::{is_host_name, AllowedHostError, AllowedHosts};
 pub use cluster::*;
 pub use events::*;
@@ -136,10 +138,22 @@ pub enum ConfigError {
         than: &'static str,
         bound: String,
     },
+    #[error(
+        "--lease-ttl {secs}s is above etcd's largest lease TTL, {max}s (etcd would refuse it)"
+    )]
+    LeaseTtlTooLong { secs: u64, max: u64 },
     #[error("{name} must be whole seconds, got {value:?}")]
     NotWholeSeconds { name: &'static str, value: Duration },
     #[error("{0}")]
     Cluster(String),
+    #[error("--{flag} {value:?}: {reason}")]
+    Address {
+        flag: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("--{flag} {value} is this node itself (its --listen or --advertise): a node cannot follow or probe itself; name the other node of the pair")]
+    ItsOwnPeer { flag: &'static str, value: String },
     #[error(transparent)]
     Unit(#[from] UnitError),
     #[error("refusing to listen on {addr} for {port} without authentication: anyone who can reach it could {risk}. Set {fix}, listen on a loopback address such as 127.0.0.1, or pass --insecure to run it open on purpose")]
@@ -233,7 +247,7 @@ impl ServerConfig {
         )?;
         self.store.validate()?;
         self.overload.validate()?;
-        self.replication.validate()?;
+        self.replication.validate(self.network.listen)?;
         self.regions.validate()?;
         self.cluster.validate(&self.replication)?;
         self.admin.validate()?;

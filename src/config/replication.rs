@@ -1,10 +1,12 @@
 //! Pair mode's settings: replication to a hot standby and failover between
 //! the two nodes of a pair.
 
+use super::addrs::{advertised, host_port, names_this_node};
 use super::{at_least, human, human_opt, longer, ConfigError};
 use crate::units::{parse_bytes, parse_duration};
 use clap::Args;
 use serde::Serialize;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 pub const DEFAULT_HEARTBEAT: &str = "100ms";
@@ -88,7 +90,10 @@ impl ReplicationSettings {
         self.peer.is_some() || self.replica_of.is_some()
     }
 
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    /// `listen`: the address the node listens on, which its
+    /// `--replica-of` and `--peer` must not name.
+    pub(super) fn validate(&self, listen: SocketAddr) -> Result<(), ConfigError> {
+        self.validate_addresses(listen)?;
         for (name, d) in [
             ("heartbeat", self.heartbeat),
             ("repl-flush", self.repl_flush),
@@ -109,6 +114,30 @@ impl ReplicationSettings {
         )?;
         if let Some(after) = self.failover_after {
             longer("failover-after", after, "heartbeat", self.heartbeat)?;
+        }
+        Ok(())
+    }
+
+    /// The addresses other nodes are dialled at, or told to dial.
+    fn validate_addresses(&self, listen: SocketAddr) -> Result<(), ConfigError> {
+        let bad = |flag: &'static str, value: &str, reason| ConfigError::Address {
+            flag,
+            value: value.to_owned(),
+            reason,
+        };
+        if let Some(advertise) = &self.advertise {
+            advertised(advertise).map_err(|why| bad("advertise", advertise, why))?;
+        }
+        for (flag, target) in [("replica-of", &self.replica_of), ("peer", &self.peer)] {
+            let Some(target) = target else { continue };
+            host_port(target).map_err(|why| bad(flag, target, why))?;
+            // A node following (or probing) itself loops forever.
+            if names_this_node(target, listen, self.advertise.as_deref()) {
+                return Err(ConfigError::ItsOwnPeer {
+                    flag,
+                    value: target.clone(),
+                });
+            }
         }
         Ok(())
     }

@@ -2,6 +2,8 @@
 
 use super::*;
 
+mod nodes;
+
 #[test]
 fn defaults_are_valid_and_named() {
     let c = ServerConfig::with_listen("127.0.0.1:0".parse().unwrap());

@@ -252,9 +252,12 @@ impl Node {
         }
         // At most a frame's worth of records, far below u32::MAX.
         let total = u32::try_from(records.len()).unwrap_or(u32::MAX);
+        // The HANDOFF's `epoch` is the sender's current one (PROTOCOL.md
+        // §13): a node that stepped down already carries its new
+        // primary's, so it is not logged as the epoch it served at.
         if refused > 0 {
             tracing::warn!(
-                from_epoch = epoch,
+                sender_epoch = epoch,
                 records = total,
                 merged,
                 refused,
@@ -268,7 +271,7 @@ impl Node {
         let stats = &self.core.role.stats;
         stats.handoffs_received.fetch_add(1, Ordering::Relaxed);
         tracing::info!(
-            from_epoch = epoch,
+            sender_epoch = epoch,
             records = total,
             merged,
             "merged states handed over by another node"

@@ -299,12 +299,14 @@ async fn start(core: &Core) {
     // A peer that is slow to answer (busy, restarting too) is asked again
     // until --repl-timeout: taking the primary role on a missed answer
     // would serve checks beside the real primary until the next probe.
-    let give_up = tokio::time::Instant::now() + config.repl_timeout;
+    // Checked: --repl-timeout has no ceiling, and a sum past the clock's
+    // range means "never give up", not a panic.
+    let give_up = tokio::time::Instant::now().checked_add(config.repl_timeout);
     let mut link = PeerLink::new(core, peer.clone());
     let status = loop {
         let status = link.status(None).await;
         match status {
-            Err(e) if tokio::time::Instant::now() < give_up => {
+            Err(e) if give_up.is_none_or(|d| tokio::time::Instant::now() < d) => {
                 tracing::debug!(%peer, error = %e, "start: no answer from the peer yet");
                 tokio::time::sleep(config.heartbeat).await;
             }
@@ -371,7 +373,7 @@ fn settle(changed: Result<(), EpochError>) {
 fn holds_the_data(core: &Core, s: &NodeStatus, me: &str) -> bool {
     let lost_primary = s
         .field("heard_ms")
-        .is_none_or(|ms| Duration::from_millis(ms) > core.settings.heartbeat * 3);
+        .is_none_or(|ms| Duration::from_millis(ms) > core.settings.heartbeat.saturating_mul(3));
     s.role == Role::Standby && s.field("synced") == Some(1) && (s.primary == me || lost_primary)
 }
 

@@ -12,6 +12,7 @@
 //! monotonic clock.
 
 mod access;
+mod announce;
 #[allow(dead_code)] // the security tests' certificates, for etcd's TLS
 #[path = "../security/certs.rs"]
 mod certs;

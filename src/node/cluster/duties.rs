@@ -124,7 +124,9 @@ impl ClusterMode {
         if role.owes_handoff() {
             return true;
         }
-        let recent = self.settings.lease_ttl * 2;
+        // Saturating: the TTL is bounded at start, but a panic here would
+        // leave the node a standby that never campaigns.
+        let recent = self.settings.lease_ttl.saturating_mul(2);
         role.view().ever_synced
             && (role.is_streaming() || role.silence().is_some_and(|s| s < recent))
     }

@@ -225,8 +225,11 @@ impl RoleSource for ClusterMode {
         }
     }
 
-    fn heard_of(&self, _announce: &Announce) -> Result<(), Refusal> {
-        // etcd decides; what other nodes say of themselves changes nothing.
+    fn heard_of(&self, announce: &Announce) -> Result<(), Refusal> {
+        // etcd decides the roles: what other nodes say of themselves
+        // changes none. Their epoch is still held to --max-epoch-gap, as
+        // in REPLICATE (PROTOCOL.md §15): an absurd one is refused whole.
+        self.core.role.heard_of_epoch(announce.epoch)?;
         Ok(())
     }
 
