@@ -82,10 +82,13 @@ pub(crate) fn names_this_node(target: &str, listen: SocketAddr, advertise: Optio
     if port != listen.port() {
         return false;
     }
-    let local = |ip: IpAddr| ip.is_loopback() || ip.is_unspecified();
+    // A node listening on every address is reached over any loopback
+    // address too; one listening on 127.0.0.1 is not this node's neighbour
+    // on 127.0.0.2 (two nodes of one host may share a port that way).
+    let every = listen.ip().is_unspecified();
     match host.parse::<IpAddr>() {
-        Ok(ip) => ip == listen.ip() || (local(ip) && (local(listen.ip()))),
-        Err(_) => host.eq_ignore_ascii_case("localhost") && local(listen.ip()),
+        Ok(ip) => ip == listen.ip() || (every && (ip.is_loopback() || ip.is_unspecified())),
+        Err(_) => host.eq_ignore_ascii_case("localhost") && (every || listen.ip().is_loopback()),
     }
 }
 
@@ -147,6 +150,8 @@ mod tests {
         assert!(names_this_node("localhost:7700", listen, None));
         assert!(!names_this_node("127.0.0.1:7710", listen, None));
         assert!(!names_this_node("10.0.0.2:7700", listen, None));
+        // Another loopback address with the same port is another node.
+        assert!(!names_this_node("127.0.0.2:7700", listen, None));
         let any: SocketAddr = "0.0.0.0:7700".parse().unwrap();
         assert!(names_this_node("127.0.0.1:7700", any, None));
         assert!(!names_this_node("10.0.0.2:7700", any, None));
