@@ -46,6 +46,7 @@
 // One FFI call is allowed, in `huge_pages` (its SAFETY comment says why).
 #![deny(unsafe_code)]
 
+mod addr;
 pub mod admin_client;
 pub mod algorithm;
 pub mod cli;

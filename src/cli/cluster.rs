@@ -100,7 +100,7 @@ fn etcd_list(text: &str) -> Result<String, String> {
         return Err("no etcd endpoint given".into());
     }
     for endpoint in endpoints {
-        crate::config::etcd_endpoint(endpoint).map_err(|why| format!("{endpoint:?}: {why}"))?;
+        crate::addr::etcd_endpoint(endpoint).map_err(|why| format!("{endpoint:?}: {why}"))?;
     }
     Ok(text.to_owned())
 }

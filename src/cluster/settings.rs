@@ -4,7 +4,13 @@
 use std::time::Duration;
 
 use super::{ClusterError, EtcdAccess};
-use crate::config::{etcd_endpoint, MAX_LEASE_TTL};
+use crate::addr::etcd_endpoint;
+
+/// etcd's own ceiling on a lease's TTL (`MaxLeaseTTL`, 9e9 s): a longer
+/// one is refused here rather than sent, since past 2^63 s it would not
+/// even fit the signed number etcd's request carries (etcd then granted
+/// its 2 s minimum).
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
 
 /// TTL of a node's etcd lease: how long after its last renewal etcd keeps
 /// the node's registration and primary key. A failover takes about this

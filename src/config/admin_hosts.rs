@@ -13,6 +13,7 @@
 //! or `*`, which turns the check off (behind a proxy that checks `Host`
 //! itself). A malformed entry is refused at start, naming it.
 
+use crate::addr::is_host_name;
 use serde::{Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
@@ -89,18 +90,6 @@ impl FromStr for AllowedHosts {
         }
         Ok(hosts)
     }
-}
-
-/// Letters, digits, `-`, `_` and dots, with no empty label: what a `Host`
-/// header's name can be compared with.
-pub fn is_host_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
 }
 
 impl fmt::Display for AllowedHosts {

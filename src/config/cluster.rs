@@ -1,8 +1,8 @@
 //! Cluster mode's settings: how the node reaches etcd, which cluster and
 //! shard it joins, and the lease that fences its writes as a primary.
 
-use super::addrs::etcd_endpoint;
 use super::{human, redacted, ConfigError, ReplicationSettings};
+use crate::addr::etcd_endpoint;
 use crate::units::parse_duration;
 use clap::Args;
 use serde::Serialize;
@@ -14,10 +14,6 @@ pub const DEFAULT_LEASE_MARGIN: &str = "500ms";
 pub const DEFAULT_LEASE_RENEW: &str = "1s";
 pub const DEFAULT_ETCD_TIMEOUT: &str = "2s";
 pub const DEFAULT_CAMPAIGN_DELAY: &str = "1s";
-/// etcd's own ceiling on a lease's TTL (`MaxLeaseTTL`, 9e9 s): a longer
-/// one is refused here rather than sent, since past 2^63 s it would not
-/// even fit the signed number etcd's request carries.
-pub const MAX_LEASE_TTL: Duration = Duration::from_secs(9_000_000_000);
 
 /// Cluster mode: the node joins a cluster recorded in etcd (`cluster
 /// init`), as a primary or a standby of its shard, elected by etcd. Only
@@ -119,14 +115,6 @@ impl ClusterSettings {
                 value: endpoint.to_owned(),
                 reason,
             })?;
-        }
-        // etcd refuses a longer lease, and one past 2^63 s would reach
-        // etcd as a negative number (granted its 2 s minimum instead).
-        if self.lease_ttl > MAX_LEASE_TTL {
-            return Err(ConfigError::LeaseTtlTooLong {
-                secs: self.lease_ttl.as_secs(),
-                max: MAX_LEASE_TTL.as_secs(),
-            });
         }
         if self.campaign_delay.is_zero() {
             return Err(ConfigError::ZeroDuration {

@@ -17,7 +17,6 @@
 //! builds from them (`ServerConfig::store_config`, in node/store_settings.rs:
 //! the store does not know this module, nor this module the store).
 
-mod addrs;
 mod admin_hosts;
 mod cluster;
 mod events;
@@ -29,8 +28,8 @@ mod replication;
 mod sections;
 mod security;
 
-pub(crate) use addrs::etcd_endpoint;
-pub use admin_hosts::{is_host_name, AllowedHostError, AllowedHosts};
+pub use crate::addr::is_host_name;
+pub use admin_hosts::{AllowedHostError, AllowedHosts};
 pub use cluster::*;
 pub use events::*;
 pub use file::{ConfigFile, FileError};
@@ -138,10 +137,6 @@ pub enum ConfigError {
         than: &'static str,
         bound: String,
     },
-    #[error(
-        "--lease-ttl {secs}s is above etcd's largest lease TTL, {max}s (etcd would refuse it)"
-    )]
-    LeaseTtlTooLong { secs: u64, max: u64 },
     #[error("{name} must be whole seconds, got {value:?}")]
     NotWholeSeconds { name: &'static str, value: Duration },
     #[error("{0}")]

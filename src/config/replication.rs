@@ -1,8 +1,8 @@
 //! Pair mode's settings: replication to a hot standby and failover between
 //! the two nodes of a pair.
 
-use super::addrs::{advertised, host_port, names_this_node};
 use super::{at_least, human, human_opt, longer, ConfigError};
+use crate::addr::{advertised, host_port, names_this_node};
 use crate::units::{parse_bytes, parse_duration};
 use clap::Args;
 use serde::Serialize;

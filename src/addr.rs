@@ -1,6 +1,7 @@
 //! The `HOST:PORT` addresses of the command line that other nodes or etcd
 //! are reached at (`--advertise`, `--replica-of`, `--peer`, `--etcd`),
-//! checked at start.
+//! checked at start, and host names. A leaf: the settings (config) and the
+//! etcd control plane (cluster) both check with it.
 //!
 //! Unchecked, a typo surfaced much later and far from its cause: an etcd
 //! endpoint with port 99999 was dialled on port 80, `--advertise
@@ -9,8 +10,19 @@
 //! follow itself forever. Names are not resolved here (DNS may not answer
 //! yet at start); only their form is checked.
 
-use super::is_host_name;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+/// Letters, digits, `-`, `_` and dots, with no empty label: a host name as
+/// the command line and a `Host` header's name are compared with.
+pub fn is_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+}
 
 /// A `HOST:PORT` split into its host and a port from 1 to 65535; an IPv6
 /// host goes in brackets (`[::1]:7700`).
