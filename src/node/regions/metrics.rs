@@ -46,8 +46,9 @@ impl RegionMetrics {
         let by_peer = ByPeer::register(r)?;
         let cut_off = IntGauge::new(
             "tollgate_region_cut_off",
-            "1 while the exchange is stalled with most peer regions and global rules are \
-             capped at this region's ceiling.",
+            "1 while the region is cut off (the exchange stalled with most peer regions, \
+             or any under --region-cut-off any): rules listing every region are capped at \
+             this region's ceiling.",
         )?;
         r.register(Box::new(cut_off.clone()))?;
         Ok(Self {
@@ -61,13 +62,13 @@ impl RegionMetrics {
             ceiling_activations: counter(
                 r,
                 "tollgate_region_ceiling_activations_total",
-                "Times the exchange stalled with most peer regions and the ceiling came \
-                 into force.",
+                "Times the region was cut off and the ceiling came into force for rules \
+                 listing every region.",
             )?,
             ceiling_denied: counter(
                 r,
                 "tollgate_region_ceiling_denied_total",
-                "Checks denied by this region's ceiling while cut off.",
+                "Checks denied by this region's ceiling while their rule was capped.",
             )?,
             cut_off,
         })
