@@ -509,7 +509,10 @@ impl<'f> Evaluation<'_, 'f> {
             .iter()
             .filter(|c| c.limit.algorithm == Algorithm::Concurrency)
             .count();
-        if concurrency > 1 {
+        // The parts are two groups for the store, which would not see a
+        // key named with two other states across them: the shadow part's
+        // state would replace the enforced part's.
+        if concurrency > 1 || crate::store::clashing_states(checks) {
             return Decided::Error(ErrorCode::InvalidLimit);
         }
         let is_shadow = |i: usize| rules[i].is_some_and(Rule::shadow);

@@ -219,7 +219,7 @@ impl Store {
         if leased > 1 || (leased > 0 && op == Op::Refund) {
             return Err(ErrorCode::InvalidLimit);
         }
-        if clashing_states(pairs, &policies) {
+        if clashing_states(pairs) {
             return Err(ErrorCode::InvalidLimit);
         }
         let hashes: SmallVec<[u64; 4]> = spots.iter().map(|s| s.hash).collect();
@@ -553,17 +553,20 @@ impl Store {
 /// one state of any other algorithm, so the second pair's state would
 /// replace the first's and the first charge would be lost: such a group is
 /// refused (InvalidLimit) instead. Groups are small (`max_group`).
-fn clashing_states(pairs: &[ResolvedPair<'_>], policies: &[Policy]) -> bool {
+/// Public for the engine, which splits a group with shadow pairs in two
+/// and must refuse such a clash across both parts.
+pub fn clashing_states(pairs: &[ResolvedPair<'_>]) -> bool {
+    // A policy's algorithm is its limit's; only the token bucket has a
+    // table of its own (`table_for`).
     let others = || {
         pairs
             .iter()
-            .zip(policies)
-            .filter(|(_, p)| table_for(p) == Table::Others)
+            .filter(|p| p.limit.algorithm != tollgate_protocol::Algorithm::TokenBucket)
     };
-    others().enumerate().any(|(i, (a, pa))| {
+    others().enumerate().any(|(i, a)| {
         others()
             .skip(i + 1)
-            .any(|(b, pb)| a.key == b.key && pa.algorithm() != pb.algorithm())
+            .any(|b| a.key == b.key && a.limit.algorithm != b.limit.algorithm)
     })
 }
 

@@ -38,7 +38,7 @@ pub use changes::{
     Written,
 };
 use changes::{Captured, ChangeLog};
-pub use group::{Mode, ResolvedPair, Returned};
+pub use group::{clashing_states, Mode, ResolvedPair, Returned};
 pub use key::{StoredKey, INLINE as MAX_INLINE_KEY};
 pub use merge::MergeRefused;
 pub use remote::{AbsorbError, RemoteUsage};

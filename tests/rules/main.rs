@@ -423,6 +423,33 @@ rules:
     server.stop().await;
 }
 
+/// A shadow trial of another window algorithm on an enforced window's own
+/// key is refused InvalidLimit, as the same group without shadow is: the
+/// group is evaluated in two parts, and the trial's state would replace
+/// the enforced count (a key holds one state besides its token bucket).
+#[tokio::test]
+async fn a_shadow_pair_may_not_replace_an_enforced_pairs_state() {
+    let dir = TempDir::new("shadow-clash");
+    let text = "\
+rules:
+  - {name: windows, algorithm: fixed-window, rate: 10/min}
+  - {name: trial, algorithm: sliding-window, rate: 10/min, shadow: true}
+";
+    let (server, _) = start_with_rules(&dir, text).await;
+    let mut conn = RawConn::ready(server.addr).await;
+    let group = vec![rule("rl:{w}:k", "windows", 3), rule("rl:{w}:k", "trial", 1)];
+    let r = conn.check(1, batch_of(vec![group])).await;
+    assert_eq!(r[0], CheckResult::Error(ErrorCode::InvalidLimit), "{r:?}");
+    // Nothing was charged: the enforced window still holds all ten.
+    let d = decision(
+        &conn
+            .check(2, batch_of(vec![vec![rule("rl:{w}:k", "windows", 1)]]))
+            .await[0],
+    );
+    assert_eq!(d.remaining, 9);
+    server.stop().await;
+}
+
 /// Scrapes `/metrics` over HTTP and parses it with a Prometheus text-format
 /// parser; fails on malformed or duplicate metric names.
 async fn scrape(admin: std::net::SocketAddr) -> prometheus_parse::Scrape {
