@@ -1,7 +1,7 @@
 //! Evaluating one check: an atomic group of (key, limit, cost) pairs
-//! ([`ResolvedPair`]: limits resolved, rule names are the engine's business); and
-//! the other writes a client makes: refunds (a check's shape, giving units
-//! back) and lease releases.
+//! ([`ResolvedPair`]: limits resolved, rule names are the engine's business);
+//! a refund runs the same way (its entry points are refund.rs); and lease
+//! releases.
 //!
 //! Order of work: validate every pair and its slot without any lock, then
 //! take the one stripe lock, evaluate each pair against the state left by the
@@ -56,7 +56,7 @@ pub type Returned = SmallVec<[u64; 4]>;
 
 /// What a group does to the state of its keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
+pub(super) enum Op {
     Check(Mode),
     /// Give each pair's cost back.
     Refund,
@@ -83,54 +83,8 @@ impl Store {
     }
 
     /// The spot of every pair's key.
-    fn spots(&self, pairs: &[ResolvedPair<'_>]) -> SmallVec<[Spot; 4]> {
+    pub(super) fn spots(&self, pairs: &[ResolvedPair<'_>]) -> SmallVec<[Spot; 4]> {
         pairs.iter().map(|p| self.spot(p.key)).collect()
-    }
-
-    /// Gives each pair's `cost` back to its key, atomically for the group,
-    /// and answers with the decision after the refund (always allowed).
-    /// Never beyond a full bucket or empty windows; a key without state is
-    /// left alone (answered as full). A concurrency pair is refused with
-    /// InvalidLimit: leases are given back with [`Store::release`].
-    pub fn refund(&self, pairs: &[ResolvedPair<'_>], now: Nanos) -> CheckResult {
-        let spots = self.spots(pairs);
-        self.run_group(pairs, &spots, now, Op::Refund, None, &[])
-    }
-
-    /// [`Store::refund`] of pairs whose spots the caller already has (as
-    /// for [`Store::check_at`]).
-    pub fn refund_at(&self, pairs: &[ResolvedPair<'_>], spots: &[Spot], now: Nanos) -> CheckResult {
-        self.run_group(pairs, spots, now, Op::Refund, None, &[])
-    }
-
-    /// [`Store::refund_at`] that also fills `returned` with the units each
-    /// pair actually gave back (what a region reports to its peers: a
-    /// refund beyond what a key holds returns only what it holds).
-    pub fn refund_returning(
-        &self,
-        pairs: &[ResolvedPair<'_>],
-        spots: &[Spot],
-        now: Nanos,
-        returned: &mut Returned,
-    ) -> CheckResult {
-        returned.clear();
-        self.run_group(pairs, spots, now, Op::Refund, Some(returned), &[])
-    }
-
-    /// [`Store::refund_returning`] where pair `i` gives back at most
-    /// `caps[i]` units (0: none; a pair past the end of `caps`: its cost):
-    /// a global rule's key gives back no more than its ceiling key did,
-    /// which counts this region's own admissions (`engine/check/global.rs`).
-    pub fn refund_within(
-        &self,
-        pairs: &[ResolvedPair<'_>],
-        spots: &[Spot],
-        now: Nanos,
-        caps: &[u64],
-        returned: &mut Returned,
-    ) -> CheckResult {
-        returned.clear();
-        self.run_group(pairs, spots, now, Op::Refund, Some(returned), caps)
     }
 
     /// Frees concurrency lease `lease` of `key`. Returns whether it was live
@@ -160,7 +114,7 @@ impl Store {
         true
     }
 
-    fn run_group(
+    pub(super) fn run_group(
         &self,
         pairs: &[ResolvedPair<'_>],
         spots: &[Spot],
@@ -188,14 +142,8 @@ impl Store {
         returned: Option<&mut Returned>,
         caps: &[u64],
     ) -> Result<tollgate_protocol::Decision, ErrorCode> {
-        let first = spots.first().ok_or(ErrorCode::Malformed)?;
-        if pairs.len() > usize::from(u8::MAX) {
-            return Err(ErrorCode::BatchTooLarge);
-        }
+        let first = Self::one_slot(pairs, spots)?;
         let slot = first.slot;
-        if spots[1..].iter().any(|s| s.slot != slot) {
-            return Err(ErrorCode::CrossSlot);
-        }
         let policies: SmallVec<[Policy; 4]> = match pairs {
             // The common check: one pair, its policy built in place rather
             // than collected (a collect of Results through a SmallVec costs
@@ -214,14 +162,7 @@ impl Store {
                 .map(|p| self.policy_of(p))
                 .collect::<Result<_, _>>()?,
         };
-        let leased = policies.iter().filter(|p| p.is_concurrency()).count();
-        // One lease per decision; and leases are released, not refunded.
-        if leased > 1 || (leased > 0 && op == Op::Refund) {
-            return Err(ErrorCode::InvalidLimit);
-        }
-        if clashing_states(pairs) {
-            return Err(ErrorCode::InvalidLimit);
-        }
+        Self::group_rules(pairs, &policies, op)?;
         let hashes: SmallVec<[u64; 4]> = spots.iter().map(|s| s.hash).collect();
         let group = Group {
             pairs,
@@ -249,6 +190,50 @@ impl Store {
             _ => None,
         };
         Ok(decision)
+    }
+
+    /// The spot of a group's first pair, all of its pairs in its slot, or
+    /// why not (checked before any lock).
+    fn one_slot<'s>(pairs: &[ResolvedPair<'_>], spots: &'s [Spot]) -> Result<&'s Spot, ErrorCode> {
+        let first = spots.first().ok_or(ErrorCode::Malformed)?;
+        if pairs.len() > usize::from(u8::MAX) {
+            return Err(ErrorCode::BatchTooLarge);
+        }
+        if spots[1..].iter().any(|s| s.slot != first.slot) {
+            return Err(ErrorCode::CrossSlot);
+        }
+        Ok(first)
+    }
+
+    /// The rules between a group's pairs (checked before any lock): one
+    /// lease per decision, leases released and never refunded, one state
+    /// besides the token bucket per key.
+    fn group_rules(
+        pairs: &[ResolvedPair<'_>],
+        policies: &[Policy],
+        op: Op,
+    ) -> Result<(), ErrorCode> {
+        let leased = policies.iter().filter(|p| p.is_concurrency()).count();
+        if leased > 1 || (leased > 0 && op == Op::Refund) || clashing_states(pairs) {
+            return Err(ErrorCode::InvalidLimit);
+        }
+        Ok(())
+    }
+
+    /// Why `op` of `pairs` would be refused, found as [`Self::run_group`]
+    /// finds it before taking a lock (every refusal but a full store's).
+    pub(super) fn refusal(
+        &self,
+        pairs: &[ResolvedPair<'_>],
+        spots: &[Spot],
+        op: Op,
+    ) -> Result<(), ErrorCode> {
+        Self::one_slot(pairs, spots)?;
+        let policies: SmallVec<[Policy; 4]> = pairs
+            .iter()
+            .map(|p| self.policy_of(p))
+            .collect::<Result<_, _>>()?;
+        Self::group_rules(pairs, &policies, op)
     }
 
     /// Evaluates each pair of `group` against the state left by the pairs

@@ -22,6 +22,7 @@ mod changes;
 mod group;
 mod key;
 mod merge;
+mod refund;
 mod remote;
 mod tables;
 mod update;

@@ -356,6 +356,12 @@ impl<'f> Evaluation<'_, 'f> {
         if globals.is_empty() {
             return self.refund_resolved(&resolved.checks, spots, None);
         }
+        // Asked before any ceiling key gives anything back: a refusal after
+        // would leave the ceilings short of what they gave, and a charge to
+        // take it back could be denied once other checks took the room.
+        if let Some(code) = (self.engine.store).refund_refusal(&resolved.checks, spots) {
+            return Decided::Error(code);
+        }
         // Pairs after the last global one keep their cost (no cap).
         let mut caps: SmallVec<[u64; 4]> = SmallVec::new();
         for &(i, _, rule) in &globals {
@@ -381,9 +387,11 @@ impl<'f> Evaluation<'_, 'f> {
                 Decided::Refunded(d)
             }
             CheckResult::Error(code) => {
-                // Nothing was refunded of the keys: the ceiling keys take
-                // back what they gave (it was theirs a moment ago, so the
-                // charge passes).
+                // Not expected: the group was checked above, and a refund
+                // writes no new key (so no full store). Should it come,
+                // the ceiling keys take back what they gave, as far as their
+                // room still allows.
+                tracing::error!(%code, "a global REFUND refused after its ceilings gave back");
                 for &(i, _, rule) in &globals {
                     if let Ok(units @ 1..) = u32::try_from(caps[i]) {
                         self.ceiling(regions, (&pairs[i], rule), units, Mode::Charge);

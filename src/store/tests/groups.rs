@@ -195,6 +195,35 @@ fn refund_gives_back_and_never_exceeds_the_limit() {
     assert!(s.is_empty());
 }
 
+/// `refund_refusal` finds every refusal a refund would meet (without a
+/// lock or a change), and none for a refund that goes through: a global
+/// rule's refund asks it before its ceiling keys give anything back.
+#[test]
+fn a_refunds_refusal_is_known_before_anything_is_given_back() {
+    let s = store();
+    let groups: [Vec<ResolvedPair<'_>>; 6] = [
+        vec![tb("{a}:x", 10, 1000, 10, 1), tb("{b}:y", 10, 1000, 10, 1)],
+        vec![tb("{a}:x", 10, 1000, 10, 1), cc("{a}:c", 2, 1000, 1)],
+        vec![fw("{a}:w", 10, 1000, 1), sw("{a}:w", 10, 1000, 1)],
+        vec![tb("{a}:x", 10, 1000, 10, 0)],
+        vec![tb("{a}:x", 10, 1000, 10, 1), sw("{a}:w", 10, 1000, 2)],
+        vec![],
+    ];
+    for group in &groups {
+        let spots: Vec<_> = group.iter().map(|p| s.spot(p.key)).collect();
+        let refusal = s.refund_refusal(group, &spots);
+        let answer = s.refund_at(group, &spots, S);
+        match answer {
+            CheckResult::Error(code) => assert_eq!(refusal, Some(code), "{group:?}"),
+            CheckResult::Decision(_) => assert_eq!(refusal, None, "{group:?}"),
+        }
+    }
+    assert_eq!(
+        s.refund_refusal(&groups[0], &[s.spot(b"{a}:x"), s.spot(b"{b}:y")]),
+        Some(ErrorCode::CrossSlot)
+    );
+}
+
 #[test]
 fn refund_on_each_algorithm() {
     let s = store();
