@@ -16,13 +16,18 @@ use tollgate_protocol::{
 };
 
 /// A token bucket of 1,000 a day: it refills one unit every 86 s, so a
-/// test sees at most one.
+/// test sees at most one. `lonely` lists a and a region no node here
+/// exchanges with.
 pub const RULES: &str = "\
 rules:
   - name: daily
     algorithm: token-bucket
     rate: 1000/day
     global: [a, b, c]
+  - name: lonely
+    algorithm: token-bucket
+    rate: 1000/day
+    global: [a, zz]
 ";
 
 /// A region's process: `name`, listening on `addr`, its one peer region
@@ -101,8 +106,18 @@ pub async fn peek(addr: &str, key: &str) -> Decision {
 
 /// CHECK (or REFUND) of `cost` units of `key` under `daily`.
 pub async fn charge(addr: &str, key: &str, cost: u32, refund: bool) -> Decision {
+    charge_under(addr, (key, "daily"), cost, refund).await
+}
+
+/// [`charge`] under the rule `rule_name`.
+pub async fn charge_under(
+    addr: &str,
+    (key, rule_name): (&str, &str),
+    cost: u32,
+    refund: bool,
+) -> Decision {
     let mut c = RawConn::ready(sock(addr)).await;
-    let batch = batch_of(vec![vec![rule(key, "daily", cost)]]);
+    let batch = batch_of(vec![vec![rule(key, rule_name, cost)]]);
     let req = if refund {
         Request::Refund(batch)
     } else {
@@ -329,6 +344,22 @@ async fn a_refund_in_one_region_gives_back_none_of_anothers_reported_usage() {
         (kept..=kept + 1).contains(&own),
         "a gave back its own 50 and nothing of b's: {kept} -> {own}"
     );
+}
+
+/// A rule listing this region and only regions it does not exchange with
+/// is regional here: no ceiling caps what a REFUND gives back. (With one,
+/// the 900 charged at once were past the ceiling's 500, never counted in
+/// it, and so never given back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_rule_naming_no_peer_here_is_regional() {
+    let dir = TempDir::new("lonely");
+    let (a_addr, nowhere) = (free_addr(), free_addr());
+    let _a = region(&dir, "a", &a_addr, "b", &nowhere, &[]);
+    let key = "rl:{tenant}:lonely";
+    let d = charge_under(&a_addr, (key, "lonely"), 900, false).await;
+    assert_eq!((d.allowed, d.remaining), (true, 100));
+    let d = charge_under(&a_addr, (key, "lonely"), 900, true).await;
+    assert_eq!(d.remaining, 1000, "the refund gave back all 900: {d:?}");
 }
 
 /// A USAGE whose numbers are as large as the wire allows is answered (the

@@ -18,8 +18,8 @@ use tollgate_protocol::Limit;
 /// What a global rule is in this region.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct InRegion {
-    /// Whether it lists this region: a rule that does not is regional
-    /// here.
+    /// Whether it lists this region and a peer of it: a rule that does
+    /// not is regional here.
     pub shared: bool,
     /// The peers it is shared with, as bits ([`Regions::peers_of`]).
     pub peers: u64,
@@ -66,9 +66,13 @@ impl<'a> FrameRules<'a> {
                 return in_region;
             }
         }
+        let peers = regions.peers_of(rule.global());
         let in_region = InRegion {
-            shared: rule.global().iter().any(|r| r == regions.name()),
-            peers: regions.peers_of(rule.global()),
+            // Lists this region and one it exchanges with: otherwise no
+            // usage goes anywhere and nothing is ever capped, so the rule
+            // is regional here.
+            shared: peers != 0 && rule.global().iter().any(|r| r == regions.name()),
+            peers,
             // Distinct names: a rule's list names each region once.
             ceiling: regions.ceiling(&rule.limit, rule.global().len()),
         };
