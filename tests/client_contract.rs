@@ -54,17 +54,18 @@ fn code(outcome: &Outcome) -> Option<ErrorCode> {
 /// fallback would otherwise have admitted: each must be `Rejected` with the
 /// server's code, and none allowed.
 async fn assert_invalid_rejected(client: &Client, when: &str) {
-    let long = "k".repeat(300);
+    assert_oversized_rejected(client, when).await;
+    assert_impossible_rejected(client, when).await;
+}
+
+/// What no server takes, whatever its settings: refused before any
+/// handshake too.
+async fn assert_impossible_rejected(client: &Client, when: &str) {
     let zero_count = Limit {
         count: 0,
         ..bucket()
     };
     let cases: Vec<(&str, Outcome, ErrorCode)> = vec![
-        (
-            "300-byte key",
-            client.check(long.clone(), bucket(), 1).await,
-            ErrorCode::KeyTooLong,
-        ),
         (
             "empty key",
             client.check("", bucket(), 1).await,
@@ -81,15 +82,9 @@ async fn assert_invalid_rejected(client: &Client, when: &str) {
             ErrorCode::InvalidLimit,
         ),
         (
-            "group of 17 pairs",
-            client
-                .check_group(
-                    (0..17)
-                        .map(|i| pair(format!("rl:{{a}}:{i}"), bucket(), 1))
-                        .collect(),
-                )
-                .await,
-            ErrorCode::BatchTooLarge,
+            "a key past a u16 length",
+            client.check("k".repeat(70_000), bucket(), 1).await,
+            ErrorCode::KeyTooLong,
         ),
         (
             "cross-slot group",
@@ -117,6 +112,38 @@ async fn assert_invalid_rejected(client: &Client, when: &str) {
         Some(ErrorCode::Malformed),
         "{when}: {empty:?}"
     );
+}
+
+/// Past the sizes the server announced: refused once it has announced
+/// them, kept while it is unreachable.
+async fn assert_oversized_rejected(client: &Client, when: &str) {
+    let long = "k".repeat(300);
+    let cases: Vec<(&str, Outcome, ErrorCode)> = vec![
+        (
+            "300-byte key",
+            client.check(long.clone(), bucket(), 1).await,
+            ErrorCode::KeyTooLong,
+        ),
+        (
+            "group of 17 pairs",
+            client
+                .check_group(
+                    (0..17)
+                        .map(|i| pair(format!("rl:{{a}}:{i}"), bucket(), 1))
+                        .collect(),
+                )
+                .await,
+            ErrorCode::BatchTooLarge,
+        ),
+    ];
+    for (what, outcome, expected) in cases {
+        assert_eq!(
+            code(&outcome),
+            Some(expected),
+            "{when}: {what}: {outcome:?}"
+        );
+        assert!(!outcome.is_allowed(), "{when}: {what}");
+    }
     // Distinct over-long keys would each get a fresh fallback bucket.
     let one_per_second = Limit::token_bucket(Rate::per_second(1), 1);
     let mut allowed = 0;
@@ -161,10 +188,18 @@ async fn invalid_requests_are_rejected_by_a_client_that_never_connected() {
     // Nothing listens there: every attempt is refused.
     let client = Client::new(free_addr(), config()).expect("valid config");
     assert_fallback_decides(&client, "never connected").await;
-    assert_invalid_rejected(&client, "never connected").await;
-    // Before any handshake the sizes are PROTOCOL.md §10's defaults.
-    let longest = client.check("k".repeat(256), bucket(), 1).await;
-    assert!(matches!(longest, Outcome::Fallback { .. }), "{longest:?}");
+    assert_impossible_rejected(&client, "never connected").await;
+    // Before any handshake the server's sizes are unknown: a key or a
+    // group past the default ones may be within its own, so the fallback
+    // decides them (a server run with --max-key-len 512 must not have its
+    // routes refused while it is away).
+    let long = client.check("k".repeat(300), bucket(), 1).await;
+    assert!(matches!(long, Outcome::Fallback { .. }), "{long:?}");
+    let group: Vec<_> = (0..17)
+        .map(|i| pair(format!("rl:{{a}}:{i}"), bucket(), 1))
+        .collect();
+    let group = client.check_group(group).await;
+    assert!(matches!(group, Outcome::Fallback { .. }), "{group:?}");
     client.close();
 }
 

@@ -8,17 +8,21 @@
 //! fail-open whenever the server is down, hung or behind an open breaker.
 //!
 //! The sizes are checked against the limits the server announced in its
-//! last handshake, or before any handshake against PROTOCOL.md §10's
-//! defaults (the most a default server accepts: a client that has never
-//! reached its server cannot know of larger settings, and refusing a
-//! request is safe where admitting it is not). An inline limit's numbers
-//! are checked as PROTOCOL.md §8 says every server checks them, with the
-//! reference server's bounds; the bounds that depend on a server setting
+//! last handshake, or before any handshake against what the protocol's
+//! fields can carry (a key's u16 length, a group's u8 count): a client
+//! that has never reached its server cannot know its settings, and
+//! refusing a key the server would take turns an outage of the limiter
+//! into an outage of the route. An inline limit's numbers are checked as
+//! PROTOCOL.md §8 says every server checks them, with the reference
+//! server's bounds; the bounds that depend on a server setting
 //! (`max_log_entries`) or on the algorithm's arithmetic (a rate above one
-//! per nanosecond, a burst spanning more than 2^62 ns) stay the server's.
+//! per nanosecond, a burst spanning more than 2^62 ns) stay the server's,
+//! and so do the rules between a group's named pairs (the rule table may
+//! be older than the server's rules, and a shadow rule's pairs are a group
+//! apart on the server).
 
 use tollgate_protocol::slot::Slot;
-use tollgate_protocol::{Algorithm, Limit, LimitRef, Pair, RuleName, ServerLimits};
+use tollgate_protocol::{Algorithm, Limit, LimitRef, Pair, ServerLimits};
 
 use crate::calls;
 use crate::error::Error;
@@ -28,16 +32,19 @@ const MAX_COUNT: u64 = 1 << 48;
 /// Longest `period_ms` the reference server takes: 400 days.
 const MAX_PERIOD_MS: u64 = 400 * 24 * 3600 * 1000;
 
+/// What a request is checked against before any handshake: the most the
+/// protocol's fields carry, no server's own limits.
+pub(crate) const PROTOCOL_BOUNDS: ServerLimits = ServerLimits {
+    max_frame: u32::MAX,
+    max_batch: u16::MAX,
+    max_group: u8::MAX,
+    max_key_len: u16::MAX,
+};
+
 /// Checks one check's pairs (a pair, or an atomic group) as the server
 /// would, in its order: sizes and keys (the frame), then slots
-/// (CrossSlot), then limits (InvalidLimit). `rule_limit` gives a named
-/// rule's limit from the rule table, when known, for the rules a group's
-/// pairs must keep between them.
-pub(crate) fn check_pairs(
-    pairs: &[Pair],
-    limits: &ServerLimits,
-    rule_limit: impl Fn(&RuleName) -> Option<Limit>,
-) -> Result<(), Error> {
+/// (CrossSlot), then limits (InvalidLimit).
+pub(crate) fn check_pairs(pairs: &[Pair], limits: &ServerLimits) -> Result<(), Error> {
     calls::check_group(0, pairs, limits)?;
     if let [first, rest @ ..] = pairs {
         if !rest.is_empty() {
@@ -65,7 +72,7 @@ pub(crate) fn check_pairs(
         }
     }
     if pairs.len() > 1 {
-        group_rules(pairs, rule_limit)?;
+        group_rules(pairs)?;
     }
     Ok(())
 }
@@ -90,19 +97,16 @@ fn limit_numbers(limit: &Limit) -> Result<(), &'static str> {
     }
 }
 
-/// The rules between a group's pairs (PROTOCOL.md §7): at most one
+/// The rules between a group's inline pairs (PROTOCOL.md §7): at most one
 /// concurrency pair, and no key with two states of algorithms other than
-/// the token bucket. Pairs naming a rule the table does not know are left
-/// to the server.
-fn group_rules(
-    pairs: &[Pair],
-    rule_limit: impl Fn(&RuleName) -> Option<Limit>,
-) -> Result<(), Error> {
+/// the token bucket. Pairs naming a rule are left to the server (see the
+/// module docs).
+fn group_rules(pairs: &[Pair]) -> Result<(), Error> {
     let algorithms: Vec<Option<Algorithm>> = pairs
         .iter()
         .map(|p| match &p.limit {
             LimitRef::Inline(limit) => Some(limit.algorithm),
-            LimitRef::Rule(name) => rule_limit(name).map(|l| l.algorithm),
+            LimitRef::Rule(_) => None,
         })
         .collect();
     let concurrency = algorithms
@@ -150,7 +154,7 @@ mod tests {
     }
 
     fn check(pairs: &[Pair]) -> Result<(), Error> {
-        check_pairs(pairs, &ServerLimits::default(), |_| None)
+        check_pairs(pairs, &ServerLimits::default())
     }
 
     #[test]
@@ -234,6 +238,6 @@ mod tests {
             ..ServerLimits::default()
         };
         let long: &'static str = "k".repeat(300).leak();
-        assert!(check_pairs(&[pair(long, bucket(), 1)], &larger, |_| None).is_ok());
+        assert!(check_pairs(&[pair(long, bucket(), 1)], &larger).is_ok());
     }
 }

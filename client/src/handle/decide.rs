@@ -242,10 +242,12 @@ impl Client {
     }
 
     /// What the server would refuse as invalid, found locally against its
-    /// last announced limits (module `validity`): `Err` is a rejection.
+    /// last announced limits, or before any handshake against what the
+    /// protocol's fields allow (module `validity`): `Err` is a rejection.
     pub(super) fn validate(&self, pairs: &[Pair]) -> Result<(), Error> {
-        let limits = self.inner.route.announced_limits();
-        crate::validity::check_pairs(pairs, &limits, |rule| self.rule_limit(rule))
+        let limits =
+            (self.inner.route.announced_limits()).unwrap_or(crate::validity::PROTOCOL_BOUNDS);
+        crate::validity::check_pairs(pairs, &limits)
     }
 
     pub(super) fn observe(&self, outcome: &Outcome, started: Instant) {

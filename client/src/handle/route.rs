@@ -22,14 +22,13 @@ pub(crate) enum Route {
 
 impl Route {
     /// The limits requests are checked against before they go anywhere
-    /// (module `validity`): the server's last announced ones, else
-    /// PROTOCOL.md §10's defaults.
-    pub(crate) fn announced_limits(&self) -> ServerLimits {
-        let announced = match self {
+    /// (module `validity`): the server's last announced ones; None before
+    /// any handshake.
+    pub(crate) fn announced_limits(&self) -> Option<ServerLimits> {
+        match self {
             Self::Shard(shard) => shard.announced_limits(),
             Self::Cluster(cluster) => cluster.announced_limits(),
-        };
-        announced.unwrap_or_default()
+        }
     }
 
     /// Sends checks of `kind` and returns their answer (a batch's results
