@@ -63,10 +63,12 @@ pub fn region_every(
         &peer_flag,
         "--exchange-interval",
         interval,
-        // A peer that never answers must not cap the checks of a test.
-        "--region-stall-intervals",
-        "100000",
     ];
+    // A peer that never answers must not cap the checks of a test, unless
+    // the test says otherwise.
+    if !extra.contains(&"--region-stall-intervals") {
+        args.extend(["--region-stall-intervals", "100000"]);
+    }
     args.extend_from_slice(extra);
     Node::start(addr, &args)
 }
@@ -354,12 +356,29 @@ async fn a_refund_in_one_region_gives_back_none_of_anothers_reported_usage() {
 async fn a_global_rule_naming_no_peer_here_is_regional() {
     let dir = TempDir::new("lonely");
     let (a_addr, nowhere) = (free_addr(), free_addr());
-    let _a = region(&dir, "a", &a_addr, "b", &nowhere, &[]);
+    let a = region(
+        &dir,
+        "a",
+        &a_addr,
+        "b",
+        &nowhere,
+        &["--region-stall-intervals", "2"],
+    );
     let key = "rl:{tenant}:lonely";
     let d = charge_under(&a_addr, (key, "lonely"), 900, false).await;
     assert_eq!((d.allowed, d.remaining), (true, 100));
     let d = charge_under(&a_addr, (key, "lonely"), 900, true).await;
     assert_eq!(d.remaining, 1000, "the refund gave back all 900: {d:?}");
+    // b never answers: its stall is said once, naming it (rules shared
+    // with it may be capped from then on).
+    let stalled = "usage exchange with a peer region stalled: global rules shared with it may be capped at this region's ceiling";
+    eventually("the stalled peer logged", || async {
+        (!a.logged(stalled).is_empty()).then_some(())
+    })
+    .await;
+    let lines = a.logged(stalled);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["peer"], "b", "{lines:?}");
 }
 
 /// A USAGE whose numbers are as large as the wire allows is answered (the

@@ -471,7 +471,23 @@ impl Regions {
                 .lag
                 .set(lag as f64 / 1e9);
             let s = lag > limit;
-            peer.stalled.store(s, Ordering::Relaxed);
+            // Said when it changes: rules shared with this peer may be
+            // capped from here on (by their own peers, whether or not the
+            // region is cut off as a whole).
+            match (peer.stalled.swap(s, Ordering::Relaxed), s) {
+                (false, true) => tracing::warn!(
+                    region = %self.config.region,
+                    peer = %peer.config.name,
+                    lag_ms = lag / 1_000_000,
+                    "usage exchange with a peer region stalled: global rules shared with it may be capped at this region's ceiling"
+                ),
+                (true, false) => tracing::info!(
+                    region = %self.config.region,
+                    peer = %peer.config.name,
+                    "usage exchange with a peer region back in step"
+                ),
+                _ => {}
+            }
             stalled |= u64::from(s) << i;
         }
         self.stalled.store(stalled, Ordering::Relaxed);
