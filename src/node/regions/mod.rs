@@ -165,8 +165,8 @@ pub(crate) struct Regions {
     /// The peers the exchange is stalled with, as bits (bit `i`: peer `i`),
     /// for the check path to judge each rule by its own peers.
     stalled: AtomicU64,
-    /// Set while the region is cut off from all its peers as a rule
-    /// listing every region would be ([`Regions::capped`]).
+    /// Set while the region is cut off: a rule listing every region is
+    /// capped ([`Regions::capped`] of all the peers).
     cut_off: AtomicBool,
     metrics: RegionMetrics,
     /// The hasher of every journal here, the senders' pending ones too.
