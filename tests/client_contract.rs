@@ -58,6 +58,18 @@ async fn assert_invalid_rejected(client: &Client, when: &str) {
     assert_impossible_rejected(client, when).await;
 }
 
+/// Each case rejected with its code, never allowed.
+fn assert_rejected_as(cases: Vec<(&str, Outcome, ErrorCode)>, when: &str) {
+    for (what, outcome, expected) in cases {
+        assert_eq!(
+            code(&outcome),
+            Some(expected),
+            "{when}: {what}: {outcome:?}"
+        );
+        assert!(!outcome.is_allowed(), "{when}: {what}");
+    }
+}
+
 /// What no server takes, whatever its settings: refused before any
 /// handshake too.
 async fn assert_impossible_rejected(client: &Client, when: &str) {
@@ -97,14 +109,7 @@ async fn assert_impossible_rejected(client: &Client, when: &str) {
             ErrorCode::CrossSlot,
         ),
     ];
-    for (what, outcome, expected) in cases {
-        assert_eq!(
-            code(&outcome),
-            Some(expected),
-            "{when}: {what}: {outcome:?}"
-        );
-        assert!(!outcome.is_allowed(), "{when}: {what}");
-    }
+    assert_rejected_as(cases, when);
     // Left to the fallback, an empty group made it panic.
     let empty = client.check_group(Vec::new()).await;
     assert_eq!(
@@ -136,14 +141,7 @@ async fn assert_oversized_rejected(client: &Client, when: &str) {
             ErrorCode::BatchTooLarge,
         ),
     ];
-    for (what, outcome, expected) in cases {
-        assert_eq!(
-            code(&outcome),
-            Some(expected),
-            "{when}: {what}: {outcome:?}"
-        );
-        assert!(!outcome.is_allowed(), "{when}: {what}");
-    }
+    assert_rejected_as(cases, when);
     // Distinct over-long keys would each get a fresh fallback bucket.
     let one_per_second = Limit::token_bucket(Rate::per_second(1), 1);
     let mut allowed = 0;

@@ -48,25 +48,28 @@ impl Node {
                 self.transition(t.to);
                 Ok(())
             }
-            Err(retry_in) => Err(Error::BreakerOpen {
-                addr: self.addr.clone(),
-                retry_in,
-            }),
+            Err(retry_in) => Err(self.breaker_open(retry_in)),
+        }
+    }
+
+    /// The refusal of a call while this node's breaker is open.
+    fn breaker_open(&self, retry_in: Duration) -> Error {
+        Error::BreakerOpen {
+            addr: self.addr.clone(),
+            retry_in,
         }
     }
 
     /// `Err(BreakerOpen)` when a call to this node would be refused now
     /// (open, or half-open with its probe out), without taking the probe.
     pub(crate) fn refuses(&self) -> Result<(), Error> {
+        // Closed (nearly always): no clock read.
         if self.breaker.state() == BreakerState::Closed {
             return Ok(());
         }
         match self.breaker.refusing(Instant::now()) {
             None => Ok(()),
-            Some(retry_in) => Err(Error::BreakerOpen {
-                addr: self.addr.clone(),
-                retry_in,
-            }),
+            Some(retry_in) => Err(self.breaker_open(retry_in)),
         }
     }
 
@@ -77,13 +80,8 @@ impl Node {
         if self.breaker.state() == BreakerState::Closed {
             return Ok(());
         }
-        Err(Error::BreakerOpen {
-            addr: self.addr.clone(),
-            retry_in: self
-                .breaker
-                .refusing(Instant::now())
-                .unwrap_or(Duration::ZERO),
-        })
+        let retry_in = self.breaker.refusing(Instant::now());
+        Err(self.breaker_open(retry_in.unwrap_or(Duration::ZERO)))
     }
 
     /// Whether a round over the shard's nodes should skip this one (its

@@ -156,12 +156,6 @@ impl RegionSettings {
         Ok(peers)
     }
 
-    /// The share of a global limit admitted while stalled, by a rule that
-    /// lists `regions` regions.
-    pub fn ceiling_share(&self, regions: usize) -> f64 {
-        ceiling_share(self.region_ceiling, regions)
-    }
-
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if let Some(region) = &self.region {
             if !valid_region_name(region) {

@@ -331,8 +331,9 @@ fn region_settings_are_checked() {
     assert_eq!(c.validate(), Ok(()));
     assert_eq!(c.regions.peers().unwrap()[1].addr, "10.0.0.2:7700");
     // Default ceiling: an equal share of the regions a rule lists.
-    assert!((c.regions.ceiling_share(3) - 1.0 / 3.0).abs() < 1e-9);
-    assert!((c.regions.ceiling_share(2) - 0.5).abs() < 1e-9);
+    let share = |regions| super::ceiling_share(c.regions.region_ceiling, regions);
+    assert!((share(3) - 1.0 / 3.0).abs() < 1e-9);
+    assert!((share(2) - 0.5).abs() < 1e-9);
     for bad in ["us", "eu=10.0.0.3:7700", "us=", "x y=h:1"] {
         let mut d = c.clone();
         d.regions.region_peer.push(bad.into());
