@@ -33,11 +33,13 @@
 //! `Store::spot`) and prefetched before its first check, and the checks
 //! reuse those spots. Refunds are not checks: they count only their errors.
 
+mod capped;
 mod frame_rules;
 mod global;
 mod metrics;
 mod tagged;
 
+pub(crate) use capped::GlobalRuleState;
 use frame_rules::FrameRules;
 pub(crate) use global::UsageError;
 use metrics::Tally;

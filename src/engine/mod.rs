@@ -41,7 +41,7 @@ pub use crate::store::Mode;
 /// The store, for the server's embedders (tests inspect it).
 pub use crate::store::Store;
 pub(crate) use build::{BuildError, Built, Setup};
-pub(crate) use check::{CheckMetrics, ErrorCounters, UsageError, Verb};
+pub(crate) use check::{CheckMetrics, ErrorCounters, GlobalRuleState, UsageError, Verb};
 pub(crate) use counter::window_of;
 pub(crate) use dedup::{DedupMetrics, Owner, RetryMemory};
 pub(crate) use inspect::{Inspected, Usage};

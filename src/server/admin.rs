@@ -196,10 +196,23 @@ async fn cluster(AxumState(state): AppState) -> Response {
 
 /// This node's region, the exchange with each peer region, and whether the
 /// ceiling is in force (404 on a node in no region).
+/// `GET /v1/regions`: the exchange with each peer, and the global rules as
+/// this region holds them (which are capped now).
+#[derive(serde::Serialize)]
+struct RegionsAnswer {
+    #[serde(flatten)]
+    status: crate::node::regions::RegionsStatus,
+    rules: Vec<crate::engine::GlobalRuleState>,
+}
+
 async fn regions(AxumState(state): AppState) -> Response {
     let shared = &state.shared;
     match shared.engine.node().regions() {
-        Some(regions) => Json(regions.status(shared.engine.now())).into_response(),
+        Some(regions) => Json(RegionsAnswer {
+            status: regions.status(shared.engine.now()),
+            rules: shared.engine.global_rules(),
+        })
+        .into_response(),
         None => error(
             StatusCode::NOT_FOUND,
             "this node is in no region (--region): it has no global limits",
@@ -237,6 +250,7 @@ async fn metrics(AxumState(state): AppState) -> Response {
     let mut out = Vec::new();
     state.shared.engine.node().refresh_metrics();
     state.shared.metrics.throttled_keys.refresh(&state.shared);
+    state.shared.metrics.capped_rules.refresh(&state.shared);
     if let Err(e) = encoder.encode(&state.registry.gather(), &mut out) {
         return error(StatusCode::INTERNAL_SERVER_ERROR, e);
     }

@@ -133,6 +133,8 @@ pub(crate) struct Metrics {
     pub frontends: FrontendMetrics,
     /// The most throttled keys, refreshed when `/metrics` is scraped.
     pub throttled_keys: scrape::ThrottledKeysMetric,
+    /// Which global rules are capped, refreshed when `/metrics` is scraped.
+    pub capped_rules: scrape::CappedRulesMetric,
 }
 
 impl Metrics {
@@ -144,6 +146,7 @@ impl Metrics {
                 registry,
                 config.admin.throttled_metric_keys,
             )?,
+            capped_rules: scrape::CappedRulesMetric::register(registry)?,
         })
     }
 }

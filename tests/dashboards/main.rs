@@ -67,6 +67,7 @@ fn every_panel_and_alert_has_a_query_and_the_issue_s_alerts_exist() {
         "TollgateMemoryNearCap",
         "TollgateKeysRefused",
         "TollgateErrorRate",
+        "TollgateGlobalRuleCapped",
     ] {
         assert!(alerts.contains(wanted), "no alert {wanted}: {alerts:?}");
     }
@@ -90,9 +91,20 @@ fn every_panel_and_alert_has_a_query_and_the_issue_s_alerts_exist() {
 
 #[tokio::test]
 async fn every_metric_the_dashboard_and_alerts_name_is_in_metrics() {
-    let server = TestServer::start_admin(|c| c.store.max_memory = Some(64 << 20)).await;
+    // In a region, with a peer (never reached) and a global rule shared
+    // with it, so that the region's series exist too.
+    let server = TestServer::start_admin(|c| {
+        c.store.max_memory = Some(64 << 20);
+        c.auth.cluster_secret = Some("dashboards-test-cluster-secret".into());
+        c.regions.region = Some("here".into());
+        c.regions.region_peer = vec!["there=127.0.0.1:9".into()];
+    })
+    .await;
     let admin = server.admin.unwrap();
     let put = http(admin, "PUT", "/v1/rules/api", Some(r#"{"rate": "1/s"}"#)).await;
+    assert_eq!(put.status, 201, "{}", put.text());
+    let global = r#"{"rate": "1/s", "global": ["here", "there"]}"#;
+    let put = http(admin, "PUT", "/v1/rules/shared", Some(global)).await;
     assert_eq!(put.status, 201, "{}", put.text());
     // A denial, so the throttled-keys series exists.
     let mut conn = RawConn::ready(server.addr).await;

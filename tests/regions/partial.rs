@@ -20,6 +20,23 @@ async fn sees_stalled(world: &World, r: usize, peer: &str) {
     .await;
 }
 
+/// What region `r` says of the global rule `name`: its entry in
+/// `GET /v1/regions`'s `rules`, and its `tollgate_region_rule_capped`
+/// series (None when it has none).
+async fn rule_seen(world: &World, r: usize, name: &str) -> (Value, Option<u64>) {
+    let status = world.status(r).await;
+    let rules = status["rules"].as_array().expect("rules").clone();
+    let state = rules.into_iter().find(|s| s["rule"] == name).expect(name);
+    let admin = world.regions[r].admin;
+    let text = http(admin, "GET", "/metrics", None).await.text();
+    let series = format!("tollgate_region_rule_capped{{rule=\"{name}\"}} ");
+    let capped = text
+        .lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .map(|v| v.trim().parse().unwrap());
+    (state, capped)
+}
+
 /// `pair` is shared by us and eu only: when they lose each other, each is
 /// capped at its ceiling of that rule, half of it (the regions the rule
 /// lists), though both still hear ap. Before, neither was capped (one of
@@ -30,11 +47,43 @@ async fn a_rule_of_two_regions_is_capped_when_those_two_lose_each_other() {
     let mut world = World::start("partial-pair", BUSY_INTERVAL).await;
     in_step(&world).await;
     let (us, eu) = (0, 1);
+    for r in [us, eu] {
+        let (pair, capped) = rule_seen(&world, r, "pair").await;
+        assert_eq!(pair["capped"], false, "in step: {pair}");
+        assert_eq!(capped, Some(0), "in step");
+    }
     world.cut_link((us, eu), true);
     sees_stalled(&world, us, "eu").await;
     sees_stalled(&world, eu, "us").await;
     // Not cut off as a whole: ap still answers both.
     assert!(world.status(us).await["cut_off"] == false);
+    // The operator sees which rule is capped, and at what, where the
+    // cut-off flag says nothing: `pair`, at half its count, in both; the
+    // rule of all three (one of its two peers stalled) in neither.
+    for r in [us, eu] {
+        let (pair, capped) = rule_seen(&world, r, "pair").await;
+        assert_eq!(
+            (&pair["capped"], capped),
+            (&Value::from(true), Some(1)),
+            "{pair}"
+        );
+        assert_eq!(pair["shared"], true);
+        assert_eq!(pair["ceiling_count"], 300, "{pair}");
+        assert_eq!(pair["regions"], serde_json::json!(["us", "eu"]));
+        let (bucket, capped) = rule_seen(&world, r, "bucket").await;
+        assert_eq!(
+            (&bucket["capped"], capped),
+            (&Value::from(false), Some(0)),
+            "{bucket}"
+        );
+        assert_eq!(bucket["ceiling_count"], 200, "{bucket}");
+    }
+    // ap does not take part in `pair`: regional there, with no series.
+    let (pair, capped) = rule_seen(&world, 2, "pair").await;
+    assert_eq!(
+        (&pair["shared"], &pair["capped"], capped),
+        (&Value::from(false), &Value::from(false), None)
+    );
 
     let key = "rl:{customer}:pair";
     let in_us = drain_rule(&mut world, (&[us], "pair"), key, 50).await[0];

@@ -28,6 +28,22 @@ pub(super) struct InRegion {
     pub ceiling: Limit,
 }
 
+impl InRegion {
+    /// What the global `rule` is in this region.
+    pub fn of(rule: &Rule, regions: &Regions) -> Self {
+        let peers = regions.peers_of(rule.global());
+        InRegion {
+            // Lists this region and one it exchanges with: otherwise no
+            // usage goes anywhere and nothing is ever capped, so the rule
+            // is regional here.
+            shared: peers != 0 && rule.global().iter().any(|r| r == regions.name()),
+            peers,
+            // Distinct names: a rule's list names each region once.
+            ceiling: regions.ceiling(&rule.limit, rule.global().len()),
+        }
+    }
+}
+
 /// The rules one frame is evaluated under (see the module docs).
 pub(super) struct FrameRules<'a> {
     rules: &'a RuleSet,
@@ -66,16 +82,7 @@ impl<'a> FrameRules<'a> {
                 return in_region;
             }
         }
-        let peers = regions.peers_of(rule.global());
-        let in_region = InRegion {
-            // Lists this region and one it exchanges with: otherwise no
-            // usage goes anywhere and nothing is ever capped, so the rule
-            // is regional here.
-            shared: peers != 0 && rule.global().iter().any(|r| r == regions.name()),
-            peers,
-            // Distinct names: a rule's list names each region once.
-            ceiling: regions.ceiling(&rule.limit, rule.global().len()),
-        };
+        let in_region = InRegion::of(rule, regions);
         self.in_region
             .set(Some((std::ptr::from_ref(rule), in_region)));
         in_region
