@@ -52,6 +52,13 @@ pub(super) struct Generation {
     /// The latest `at` of its entries: when it is older than the window,
     /// nothing in the generation is still answering retries.
     newest: Nanos,
+    /// At most the earliest `at` of its entries (an entry put again over
+    /// itself only moves later): when it is inside the window, every entry
+    /// is. Forgetting a full memory within the window, the usual case
+    /// under load, then counts without walking the entries (115 KB of
+    /// cold lines per turn of a shard at the default capacity; 0.7% of
+    /// the server's CPU under CHECK2 in perf).
+    oldest: Nanos,
 }
 
 impl Generation {
@@ -126,6 +133,11 @@ impl Generation {
     /// keys.
     pub(super) fn put(&mut self, probe: Probe, hash: u64, entry: Entry, half: usize) {
         self.newest = self.newest.max(entry.at);
+        self.oldest = if self.entries.is_empty() {
+            entry.at
+        } else {
+            self.oldest.min(entry.at)
+        };
         let slot = match probe {
             Probe::Found(position) => {
                 self.entries[position] = entry;
@@ -154,10 +166,12 @@ impl Generation {
 
     /// Empties it, returning how many of its entries were still inside
     /// `window` at `now` (forgotten early). Walks the entries only when
-    /// some may be, in order.
+    /// some may be and some may not, in order.
     pub(super) fn forget(&mut self, now: Nanos, window: Nanos) -> usize {
         let early = if now.saturating_sub(self.newest) >= window {
             0
+        } else if now.saturating_sub(self.oldest) < window {
+            self.entries.len()
         } else {
             (self.entries.iter())
                 .filter(|e| now.saturating_sub(e.at) < window)
@@ -169,6 +183,7 @@ impl Generation {
         }
         self.entries.clear();
         self.newest = 0;
+        self.oldest = 0;
         early
     }
 
