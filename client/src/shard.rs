@@ -21,6 +21,10 @@
 //! - while backing off, or retrying after a failure, calls fail at once
 //!   ([`Error::Unavailable`]); only the first attempt (or a reconnect
 //!   after a healthy connection died) is waited for;
+//! - a connection that died before answering anything past its handshake
+//!   counts as a failed attempt: the first in a row is replaced at once,
+//!   the next ones after the backoff (no reconnect per call to a server
+//!   that accepts HELLO and drops every connection);
 //! - each node has a circuit breaker: calls to a node whose breaker is
 //!   open fail at once ([`Error::BreakerOpen`]), connected or not, and a
 //!   round over several nodes skips it, so a hung primary does not hold up
@@ -70,7 +74,9 @@ pub(crate) struct Shard {
 
 struct State {
     phase: Phase,
-    /// Consecutive failed attempts; sizes the backoff. Reset on success.
+    /// Consecutive failed attempts and connections lost before answering
+    /// anything; sizes the backoff. Reset when a lost connection had
+    /// answered.
     failures: u32,
     /// From the last successful handshake; kept across reconnects.
     info: Option<ServerInfo>,
@@ -285,7 +291,24 @@ impl Shard {
                     _ => None,
                 };
             }
-            Phase::Idle | Phase::Connected(_) => {}
+            Phase::Connected(dead) => {
+                // A connection that answered nothing past its handshake
+                // proved nothing: its loss counts as a failed attempt, so a
+                // server that accepts HELLO and drops every connection is
+                // not reconnected to in a loop, once per call. The first
+                // such loss in a row still reconnects at once (a CHECK2 is
+                // resent on that new connection); from the second the
+                // backoff applies, growing with each.
+                if dead.answered() {
+                    state.failures = 0;
+                } else {
+                    state.failures = state.failures.saturating_add(1);
+                    if state.failures > 1 {
+                        return Some(Err(self.back_off_unanswered(&mut state, wait)));
+                    }
+                }
+            }
+            Phase::Idle => {}
         }
         // Idle, dead connection, or backoff over: this caller starts the one
         // attempt; every other caller finds `Connecting`.
@@ -298,6 +321,31 @@ impl Shard {
         drop(state);
         tokio::spawn(Arc::clone(self).attempt());
         None
+    }
+
+    /// After a second connection in a row lost before answering anything:
+    /// no attempt before the backoff (sized by `failures`) has passed. The
+    /// error for the caller that found it.
+    fn back_off_unanswered(&self, state: &mut State, wait: Wait) -> Error {
+        let delay = backoff::delay(
+            self.config.backoff_min,
+            self.config.backoff_max,
+            state.failures - 1,
+        );
+        tracing::debug!(addrs = ?self.addrs().collect::<Vec<_>>(), failures = state.failures, retry_in = ?delay, "connection lost before answering anything; backing off");
+        let cause = Arc::new(Error::ConnectionLost);
+        self.current.store(None);
+        state.phase = Phase::BackingOff {
+            until: Instant::now() + delay,
+            cause: Arc::clone(&cause),
+        };
+        match wait {
+            Wait::AttemptResult => Error::ConnectionLost,
+            Wait::Until(_) => Error::Unavailable {
+                retry_in: delay,
+                cause,
+            },
+        }
     }
 
     /// One connection attempt; publishes its result and wakes the waiters.
@@ -327,7 +375,9 @@ impl Shard {
             if !matches!(state.phase, Phase::Closed) {
                 match result {
                     Ok((conn, index)) => {
-                        state.failures = 0;
+                        // `failures` is reset once the connection answers
+                        // (see `ready_or_start`): a handshake alone is no
+                        // proof the node serves.
                         state.info = Some(*conn.info());
                         state.connected_to = Some(index);
                         let conn = Arc::new(conn);

@@ -13,7 +13,7 @@ use tollgate_protocol::{Request, RequestId};
 
 use super::pending::{Answer, Outgoing, Pending, Shape, Wakers};
 use crate::error::Error;
-use crate::sync::{Mutex, Notify};
+use crate::sync::{AtomicBool, Mutex, Notify};
 
 /// The state a connection's calls, writer and driver share.
 pub(crate) struct Shared {
@@ -24,6 +24,9 @@ pub(crate) struct Shared {
     pub(crate) sweep_wake: Notify,
     /// Most requests waiting for the writer.
     pub(crate) max_queued: usize,
+    /// The server has answered something on this connection (a call or a
+    /// probe; the handshake does not count). Set by the driver.
+    pub(crate) answered: AtomicBool,
 }
 
 impl Shared {
@@ -33,6 +36,7 @@ impl Shared {
             writer_wake: Notify::new(),
             sweep_wake: Notify::new(),
             max_queued,
+            answered: AtomicBool::new(false),
         }
     }
 

@@ -29,6 +29,7 @@ use super::pending::{Swept, Wakers};
 use super::{StopOnExit, READ_CHUNK};
 use crate::error::Error;
 use crate::node::Node;
+use crate::sync::Ordering;
 
 /// What the driver needs besides the socket.
 pub(super) struct DriverSettings {
@@ -137,6 +138,7 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
     let stop = exit.stop.clone();
     let mut cancelled = pin!(stop.cancelled());
     let mut sweep_wake = pin!(shared.sweep_wake.notified());
+    let mut proven = false;
     'drive: loop {
         let mut answered = 0u32;
         let mut swept = Swept::default();
@@ -169,6 +171,10 @@ pub(super) async fn drive<R: AsyncRead + Unpin>(
         }
         if probe_answered {
             tracing::debug!(addr = %node.addr, "suspect connection answered its probe");
+        }
+        if (answered > 0 || probe_answered) && !proven {
+            proven = true;
+            shared.answered.store(true, Ordering::Relaxed);
         }
         node.record(answered + u32::from(probe_answered), swept.timed_out);
         if swept.probe_failed {

@@ -251,6 +251,13 @@ impl Connection {
         self.shared.in_flight()
     }
 
+    /// Whether the server answered anything on this connection besides
+    /// the handshake: a connection that closes before that is no proof
+    /// the node serves (see `Shard`, reconnecting).
+    pub(crate) fn answered(&self) -> bool {
+        self.shared.answered.load(Ordering::Relaxed)
+    }
+
     /// Stops both tasks now; waiting calls fail with `ConnectionLost`.
     pub(crate) fn shut_down(&self) {
         self.alive.store(false, Ordering::Relaxed);
@@ -360,7 +367,9 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             epoch,
             offset,
             limits,
-        } if version == PROTOCOL_VERSION => Ok((
+        } if version == PROTOCOL_VERSION => {
+            usable(&limits)?;
+            Ok((
             ServerInfo {
                 version,
                 role,
@@ -369,7 +378,8 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                 limits,
             },
             buf,
-        )),
+        ))
+        }
         Response::HelloOk { version, .. } => Err(Error::Handshake {
             code: tollgate_protocol::ErrorCode::UnsupportedVersion,
             message: format!(
@@ -381,6 +391,41 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             request: "HELLO",
             got: response_name(&other),
         }),
+    }
+}
+
+/// Body of the smallest CHECK: one check of one inline pair with a 1-byte
+/// key (opcode, request id, count, pair count, key length, key, limit kind,
+/// three u64, cost).
+const SMALLEST_CHECK_BODY: u32 = 1 + 4 + 2 + 1 + 2 + 1 + 1 + 24 + 4;
+
+/// Refuses a HELLO_OK whose limits let no check through (a batch, a group
+/// or a key of at most 0, a frame smaller than the smallest CHECK): no
+/// server serves with them (the reference server refuses to start so), and
+/// obeyed they would make the client refuse every check locally as
+/// invalid, a 400 on every route, kept after the server is gone since the
+/// announced limits are. The attempt fails instead, and checks are
+/// undecided (fail mode, fallback) like against any broken server.
+fn usable(limits: &ServerLimits) -> Result<(), Error> {
+    let zero = [
+        ("max_batch", u32::from(limits.max_batch)),
+        ("max_group", u32::from(limits.max_group)),
+        ("max_key_len", u32::from(limits.max_key_len)),
+    ];
+    let unusable = zero
+        .into_iter()
+        .find(|(_, v)| *v == 0)
+        .or((limits.max_frame < SMALLEST_CHECK_BODY).then_some(("max_frame", limits.max_frame)));
+    match unusable {
+        None => Ok(()),
+        Some((field, value)) => Err(Error::Protocol(Arc::new(
+            tollgate_protocol::DecodeError::InvalidValue {
+                request_id: HELLO_ID,
+                opcode: tollgate_protocol::opcode::HELLO_OK,
+                field,
+                value: value.into(),
+            },
+        ))),
     }
 }
 
