@@ -369,16 +369,14 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
             limits,
         } if version == PROTOCOL_VERSION => {
             usable(&limits)?;
-            Ok((
-            ServerInfo {
+            let info = ServerInfo {
                 version,
                 role,
                 epoch,
                 offset,
                 limits,
-            },
-            buf,
-        ))
+            };
+            Ok((info, buf))
         }
         Response::HelloOk { version, .. } => Err(Error::Handshake {
             code: tollgate_protocol::ErrorCode::UnsupportedVersion,
