@@ -82,3 +82,46 @@ async fn evict_policy_keeps_taking_new_keys_within_the_cap() {
     assert_eq!(conn.recv().await, (2, Response::Pong));
     server.stop().await;
 }
+
+/// Keys that expire give their memory back: a stripe whose table grew for a
+/// burst of keys under one hash tag does not keep that table once the
+/// sweeper has dropped them (it used to keep every table at the largest
+/// size it ever had, so a server's memory only ever went up: each stripe
+/// held room for its busiest tag's burst, with no key left).
+#[tokio::test]
+async fn expired_keys_give_their_tables_memory_back() {
+    let server = TestServer::start_with(|c| {
+        c.store.stripes = 16;
+        c.store.sweep_interval = std::time::Duration::from_millis(10);
+        c.store.sweep_stripes = 16;
+    })
+    .await;
+    let idle = server.store.memory_bytes();
+    let mut conn = RawConn::ready(server.addr).await;
+    for round in 0..3u32 {
+        // 20,000 keys of one tag, one stripe; each expires 1 ms after its
+        // check (1,000 tokens a second, a full bucket after one).
+        for part in 0..20u32 {
+            let checks = (0..1000)
+                .map(|i| vec![tb(&format!("{{t}}:{part}:{i}"), 1000, 1000, 1000, 1)])
+                .collect();
+            for r in conn.check(round * 100 + part + 10, batch_of(checks)).await {
+                assert!(allowed(&r), "{r:?}");
+            }
+        }
+        let grown = server.store.memory_bytes();
+        assert!(grown > idle + 20_000 * 24, "{grown} after 20,000 keys");
+        // Only the sweeper drops them (nothing checks them again), and it
+        // gives a stripe's room back in the same visit.
+        server.clock.advance(std::time::Duration::from_secs(1));
+        while !server.store.is_empty() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(
+            server.store.memory_bytes() <= idle,
+            "round {round}: {} bytes held with no key (idle: {idle}, at 20,000 keys: {grown})",
+            server.store.memory_bytes()
+        );
+    }
+    server.stop().await;
+}

@@ -412,7 +412,7 @@ impl Store {
             // Relaxed: the cursor only spreads work; any interleaving of two
             // sweepers still visits valid stripes.
             let i = self.sweep_cursor.fetch_add(1, Ordering::Relaxed) & self.mask;
-            removed += self.stripes[i].lock().retain_live(now);
+            removed += self.stripes[i].lock().sweep(&self.hasher, now);
         }
         removed
     }

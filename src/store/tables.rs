@@ -574,9 +574,20 @@ impl Tables {
         before - self.len()
     }
 
-    /// Drops every expired entry; returns how many.
-    pub fn retain_live(&mut self, now: Nanos) -> usize {
-        self.retain_after(now)
+    /// The sweeper's visit: drops every expired entry (returns how many),
+    /// then gives back the room of tables that hold far fewer entries than
+    /// they once did, and clears tombstones before hashbrown would double
+    /// a table for them (`Slots::tidy`). Without it a table keeps the
+    /// largest size it ever had, and tombstones left by expiries double it
+    /// under a steady key set: memory grew with no more keys held.
+    pub fn sweep(&mut self, hasher: &ahash::RandomState, now: Nanos) -> usize {
+        let removed = self.retain_after(now);
+        self.buckets.tidy(hasher);
+        self.leaky.tidy(hasher);
+        self.windows.tidy(hasher);
+        self.note_moves();
+        self.others.tidy(|o| hasher.hash_one(o.key.as_bytes()));
+        removed
     }
 
     pub fn len(&self) -> usize {

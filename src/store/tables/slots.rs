@@ -101,7 +101,39 @@ impl<T> Slots<T> {
     /// Rebuilds the table in an allocation of the same size, without the
     /// tombstones removals left.
     pub(super) fn rebuild(&mut self, hash: impl Fn(&T) -> u64) {
-        let fresh = HashTable::with_capacity(self.full.max(self.table.len()));
+        self.rebuild_for(self.full.max(self.table.len()), hash);
+    }
+
+    /// After a sweep removed entries: gives back an allocation that holds
+    /// far fewer entries than it has room for (at most 1/8 of it: the table
+    /// is rebuilt for twice its entries, or freed when empty), or clears
+    /// the tombstones when they take over 1/4 of it. Either way an insert
+    /// later does not find hashbrown doubling a table whose live entries
+    /// never needed it (it rehashes on its own only once tombstones have
+    /// used up the free slots, and then doubles a table over half full).
+    /// A table that never grew past [`TIDY_MIN`] entries is left alone.
+    /// Returns whether the table was rebuilt.
+    pub(super) fn tidy(&mut self, hash: impl Fn(&T) -> u64) -> bool {
+        let (len, full) = (self.table.len(), self.full);
+        if full <= TIDY_MIN {
+            return false;
+        }
+        if len.saturating_mul(8) <= full {
+            self.rebuild_for(len * 2, hash);
+            return true;
+        }
+        let tombstones = full.saturating_sub(self.table.capacity());
+        if tombstones.saturating_mul(4) > full {
+            self.rebuild(hash);
+            return true;
+        }
+        false
+    }
+
+    /// Moves the entries into a fresh allocation for `capacity` entries
+    /// (none for 0).
+    fn rebuild_for(&mut self, capacity: usize, hash: impl Fn(&T) -> u64) {
+        let fresh = HashTable::with_capacity(capacity.max(self.table.len()));
         let old = std::mem::replace(&mut self.table, fresh);
         for item in old {
             self.table.insert_unique(hash(&item), item, &hash);
@@ -110,6 +142,11 @@ impl<T> Slots<T> {
         self.full = self.table.capacity();
     }
 }
+
+/// Capacity up to which [`Slots::tidy`] leaves a table alone: 32 buckets,
+/// under 2 KiB for the widest compact entry; freeing and regrowing tables
+/// this small would only churn the allocator.
+const TIDY_MIN: usize = 28;
 
 /// Bytes of the slots a table with `capacity` reserves: hashbrown keeps 1/8
 /// of its buckets free (all but one when tiny), each bucket an entry plus a
@@ -190,6 +227,69 @@ mod tests {
         t.rebuild(h);
         assert!(t.stale());
         assert_hint_current(&mut t, &hint, h);
+    }
+
+    /// A steady set of keys, half of it replaced between sweeps: tidying
+    /// after each sweep keeps the table at the size its live keys need.
+    /// Left to hashbrown, the tombstones of the removed keys use up the
+    /// free slots, and it then doubles the table (over half full at that
+    /// moment) on its own: memory grew with no more keys held.
+    #[test]
+    fn tidy_keeps_a_churning_table_at_its_size() {
+        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let h = |v: &u64| hasher.hash_one(v);
+        let mut t: Slots<u64> = Slots::default();
+        let mut next = 0u64;
+        let mut settled = 0;
+        for round in 0..2_000 {
+            // 150 new keys between sweeps; a sweep keeps the newest 100.
+            for _ in 0..150 {
+                t.insert(h(&next), next, h);
+                next += 1;
+            }
+            let oldest_kept = next - 100;
+            t.table.retain(|v| *v >= oldest_kept);
+            t.tidy(h);
+            // The first rounds grow it to hold 250 keys.
+            if round == 10 {
+                settled = t.full;
+            } else if round > 10 {
+                assert!(
+                    t.full <= settled,
+                    "grew from {settled} to {} with 100-250 keys",
+                    t.full
+                );
+            }
+        }
+        assert_eq!(t.table.len(), 100);
+    }
+
+    /// A table far larger than its entries is rebuilt for twice them, and
+    /// freed when empty; a small one is left alone.
+    #[test]
+    fn tidy_gives_back_room_no_longer_used() {
+        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let h = |v: &u64| hasher.hash_one(v);
+        let mut t: Slots<u64> = Slots::default();
+        for i in 0..10_000u64 {
+            t.insert(h(&i), i, h);
+        }
+        let big = t.bytes();
+        t.table.retain(|v| *v < 500);
+        assert!(t.tidy(h));
+        assert!(t.bytes() * 8 <= big, "{} of {big}", t.bytes());
+        assert!(t.full >= 1000);
+        for i in 0..500u64 {
+            assert!(t.table.find(h(&i), |v| *v == i).is_some());
+        }
+        t.table.clear();
+        assert!(t.tidy(h));
+        assert_eq!((t.full, t.bytes()), (0, 0));
+        for i in 0..20u64 {
+            t.insert(h(&i), i, h);
+        }
+        t.table.retain(|v| *v < 1);
+        assert!(!t.tidy(h));
     }
 
     #[test]

@@ -188,6 +188,13 @@ impl<P> Split<P> {
         self.short.has_tombstones() || self.long.has_tombstones()
     }
 
+    /// Gives back room a sweep left unused, or clears many tombstones
+    /// (`Slots::tidy`).
+    pub(super) fn tidy(&mut self, hasher: &ahash::RandomState) {
+        self.short.tidy(|c| hasher.hash_one(c.key.as_bytes()));
+        self.long.tidy(|c| hasher.hash_one(c.key.as_bytes()));
+    }
+
     /// Clears the tombstones, if any (see `Tables::compact`).
     pub(super) fn compact(&mut self, hasher: &ahash::RandomState) {
         if self.short.has_tombstones() {

@@ -216,7 +216,7 @@ fn a_window_that_does_not_pack_lives_in_the_general_table() {
     );
     assert_eq!(f.find(Table::Others, key), Some(longer));
     // Expiry and walks read a packed window's expiry back.
-    assert_eq!(f.tables.retain_live(2 * S), 1);
+    assert_eq!(f.tables.sweep(&f.hasher, 2 * S), 1);
     assert_eq!(f.tables.len(), 0);
 }
 
@@ -270,7 +270,7 @@ fn every_walk_covers_the_leaky_table() {
         .iter()
         .all(|(_, e)| matches!(e.state, State::LeakyBucket { .. })));
     // Expired at 5 s: k0..k4 (tat 1..5 s).
-    assert_eq!(f.tables.retain_live(5 * S), 5);
+    assert_eq!(f.tables.sweep(&f.hasher, 5 * S), 5);
     assert_eq!(f.find(Table::Others, b"k4"), None);
     assert_eq!(f.find(Table::Others, b"k5"), Some(leaky(6 * S)));
     f.tables.retain_keys(|k| k != b"k9");
