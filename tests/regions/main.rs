@@ -10,6 +10,7 @@
 mod common;
 mod delay;
 mod drain;
+mod frame_bound;
 #[allow(dead_code)]
 #[path = "../replication/harness.rs"]
 mod harness;

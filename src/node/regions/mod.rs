@@ -48,7 +48,7 @@ use serde::Serialize;
 use smallvec::SmallVec;
 use spares::Spares;
 use std::time::Duration;
-use tollgate_protocol::{Limit, RuleName, UsageAck, UsageReport};
+use tollgate_protocol::{Limit, RuleName, UsageAck, UsageReport, MIN_FRAME_BODY};
 
 /// What the regions layer is built from (the server's `RegionSettings`,
 /// parsed).
@@ -78,7 +78,13 @@ impl RegionConfig {
             peers: s.peers().unwrap_or_default(),
             interval: s.exchange_interval,
             stall_intervals: s.region_stall_intervals,
-            max_message_bytes: s.exchange_max_bytes.min(max_frame as usize),
+            // A frame's body is the opcode and the request id, then the
+            // message: capped at the frame alone, a full message (the
+            // defaults: 1 MiB each) was refused FrameTooLarge, resent as
+            // it was, and the exchange with that peer never resumed.
+            max_message_bytes: s
+                .exchange_max_bytes
+                .min((max_frame as usize).saturating_sub(MIN_FRAME_BODY as usize)),
             ceiling_share: s.region_ceiling,
             cut_off: s.region_cut_off,
             journal_max_bytes: s.region_journal_max_bytes,
