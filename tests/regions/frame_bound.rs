@@ -10,6 +10,12 @@
 //! keys are sized so that messages fill exactly: 2,000 keys of 21 bytes
 //! under `daily`, 53 bytes an entry, 154 of them after a 30-byte header
 //! make 8,192 bytes.
+//!
+//! And a receiver whose frames are smaller than the sender's messages (8
+//! KiB against the default 1 MiB): the sender seals to the `max_frame` the
+//! receiver's HELLO_OK tells (PROTOCOL.md §16), and what it sealed before
+//! it knew goes back to be sealed again; before, every message was refused
+//! FrameTooLarge and resent as it was, for good.
 
 use crate::common::{batch_of, http, rule, RawConn, TempDir};
 use crate::harness::{eventually, free_addr, Node};
@@ -30,10 +36,20 @@ async fn frames_too_large(node: &Node) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_message_fits_the_peers_frame() {
-    let dir = TempDir::new("frame-bound");
+    every_key_reaches_b("frame-bound", FLAGS, FLAGS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_fit_a_peer_that_takes_smaller_frames() {
+    every_key_reaches_b("frame-smaller", &[], &["--max-frame", "8KiB"]).await;
+}
+
+/// Region a's clients check `KEYS` keys while b is down (the usage waits
+/// for it), then b starts: every key reaches it, and no USAGE is refused.
+async fn every_key_reaches_b(name: &str, a_flags: &[&str], b_flags: &[&str]) {
+    let dir = TempDir::new(name);
     let (a_addr, b_addr) = (free_addr(), free_addr());
-    // b is down while a's clients check: the usage waits for it.
-    let a = region(&dir, "a", &a_addr, "b", &b_addr, FLAGS);
+    let a = region(&dir, "a", &a_addr, "b", &b_addr, a_flags);
     let mut c = RawConn::ready(sock(&a_addr)).await;
     for (id, first) in (0..KEYS).step_by(100).enumerate() {
         let checks = (first..first + 100)
@@ -52,7 +68,7 @@ async fn a_full_message_fits_the_peers_frame() {
             other => panic!("CHECK: {other:?}"),
         }
     }
-    let b = region(&dir, "b", &b_addr, "a", &a_addr, FLAGS);
+    let b = region(&dir, "b", &b_addr, "a", &a_addr, b_flags);
     // Every key reaches b, or b refuses a message as too large (which a
     // would resend, refused again, for good).
     let (received, too_large) = eventually("a's usage at b, or a refusal", || async {

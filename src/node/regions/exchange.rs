@@ -15,9 +15,14 @@
 //! earlier primary's late messages. A Malformed refusal
 //! (the peer does not know this region, say) drops it with a warning
 //! rather than retrying it forever. One message is in flight per peer.
+//! Each handshake tells the peer's `max_frame`: messages are sealed to fit
+//! every peer they go to, and one sealed larger than its peer takes
+//! (before that peer was first heard, or refused FrameTooLarge) goes back
+//! into the pending usage, to be sealed again to fit, rather than be
+//! resent as it is for good.
 
 use super::journal::Journal;
-use super::Regions;
+use super::{Peer, Regions};
 use crate::log_text::Escaped;
 use crate::node::link::{unexpected, Link, LinkError};
 use crate::node::shared::Core;
@@ -25,7 +30,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
-use tollgate_protocol::{ErrorCode, NodeScope, Response, Role, UsageFrame};
+use tollgate_protocol::{
+    ErrorCode, NodeScope, Response, Role, UsageFrame, FRAME_HEADER_LEN, MIN_FRAME_BODY,
+};
+// A learned size of its own; nothing else is ordered by it.
+use crate::sync::Ordering::Relaxed;
 
 /// Runs the monitor and one sender per peer until `shutdown`.
 pub(crate) async fn run(core: Arc<Core>, regions: Arc<Regions>, shutdown: CancellationToken) {
@@ -174,7 +183,7 @@ async fn exchange_once(
             }
         };
         let left = s.pending.seal_into(
-            regions.config.max_message_bytes,
+            regions.message_cap(1 << index),
             regions.name().len(),
             &mut usage,
         );
@@ -184,10 +193,23 @@ async fn exchange_once(
         s.seq += 1;
         usage
     };
+    let answer = match connect(core, peer, &mut s.link, timeout).await {
+        Ok(()) if message_len(&usage) > peer.max_message.load(Relaxed) => {
+            // Sealed for a larger frame than the peer takes (before its
+            // handshake told its size, or it restarted with a smaller
+            // one): refused whole, it would be resent as it is for good.
+            // Its usage goes back to be sealed again to fit. (Unanswered
+            // before, and applied by the peer as it was then: it counts
+            // twice, which only makes the limit stricter.)
+            take_back(regions, index, s, usage);
+            regions.set_pending_bytes(index, s.pending.bytes());
+            return true;
+        }
+        Ok(()) => call(&mut s.link, &mut usage).await,
+        Err(e) => Err(e),
+    };
     // Exact again: merged keys and sealed ones make room for new keys.
     regions.set_pending_bytes(index, s.pending.bytes());
-    let to = (peer.config.name.as_str(), peer.config.addr.as_str());
-    let answer = call(core, to, &mut s.link, &mut usage, timeout).await;
     // Unanswered (kept for a resend): the messages sealed for the peer
     // are folded into its journal at the next share-out (outbox.rs).
     let malformed = |e: &LinkError| matches!(e, LinkError::Refused { code, .. } if *code == ErrorCode::Malformed);
@@ -212,6 +234,19 @@ async fn exchange_once(
             // More to send now: what did not fit, or what waited behind an
             // unanswered message.
             !s.pending.is_empty() || regions.has_sealed(index)
+        }
+        // Too large all the same (the frame size it told is not what it
+        // takes): never applied, so sealed again to fit what a new
+        // handshake tells.
+        Err(LinkError::Refused {
+            code: ErrorCode::FrameTooLarge,
+            ..
+        }) => {
+            metrics.send_failures.inc();
+            s.link = None;
+            take_back(regions, index, s, usage);
+            regions.set_pending_bytes(index, s.pending.bytes());
+            false
         }
         // Malformed: the peer will never take this message (it does not
         // know this region, say); drop it rather than retry it forever.
@@ -249,28 +284,69 @@ async fn exchange_once(
     }
 }
 
-/// Sends `usage` on `link` (opened to peer region `peer` at `addr` if need
-/// be) and returns the answer. The message is lent, not given: kept for a
-/// resend, or its buffer for the next message.
-async fn call(
+/// Opens `link` to `peer` if need be, learning from its HELLO_OK the
+/// largest message it takes.
+async fn connect(
     core: &Core,
-    (peer, addr): (&str, &str),
+    peer: &Peer,
     link: &mut Option<Link>,
-    usage: &mut UsageFrame,
     timeout: Duration,
-) -> Result<tollgate_protocol::UsageAck, LinkError> {
+) -> Result<(), LinkError> {
     if link.is_none() {
-        let (opened, _) = Link::open_as(
+        let (opened, hello) = Link::open_as(
             core,
-            addr,
+            &peer.config.addr,
             "region exchange",
             timeout,
             NodeScope::Region,
-            Some(peer),
+            Some(&peer.config.name),
         )
         .await?;
+        let max_message = hello.max_frame.saturating_sub(MIN_FRAME_BODY) as usize;
+        peer.max_message.store(max_message, Relaxed);
         *link = Some(opened);
     }
+    Ok(())
+}
+
+/// The bytes of `usage` that count against the receiver's message size:
+/// its frame less the length, opcode and request id.
+fn message_len(usage: &UsageFrame) -> usize {
+    usage.len() - FRAME_HEADER_LEN - MIN_FRAME_BODY as usize
+}
+
+/// Takes `usage`, never answered, back into the sender's pending usage,
+/// each entry under the peers its rule's entries there have, to be sealed
+/// again; what the journal had no room for (names past its 65,536) is
+/// counted as dropped.
+fn take_back(regions: &Regions, index: usize, s: &mut Sender, usage: UsageFrame) {
+    let names = s.pending.rule_peers();
+    let peers_of = |rule: &[u8]| {
+        (names.iter())
+            .find(|(name, _)| name.as_bytes() == rule)
+            .map_or(1 << index, |&(_, peers)| peers)
+    };
+    let peer = &regions.peers[index];
+    tracing::info!(
+        peer = %peer.config.name, bytes = message_len(&usage),
+        max = peer.max_message.load(Relaxed),
+        "a USAGE sealed larger than the peer region takes is sealed again to fit"
+    );
+    let (entries, units) = s.pending.absorb_message(&usage, &regions.hasher, &peers_of);
+    if entries > 0 {
+        peer.dropped.0.inc_by(entries);
+        peer.dropped.1.inc_by(units);
+    }
+    regions.buffers.give_back(usage.into_buf());
+}
+
+/// Sends `usage` on `link`, opened by [`connect`], and returns the answer.
+/// The message is lent, not given: kept for a resend, or its buffer for the
+/// next message.
+async fn call(
+    link: &mut Option<Link>,
+    usage: &mut UsageFrame,
+) -> Result<tollgate_protocol::UsageAck, LinkError> {
     let Some(l) = link.as_mut() else {
         return Err(LinkError::Closed);
     };

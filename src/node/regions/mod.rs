@@ -115,6 +115,11 @@ pub(crate) struct Peer {
     stalled: AtomicBool,
     /// USAGE messages it answered (applied or duplicate).
     acked: AtomicU64,
+    /// The largest message it takes: its HELLO_OK's `max_frame` less the
+    /// opcode and request id, learned by its sender at each handshake;
+    /// unbounded until then (the message size `--exchange-max-bytes` caps
+    /// alone).
+    max_message: AtomicUsize,
 }
 
 /// Why a USAGE is refused: nothing changed.
@@ -207,6 +212,7 @@ impl Regions {
                 applied: Mutex::new(None),
                 stalled: AtomicBool::new(false),
                 acked: AtomicU64::new(0),
+                max_message: AtomicUsize::new(usize::MAX),
             })
             .collect();
         Ok(Self {
@@ -512,6 +518,17 @@ impl Regions {
         }
         self.metrics.cut_off.set(i64::from(cut_off));
         cut_off
+    }
+
+    /// The largest USAGE message for every peer of `peers` (bits): the
+    /// message size this node is configured with, and what each of them
+    /// said it takes at its last handshake (PROTOCOL.md §16: a USAGE fits
+    /// the receiver's `max_frame`).
+    pub(super) fn message_cap(&self, peers: u64) -> usize {
+        (self.peers.iter().enumerate())
+            .filter(|(i, _)| peers & (1 << i) != 0)
+            .map(|(_, p)| p.max_message.load(Ordering::Relaxed))
+            .fold(self.config.max_message_bytes, usize::min)
     }
 
     /// Every peer, as bits.

@@ -99,7 +99,7 @@ impl Regions {
         // Numbered by each sender as it sends them. A region name is 1 to
         // 64 bytes (checked at start): `new` does not fail.
         let mut next = || UsageFrame::new(self.buffers.take(), region, (0, 0, now)).ok();
-        let limits = (self.config.max_message_bytes, region.len());
+        let limits = (self.message_cap(peers), region.len());
         let (entries, units) = recorded.seal_all(limits, &mut next, &mut sealed);
         let last = 63 - peers.leading_zeros() as usize;
         for (i, peer) in self.peers.iter().enumerate() {
