@@ -114,9 +114,10 @@ async fn expired_keys_give_their_tables_memory_back() {
         // Only the sweeper drops them (nothing checks them again), and it
         // gives a stripe's room back in the same visit.
         server.clock.advance(std::time::Duration::from_secs(1));
-        while !server.store.is_empty() {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        eventually("the sweeper drops every key", || async {
+            server.store.is_empty().then_some(())
+        })
+        .await;
         assert!(
             server.store.memory_bytes() <= idle,
             "round {round}: {} bytes held with no key (idle: {idle}, at 20,000 keys: {grown})",

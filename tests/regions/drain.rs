@@ -14,7 +14,6 @@
 use crate::common::{batch_of, rule, RawConn, TempDir};
 use crate::harness::{eventually, free_addr, Node};
 use crate::process::{peer_field, region_every, sock};
-use tollgate_protocol::{Request, Response};
 
 const KEYS: u64 = 2_000;
 const INTERVAL_MS: u64 = 5_000;
@@ -41,14 +40,8 @@ async fn a_backlog_is_sent_message_after_message_within_one_interval() {
         let checks = (first..first + 500)
             .map(|i| vec![rule(&format!("rl:{{drain-{i:05}}}"), "daily", 1)])
             .collect();
-        let id = id as u32 + 2;
-        c.send(id, &Request::Check(batch_of(checks))).await;
-        match c.recv().await {
-            (got, Response::Checked(r)) if got == id => {
-                assert!(r.iter().all(crate::common::allowed))
-            }
-            other => panic!("CHECK: {other:?}"),
-        }
+        let results = c.check(id as u32 + 2, batch_of(checks)).await;
+        assert!(results.iter().all(crate::common::allowed));
     }
     let b = region(&dir, "b", &b_addr, "a", &a_addr);
     // The first USAGE b takes from a (at a's next tick).

@@ -20,7 +20,6 @@
 use crate::common::{batch_of, http, rule, RawConn, TempDir};
 use crate::harness::{eventually, free_addr, Node};
 use crate::process::{peer_field, region, sock};
-use tollgate_protocol::{Request, Response};
 
 const KEYS: u64 = 2_000;
 const FLAGS: &[&str] = &["--max-frame", "8KiB", "--exchange-max-bytes", "8KiB"];
@@ -59,14 +58,8 @@ async fn every_key_reaches_b(name: &str, a_flags: &[&str], b_flags: &[&str]) {
                 vec![rule(&key, "daily", 1)]
             })
             .collect();
-        let id = id as u32 + 2;
-        c.send(id, &Request::Check(batch_of(checks))).await;
-        match c.recv().await {
-            (got, Response::Checked(r)) if got == id => {
-                assert!(r.iter().all(crate::common::allowed))
-            }
-            other => panic!("CHECK: {other:?}"),
-        }
+        let results = c.check(id as u32 + 2, batch_of(checks)).await;
+        assert!(results.iter().all(crate::common::allowed));
     }
     let b = region(&dir, "b", &b_addr, "a", &a_addr, b_flags);
     // Every key reaches b, or b refuses a message as too large (which a
